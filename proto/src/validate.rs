@@ -1,0 +1,378 @@
+//! Validation of a whole configuration (routes + upstreams).
+//!
+//! The control plane runs this before every commit and the data plane runs it
+//! again before compiling a pushed snapshot, so both sides agree on what is
+//! valid. Every problem names the resource, the field and the reason, e.g.
+//! `route "orders": path_prefix must start with "/"`.
+
+use crate::v1::{
+    AuthMode, CircuitBreaker, HealthCheck, Instance, RateLimit, RateLimitAlgorithm, RateLimitKey,
+    Route, Upstream,
+};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+
+/// Largest accepted `timeout_ms` of a route: one hour.
+pub const MAX_TIMEOUT_MS: u32 = 3_600_000;
+/// Largest accepted rate-limit window: one day.
+pub const MAX_WINDOW_SECONDS: u32 = 86_400;
+/// Longest accepted name (route, upstream, instance, policy).
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Every problem found in a configuration. Never empty.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationError {
+    /// One entry per problem, in the order found.
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problems.join("; "))
+    }
+}
+
+/// Validate a complete configuration. `Ok` means a data plane can compile it.
+pub fn validate_config(routes: &[Route], upstreams: &[Upstream]) -> Result<(), ValidationError> {
+    let mut v = Validator::default();
+    let mut upstream_names = HashSet::new();
+    for u in upstreams {
+        v.upstream(u);
+        if !upstream_names.insert(u.name.as_str()) {
+            v.push(format!("upstream \"{}\": duplicate name", u.name));
+        }
+    }
+    let mut route_names = HashSet::new();
+    // (sorted hosts, prefix) -> routes seen with it, to find identical matchers.
+    let mut matchers: HashMap<(Vec<&str>, &str), Vec<&Route>> = HashMap::new();
+    // policy -> (route that defined it first, its limit), to keep shared budgets consistent.
+    let mut policies: HashMap<&str, (&str, &RateLimit)> = HashMap::new();
+    for r in routes {
+        v.route(r);
+        if !route_names.insert(r.name.as_str()) {
+            v.push(format!("route \"{}\": duplicate name", r.name));
+        }
+        if !r.upstream.is_empty() && !upstream_names.contains(r.upstream.as_str()) {
+            v.push(format!(
+                "route \"{}\": upstream \"{}\" does not exist",
+                r.name, r.upstream
+            ));
+        }
+        if let Some(rl) = &r.rate_limit {
+            match policies.get(rl.policy.as_str()) {
+                Some((first, other)) if !same_budget(rl, other) => v.push(format!(
+                    "route \"{}\": rate_limit.policy \"{}\" is already defined differently by route \"{first}\"; routes sharing a policy must use the same algorithm, key, limit and window",
+                    r.name, rl.policy
+                )),
+                Some(_) => {}
+                None => {
+                    policies.insert(rl.policy.as_str(), (r.name.as_str(), rl));
+                }
+            }
+        }
+        let mut hosts: Vec<&str> = r.hosts.iter().map(String::as_str).collect();
+        hosts.sort_unstable();
+        let same = matchers.entry((hosts, r.path_prefix.as_str())).or_default();
+        for other in same.iter() {
+            if methods_overlap(&r.methods, &other.methods) {
+                v.push(format!(
+                    "route \"{}\": same hosts, path_prefix and methods as route \"{}\"",
+                    r.name, other.name
+                ));
+            }
+        }
+        same.push(r);
+    }
+    v.finish()
+}
+
+/// Two method lists collide when both are "any", or both name a common method.
+/// A route with explicit methods next to an "any" route is not a collision:
+/// the explicit one is more specific and wins.
+fn methods_overlap(a: &[String], b: &[String]) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return a.is_empty() && b.is_empty();
+    }
+    a.iter().any(|m| b.contains(m))
+}
+
+fn same_budget(a: &RateLimit, b: &RateLimit) -> bool {
+    a.algorithm == b.algorithm
+        && a.key == b.key
+        && a.limit == b.limit
+        && a.window_seconds == b.window_seconds
+}
+
+/// True when `name` matches `[a-z0-9][a-z0-9-]*` and is at most [`MAX_NAME_LEN`] long.
+pub fn is_valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_NAME_LEN
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// True for a lower-case DNS host name (RFC 1123 labels) or an IPv4 address.
+pub fn is_valid_hostname(host: &str) -> bool {
+    if host.is_empty() || host.len() > 253 {
+        return false;
+    }
+    host.split('.').all(|label| {
+        let b = label.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b[0] != b'-'
+            && b[b.len() - 1] != b'-'
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    })
+}
+
+/// Checks a path prefix: starts with "/", no trailing "/" (except "/" itself),
+/// no empty, "." or ".." segments, no query, fragment, percent-escape or control characters.
+pub fn check_path_prefix(p: &str) -> Result<(), &'static str> {
+    if !p.starts_with('/') {
+        return Err("must start with \"/\"");
+    }
+    if p.len() > 1 && p.ends_with('/') {
+        return Err("must not end with \"/\" (prefixes match whole segments)");
+    }
+    if p.bytes().any(|c| {
+        c <= b' ' || c == 0x7f || c == b'?' || c == b'#' || c == b'%' || c == b'\\'
+    }) {
+        return Err("must not contain spaces, control characters, '?', '#', '%' or '\\'");
+    }
+    if p.len() > 1
+        && p[1..]
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return Err("must not contain empty, \".\" or \"..\" segments");
+    }
+    Ok(())
+}
+
+/// Parses `http://host:port` into (host, port). Host is a DNS name, an IPv4
+/// address or a bracketed IPv6 address; nothing may follow the port.
+pub fn parse_instance_url(url: &str) -> Result<(&str, u16), &'static str> {
+    const MSG: &str = "must be http://host:port (no path, query or credentials)";
+    let rest = url.strip_prefix("http://").ok_or(MSG)?;
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (h, p) = v6.split_once("]:").ok_or(MSG)?;
+        h.parse::<std::net::Ipv6Addr>().map_err(|_| MSG)?;
+        (h, p)
+    } else {
+        let (h, p) = rest.rsplit_once(':').ok_or(MSG)?;
+        if !is_valid_hostname(h) {
+            return Err(MSG);
+        }
+        (h, p)
+    };
+    if port.is_empty() || !port.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(MSG);
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok((host, p)),
+        _ => Err("port must be 1 to 65535"),
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    problems: Vec<String>,
+}
+
+impl Validator {
+    fn push(&mut self, p: String) {
+        self.problems.push(p);
+    }
+
+    fn finish(self) -> Result<(), ValidationError> {
+        if self.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ValidationError {
+                problems: self.problems,
+            })
+        }
+    }
+
+    fn route(&mut self, r: &Route) {
+        let who = format!("route \"{}\"", r.name);
+        if !is_valid_name(&r.name) {
+            self.push(format!(
+                "{who}: name must match [a-z0-9][a-z0-9-]* and be at most {MAX_NAME_LEN} characters"
+            ));
+        }
+        let mut seen_hosts = HashSet::new();
+        for h in &r.hosts {
+            let bare = h.strip_prefix("*.").unwrap_or(h);
+            if !is_valid_hostname(bare) {
+                self.push(format!(
+                    "{who}: hosts: \"{h}\" is not a lower-case host name or \"*.suffix\""
+                ));
+            }
+            if !seen_hosts.insert(h.as_str()) {
+                self.push(format!("{who}: hosts: \"{h}\" is listed twice"));
+            }
+        }
+        if let Err(why) = check_path_prefix(&r.path_prefix) {
+            self.push(format!("{who}: path_prefix {why}"));
+        }
+        let mut seen_methods = BTreeSet::new();
+        for m in &r.methods {
+            if m.is_empty() || m.len() > 32 || !m.bytes().all(|c| c.is_ascii_uppercase()) {
+                self.push(format!(
+                    "{who}: methods: \"{m}\" is not an upper-case HTTP method"
+                ));
+            }
+            if !seen_methods.insert(m.as_str()) {
+                self.push(format!("{who}: methods: \"{m}\" is listed twice"));
+            }
+        }
+        if r.upstream.is_empty() {
+            self.push(format!("{who}: upstream is required"));
+        }
+        if !r.rewrite_prefix.is_empty() {
+            if let Err(why) = check_path_prefix(&r.rewrite_prefix) {
+                self.push(format!("{who}: rewrite_prefix {why}"));
+            }
+        }
+        let auth = AuthMode::try_from(r.auth);
+        if auth.is_err() {
+            self.push(format!("{who}: auth: unknown value {}", r.auth));
+        }
+        if r.timeout_ms > MAX_TIMEOUT_MS {
+            self.push(format!(
+                "{who}: timeout_ms must be at most {MAX_TIMEOUT_MS}"
+            ));
+        }
+        if let Some(rl) = &r.rate_limit {
+            self.rate_limit(&who, rl, auth.ok());
+        }
+    }
+
+    fn rate_limit(&mut self, who: &str, rl: &RateLimit, auth: Option<AuthMode>) {
+        if !is_valid_name(&rl.policy) {
+            self.push(format!(
+                "{who}: rate_limit.policy must match [a-z0-9][a-z0-9-]*"
+            ));
+        }
+        if RateLimitAlgorithm::try_from(rl.algorithm).is_err() {
+            self.push(format!(
+                "{who}: rate_limit.algorithm: unknown value {}",
+                rl.algorithm
+            ));
+        }
+        match RateLimitKey::try_from(rl.key) {
+            Err(_) => self.push(format!("{who}: rate_limit.key: unknown value {}", rl.key)),
+            Ok(RateLimitKey::KeyUser) if auth != Some(AuthMode::AuthJwt) => self.push(format!(
+                "{who}: rate_limit.key KEY_USER needs auth AUTH_JWT (there is no user otherwise)"
+            )),
+            Ok(_) => {}
+        }
+        if rl.limit == 0 {
+            self.push(format!("{who}: rate_limit.limit must be greater than 0"));
+        }
+        if rl.window_seconds == 0 || rl.window_seconds > MAX_WINDOW_SECONDS {
+            self.push(format!(
+                "{who}: rate_limit.window_seconds must be 1 to {MAX_WINDOW_SECONDS}"
+            ));
+        }
+    }
+
+    fn upstream(&mut self, u: &Upstream) {
+        let who = format!("upstream \"{}\"", u.name);
+        if !is_valid_name(&u.name) {
+            self.push(format!(
+                "{who}: name must match [a-z0-9][a-z0-9-]* and be at most {MAX_NAME_LEN} characters"
+            ));
+        }
+        if u.instances.is_empty() {
+            self.push(format!("{who}: instances must not be empty"));
+        }
+        let mut ids = HashSet::new();
+        for Instance { id, url } in &u.instances {
+            if !is_valid_name(id) {
+                self.push(format!(
+                    "{who}: instance \"{id}\": id must match [a-z0-9][a-z0-9-]*"
+                ));
+            }
+            if !ids.insert(id.as_str()) {
+                self.push(format!("{who}: instance \"{id}\": duplicate id"));
+            }
+            if let Err(why) = parse_instance_url(url) {
+                self.push(format!("{who}: instance \"{id}\": url \"{url}\" {why}"));
+            }
+        }
+        if let Some(hc) = &u.health_check {
+            self.health_check(&who, hc);
+        }
+        if let Some(cb) = &u.circuit_breaker {
+            self.circuit_breaker(&who, cb);
+        }
+    }
+
+    fn range(&mut self, who: &str, field: &str, value: u32, lo: u32, hi: u32) {
+        if value < lo || value > hi {
+            self.push(format!(
+                "{who}: {field} must be {lo} to {hi} (got {value})"
+            ));
+        }
+    }
+
+    fn health_check(&mut self, who: &str, hc: &HealthCheck) {
+        if let Err(why) = check_path_prefix(&hc.path) {
+            self.push(format!("{who}: health_check.path {why}"));
+        }
+        self.range(who, "health_check.interval_ms", hc.interval_ms, 100, 3_600_000);
+        self.range(who, "health_check.timeout_ms", hc.timeout_ms, 1, 60_000);
+        if hc.timeout_ms > hc.interval_ms {
+            self.push(format!(
+                "{who}: health_check.timeout_ms must not exceed interval_ms"
+            ));
+        }
+        self.range(
+            who,
+            "health_check.unhealthy_threshold",
+            hc.unhealthy_threshold,
+            1,
+            100,
+        );
+        self.range(
+            who,
+            "health_check.healthy_threshold",
+            hc.healthy_threshold,
+            1,
+            100,
+        );
+    }
+
+    fn circuit_breaker(&mut self, who: &str, cb: &CircuitBreaker) {
+        self.range(
+            who,
+            "circuit_breaker.failure_threshold",
+            cb.failure_threshold,
+            1,
+            1000,
+        );
+        self.range(
+            who,
+            "circuit_breaker.reset_timeout_ms",
+            cb.reset_timeout_ms,
+            100,
+            3_600_000,
+        );
+        self.range(
+            who,
+            "circuit_breaker.half_open_max_requests",
+            cb.half_open_max_requests,
+            1,
+            1000,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;
