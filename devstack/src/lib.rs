@@ -1,0 +1,1 @@
+//! skeleton, replaced by the real crate
