@@ -1,0 +1,138 @@
+//! Which service a mock plays and its fault settings.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The demo service a mock instance plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// `GET /users/{id}`.
+    Users,
+    /// `GET /orders/{id}`.
+    Orders,
+}
+
+impl Service {
+    /// The service name, which is also its path's first segment.
+    pub fn name(self) -> &'static str {
+        match self {
+            Service::Users => "users",
+            Service::Orders => "orders",
+        }
+    }
+}
+
+impl fmt::Display for Service {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Service {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "users" => Ok(Service::Users),
+            "orders" => Ok(Service::Orders),
+            other => Err(ConfigError::UnknownService(other.to_owned())),
+        }
+    }
+}
+
+/// Invalid mock settings.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    /// `--service` names neither `users` nor `orders`.
+    #[error("unknown service {0:?}: expected \"users\" or \"orders\"")]
+    UnknownService(String),
+    /// `FAIL_RATE` is not a number in 0.0..=1.0.
+    #[error("FAIL_RATE must be a number from 0.0 to 1.0, got {0:?}")]
+    BadFailRate(String),
+    /// `--instance-id` is empty or not a valid header value.
+    #[error("instance id must be non-empty visible ASCII, got {0:?}")]
+    BadInstanceId(String),
+}
+
+/// Everything a mock instance needs to answer requests.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// The service it plays.
+    pub service: Service,
+    /// Its instance id, sent as `X-Instance-Id` and `"instance"`.
+    pub instance_id: String,
+    /// Fraction of requests (0.0–1.0) that answer 500, from `FAIL_RATE`.
+    pub fail_rate: f64,
+}
+
+impl MockConfig {
+    /// Validates the settings.
+    pub fn new(
+        service: Service,
+        instance_id: impl Into<String>,
+        fail_rate: f64,
+    ) -> Result<Self, ConfigError> {
+        let instance_id = instance_id.into();
+        if instance_id.is_empty()
+            || !instance_id.bytes().all(|b| b.is_ascii_graphic())
+            || http::HeaderValue::from_str(&instance_id).is_err()
+        {
+            return Err(ConfigError::BadInstanceId(instance_id));
+        }
+        if !(0.0..=1.0).contains(&fail_rate) {
+            return Err(ConfigError::BadFailRate(fail_rate.to_string()));
+        }
+        Ok(Self {
+            service,
+            instance_id,
+            fail_rate,
+        })
+    }
+}
+
+/// Parses a `FAIL_RATE` value: absent or empty means 0.
+pub fn parse_fail_rate(raw: Option<&str>) -> Result<f64, ConfigError> {
+    let Some(raw) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(0.0);
+    };
+    match raw.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(ConfigError::BadFailRate(raw.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_names_round_trip() {
+        assert_eq!("users".parse::<Service>(), Ok(Service::Users));
+        assert_eq!("orders".parse::<Service>(), Ok(Service::Orders));
+        assert!(matches!(
+            "carts".parse::<Service>(),
+            Err(ConfigError::UnknownService(_))
+        ));
+        assert_eq!(Service::Orders.to_string(), "orders");
+    }
+
+    #[test]
+    fn fail_rate_parsing() {
+        assert_eq!(parse_fail_rate(None), Ok(0.0));
+        assert_eq!(parse_fail_rate(Some("")), Ok(0.0));
+        assert_eq!(parse_fail_rate(Some("0.25")), Ok(0.25));
+        assert_eq!(parse_fail_rate(Some("1")), Ok(1.0));
+        assert!(parse_fail_rate(Some("1.5")).is_err());
+        assert!(parse_fail_rate(Some("-0.1")).is_err());
+        assert!(parse_fail_rate(Some("NaN")).is_err());
+        assert!(parse_fail_rate(Some("lots")).is_err());
+    }
+
+    #[test]
+    fn instance_id_must_be_a_header_value() {
+        assert!(MockConfig::new(Service::Users, "users-1", 0.0).is_ok());
+        assert!(MockConfig::new(Service::Users, "", 0.0).is_err());
+        assert!(MockConfig::new(Service::Users, "a b", 0.0).is_err());
+        assert!(MockConfig::new(Service::Users, "x", 2.0).is_err());
+    }
+}

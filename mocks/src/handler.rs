@@ -1,0 +1,330 @@
+//! Answers one request: health, demo records, POST byte counts, and the
+//! fault hooks.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use http::header::{ALLOW, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use crate::body::MockBody;
+use crate::config::MockConfig;
+use crate::hooks::Hooks;
+use crate::records;
+
+/// Response header naming the instance that answered.
+pub const INSTANCE_HEADER: &str = "x-instance-id";
+
+/// Answers `req`. Never fails: every problem becomes an HTTP answer.
+pub async fn handle<B>(config: &MockConfig, req: Request<B>) -> Response<MockBody>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut response = answer(config, req).await;
+    if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
+        response.headers_mut().insert(INSTANCE_HEADER, id);
+    }
+    response
+}
+
+/// What the path asks for, relative to the service's prefix.
+enum Target<'a> {
+    /// `/users`.
+    Collection,
+    /// `/users/{id}`.
+    Item(&'a str),
+    /// Anything deeper under the prefix (`/users/1/x`): only POST accepts it.
+    Deeper,
+}
+
+async fn answer<B>(config: &MockConfig, req: Request<B>) -> Response<MockBody>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let path = req.uri().path().to_owned();
+    if path == "/health" {
+        return match *req.method() {
+            Method::GET | Method::HEAD => json_response(
+                StatusCode::OK,
+                &json!({"status": "ok", "service": config.service.name(), "instance": config.instance_id}),
+            ),
+            _ => method_not_allowed("GET, HEAD"),
+        };
+    }
+
+    let hooks = match Hooks::parse(req.uri().query()) {
+        Ok(hooks) => hooks,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    if let Some(delay) = hooks.delay {
+        tokio::time::sleep(delay).await;
+    }
+    if config.fail_rate > 0.0 && rand::random::<f64>() < config.fail_rate {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "injected failure (FAIL_RATE)",
+        );
+    }
+
+    let Some(target) = target(config.service.name(), &path) else {
+        return error(StatusCode::NOT_FOUND, &format!("no such resource: {path}"));
+    };
+    let method = req.method().clone();
+    let mut doc = match (&method, target) {
+        (&Method::GET | &Method::HEAD, Target::Collection) => {
+            json!({"items": records::list(config.service)})
+        }
+        (&Method::GET | &Method::HEAD, Target::Item(id)) => records::record(config.service, id),
+        (&Method::GET | &Method::HEAD, Target::Deeper) => {
+            return error(StatusCode::NOT_FOUND, &format!("no such resource: {path}"));
+        }
+        (&Method::POST, _) => {
+            let (parts, body) = req.into_parts();
+            let received = match count_body(body).await {
+                Ok(n) => n,
+                Err(e) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("reading the body failed: {e}"),
+                    );
+                }
+            };
+            let mut doc = json!({"received_bytes": received});
+            echo_request(&mut doc, config, &parts.method, &parts.uri, &parts.headers);
+            return finish(doc, hooks, StatusCode::OK);
+        }
+        _ => return method_not_allowed("GET, HEAD, POST"),
+    };
+    echo_request(&mut doc, config, &method, req.uri(), req.headers());
+    finish(doc, hooks, StatusCode::OK)
+}
+
+/// Splits `path` into the service's resource, or `None` when it is not under `/{service}`.
+fn target<'a>(service: &str, path: &'a str) -> Option<Target<'a>> {
+    let rest = path.strip_prefix('/')?.strip_prefix(service)?;
+    if rest.is_empty() || rest == "/" {
+        return Some(Target::Collection);
+    }
+    let rest = rest.strip_prefix('/')?;
+    match rest.split_once('/') {
+        None => Some(Target::Item(rest)),
+        Some(_) => Some(Target::Deeper),
+    }
+}
+
+/// Adds the request echo fields to a JSON object.
+fn echo_request(
+    doc: &mut Value,
+    config: &MockConfig,
+    method: &Method,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+) {
+    if let Value::Object(map) = doc {
+        map.insert("service".into(), config.service.name().into());
+        map.insert("instance".into(), config.instance_id.clone().into());
+        map.insert("method".into(), method.as_str().into());
+        map.insert("path".into(), uri.path().into());
+        map.insert("query".into(), uri.query().map_or(Value::Null, Value::from));
+        map.insert("headers".into(), header_echo(headers));
+    }
+}
+
+/// Applies the `status` and `bytes` hooks to a successful answer.
+fn finish(doc: Value, hooks: Hooks, default_status: StatusCode) -> Response<MockBody> {
+    let status = hooks.status.unwrap_or(default_status);
+    match hooks.bytes {
+        Some(n) => Response::builder()
+            .status(status)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .body(MockBody::generated(n))
+            .expect("static response parts are valid"),
+        None => json_response(status, &doc),
+    }
+}
+
+/// Request headers as a JSON object, lower-case name → value; repeated
+/// headers are joined with ", " and non-UTF-8 bytes replaced.
+pub fn header_echo(headers: &HeaderMap) -> Value {
+    let mut out: BTreeMap<&str, String> = BTreeMap::new();
+    for (name, value) in headers {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        out.entry(name.as_str())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(&value);
+            })
+            .or_insert_with(|| value.into_owned());
+    }
+    Value::Object(
+        out.into_iter()
+            .map(|(k, v)| (k.to_owned(), Value::String(v)))
+            .collect(),
+    )
+}
+
+/// Counts the body's bytes frame by frame, holding none of them.
+async fn count_body<B>(body: B) -> Result<u64, B::Error>
+where
+    B: Body<Data = Bytes>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Some(data) = frame?.data_ref() {
+            total += data.len() as u64;
+        }
+    }
+    Ok(total)
+}
+
+fn json_response(status: StatusCode, doc: &Value) -> Response<MockBody> {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(MockBody::full(doc.to_string()))
+        .expect("static response parts are valid")
+}
+
+fn error(status: StatusCode, message: &str) -> Response<MockBody> {
+    json_response(
+        status,
+        &json!({"error": message, "status": status.as_u16()}),
+    )
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<MockBody> {
+    let mut response = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Service;
+    use http_body_util::Full;
+
+    fn users() -> MockConfig {
+        MockConfig::new(Service::Users, "users-1", 0.0).unwrap()
+    }
+
+    async fn call(
+        config: &MockConfig,
+        req: Request<Full<Bytes>>,
+    ) -> (StatusCode, HeaderMap, Bytes) {
+        let response = handle(config, req).await;
+        let (parts, body) = response.into_parts();
+        (
+            parts.status,
+            parts.headers,
+            body.collect().await.unwrap().to_bytes(),
+        )
+    }
+
+    fn get(uri: &str) -> Request<Full<Bytes>> {
+        Request::get(uri).body(Full::default()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn record_echoes_instance_and_headers() {
+        let req = Request::get("/users/1?x=1")
+            .header("X-Test", "a")
+            .header("x-test", "b")
+            .body(Full::default())
+            .unwrap();
+        let (status, headers, body) = call(&users(), req).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers[INSTANCE_HEADER], "users-1");
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["instance"], "users-1");
+        assert_eq!(doc["service"], "users");
+        assert_eq!(doc["id"], "1");
+        assert_eq!(doc["name"], "Alice");
+        assert_eq!(doc["query"], "x=1");
+        assert_eq!(doc["headers"]["x-test"], "a, b");
+    }
+
+    #[tokio::test]
+    async fn other_service_paths_are_404_with_instance_header() {
+        let (status, headers, _) = call(&users(), get("/orders/1")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(headers[INSTANCE_HEADER], "users-1");
+        let (status, _, _) = call(&users(), get("/usersx/1")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, _, _) = call(&users(), get("/users/1/extra")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn collection_lists_records() {
+        let (status, _, body) = call(&users(), get("/users")).await;
+        assert_eq!(status, StatusCode::OK);
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["items"].as_array().map(Vec::len), Some(3));
+    }
+
+    #[tokio::test]
+    async fn status_hook_and_bad_status() {
+        let (status, _, _) = call(&users(), get("/users/1?status=503")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let (status, headers, body) = call(&users(), get("/users/1?status=1000")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(headers[INSTANCE_HEADER], "users-1");
+        assert!(String::from_utf8_lossy(&body).contains("status must be"));
+    }
+
+    #[tokio::test]
+    async fn bytes_hook_streams_n_bytes() {
+        let (status, headers, body) = call(&users(), get("/users/1?bytes=100000")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers[CONTENT_TYPE], "application/octet-stream");
+        assert_eq!(body.len(), 100_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_hook_waits() {
+        let start = tokio::time::Instant::now();
+        let (status, _, _) = call(&users(), get("/users/1?delay_ms=1500")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(start.elapsed() >= std::time::Duration::from_millis(1500));
+    }
+
+    #[tokio::test]
+    async fn post_counts_body_bytes() {
+        let req = Request::post("/users")
+            .body(Full::new(Bytes::from(vec![7u8; 12345])))
+            .unwrap();
+        let (status, _, body) = call(&users(), req).await;
+        assert_eq!(status, StatusCode::OK);
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["received_bytes"], 12345);
+        assert_eq!(doc["method"], "POST");
+    }
+
+    #[tokio::test]
+    async fn fail_rate_one_always_fails_but_health_stays_up() {
+        let config = MockConfig::new(Service::Orders, "orders-1", 1.0).unwrap();
+        for _ in 0..5 {
+            let (status, _, _) = call(&config, get("/orders/1")).await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        }
+        let (status, _, _) = call(&config, get("/health")).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn unsupported_method_is_405() {
+        let req = Request::delete("/users/1").body(Full::default()).unwrap();
+        let (status, headers, _) = call(&users(), req).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(headers[ALLOW], "GET, HEAD, POST");
+    }
+}

@@ -1,0 +1,72 @@
+//! The accept loop: HTTP/1.1 and h2c on one listener, graceful shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::config::MockConfig;
+use crate::handler;
+
+/// How long in-flight requests may take to finish after shutdown starts.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `listener` until `shutdown` resolves, then stops accepting and
+/// lets open connections finish (at most [`SHUTDOWN_GRACE`]).
+pub async fn serve(
+    listener: TcpListener,
+    config: MockConfig,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let config = Arc::new(config);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A timer makes hyper enforce its header read timeout (slowloris).
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+
+    loop {
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let config = Arc::clone(&config);
+        let service = service_fn(move |req| {
+            let config = Arc::clone(&config);
+            async move { Ok::<_, std::convert::Infallible>(handler::handle(&config, req).await) }
+        });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace period");
+    }
+    Ok(())
+}
