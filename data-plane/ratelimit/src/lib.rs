@@ -1,1 +1,59 @@
-//! skeleton
+//! Rate limiting for the data plane: budgets shared by every replica through
+//! atomic Redis Lua scripts, with a fast replica-local fallback.
+//!
+//! * [`Policy`]: a compiled `gateway.v1.RateLimit` (name, algorithm, limit, window).
+//! * [`RateLimiter::check`]: one decision for `(policy, subject)`; the subject is
+//!   the verified JWT `sub` (`KEY_USER`) or the client IP (`KEY_IP`), chosen by the caller.
+//! * [`write_headers`]: `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, and `Retry-After` on denial.
+//! * [`StatsSnapshot::write_prometheus`]: the counters for `/metrics`.
+//!
+//! # Shared limiting
+//! Each decision is one `EVALSHA` of `token_bucket.lua` or `fixed_window.lua`
+//! on the key `rl:{<policy>:<subject>}`, timed by Redis's own clock (`TIME`), so
+//! every replica spends the same budget exactly: N replicas together admit
+//! `limit` per window, not N × `limit`. Keys expire once their budget is whole again.
+//!
+//! # When Redis is slow or down (fallback semantics)
+//! A decision waits at most `decision_timeout` (default 5 ms) for Redis. On a
+//! timeout or error that decision is made by the replica's local limiter,
+//! which applies the same policy to budgets kept in that process, and
+//! `gateway_ratelimit_fallbacks_total` counts it. After
+//! `breaker_failure_threshold` consecutive failures (default 3) the breaker
+//! opens: requests stop waiting on Redis at all, and a background probe pings
+//! it every `breaker_open_for` (default 1 s). When it answers, shared limiting
+//! resumes on its own, without a restart.
+//!
+//! What a client can get away with during an outage: each replica enforces
+//! the limit on its own, so a client whose requests reach N replicas can get
+//! up to N × `limit` per window (at most `limit` per replica), plus whatever
+//! was left of its shared budget when Redis went away, since local budgets
+//! start full. A client pinned to one replica (keep-alive) still gets only
+//! `limit`. Nothing is ever unlimited, no request fails because of Redis,
+//! and no request waits more than `decision_timeout` on it. When Redis comes
+//! back, its stored budgets resume where they were (they did not see the
+//! outage's traffic); if Redis restarted empty, every budget starts full.
+//!
+//! # Never over-admitting shortcuts
+//! A key Redis has just denied is answered from a local "denied until" cache
+//! until its `Retry-After` passes: budgets only refill with time, so this can
+//! never admit what Redis would refuse, and abusive clients cost no Redis traffic.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod algorithm;
+mod breaker;
+mod deny_cache;
+pub mod headers;
+mod limiter;
+pub mod local;
+pub mod policy;
+mod redis;
+mod shard;
+pub mod stats;
+
+pub use headers::{Decision, Source, write_headers};
+pub use limiter::{RateLimitError, RateLimiter, RateLimiterOptions};
+pub use local::LocalLimiter;
+pub use policy::{Algorithm, Policy, PolicyError};
+pub use redis::{FIXED_WINDOW_LUA, TOKEN_BUCKET_LUA};
+pub use stats::{Stats, StatsSnapshot};

@@ -1,0 +1,48 @@
+-- Fixed window, one atomic decision. Mirrors algorithm::fixed_window (src/algorithm.rs).
+--
+-- KEYS[1]  the budget key, rl:{<policy>:<subject>} (a hash)
+-- ARGV[1]  limit: requests per window
+-- ARGV[2]  window in milliseconds; windows are aligned to multiples of it since the Unix epoch
+-- Returns {allowed (1|0), remaining, reset_after_ms, retry_after_ms}.
+--
+-- Time comes from Redis (TIME), so replicas with skewed clocks agree on the window.
+-- Fields: fw = window index, fn = requests admitted in it. Denials write nothing.
+
+if redis.replicate_commands then
+  -- Redis < 5 needs effects replication for a script that reads TIME; later versions ignore this.
+  redis.replicate_commands()
+end
+
+-- Integers are written as plain decimal strings: Redis would format a Lua
+-- number in the shortest form, which may use an exponent ("1e+8") that
+-- PEXPIRE refuses.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local current = math.floor(now / window)
+
+local stored = redis.call('HMGET', key, 'fw', 'fn')
+local w = tonumber(stored[1])
+local n = tonumber(stored[2])
+-- An older window (or none) starts empty; a newer one (Redis's clock went back) is kept.
+if w == nil or n == nil or w < current then
+  w = current
+  n = 0
+end
+
+local reset_after = (w + 1) * window - now
+if n < limit then
+  n = n + 1
+  redis.call('HSET', key, 'fw', int(w), 'fn', int(n))
+  -- The count means nothing after the window ends: let the key vanish then.
+  redis.call('PEXPIRE', key, int(reset_after))
+  return {1, limit - n, reset_after, 0}
+end
+return {0, 0, reset_after, reset_after}

@@ -1,0 +1,373 @@
+//! The public limiter: shared budgets in Redis when it answers in time, the
+//! replica-local limiter when it does not.
+//!
+//! Per decision: a known recent denial is answered from the "denied until"
+//! cache; otherwise, unless the breaker is open, one Lua script runs in Redis
+//! under a deadline of a few milliseconds. A timeout or error makes this one
+//! decision local and counts towards the breaker. While the breaker is open no
+//! request waits on Redis; a background task pings it every `breaker_open_for`
+//! and closes the breaker when it answers, so shared limiting resumes by itself.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout};
+
+use crate::breaker::Breaker;
+use crate::deny_cache::DenyCache;
+use crate::headers::{Decision, Source};
+use crate::local::LocalLimiter;
+use crate::policy::Policy;
+use crate::redis::{RedisStore, StoreOptions};
+use crate::stats::{Stats, StatsSnapshot};
+
+/// Tuning of [`RateLimiter`]. Every default is written down here, in [`Default`].
+#[derive(Debug, Clone)]
+pub struct RateLimiterOptions {
+    /// Longest a request waits for Redis before deciding locally. Default 5 ms:
+    /// a loopback or same-zone round trip takes well under 1 ms.
+    pub decision_timeout: Duration,
+    /// Consecutive Redis failures or timeouts that open the breaker. Default 3.
+    pub breaker_failure_threshold: u32,
+    /// While open, how often Redis is probed (so also the longest the breaker
+    /// stays open after Redis is back). Default 1 s.
+    pub breaker_open_for: Duration,
+    /// Bound on one probe (a `PING`, possibly including a reconnect). Default 500 ms.
+    pub probe_timeout: Duration,
+    /// Bound on one TCP connect to Redis. Default 500 ms.
+    pub connect_timeout: Duration,
+    /// Most budgets the local limiter tracks. Default 100 000.
+    pub local_max_keys: usize,
+    /// Most keys the "denied until" cache remembers; 0 disables it. Default 100 000.
+    pub deny_cache_max_keys: usize,
+}
+
+impl Default for RateLimiterOptions {
+    fn default() -> Self {
+        Self {
+            decision_timeout: Duration::from_millis(5),
+            breaker_failure_threshold: 3,
+            breaker_open_for: Duration::from_secs(1),
+            probe_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(500),
+            local_max_keys: 100_000,
+            deny_cache_max_keys: 100_000,
+        }
+    }
+}
+
+/// Why a limiter could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RateLimitError {
+    /// The Redis URL does not parse (`redis://[user:password@]host:port[/db]`).
+    #[error("invalid rate-limit Redis URL: {0}")]
+    InvalidRedisUrl(#[source] ::redis::RedisError),
+    /// [`RateLimiter::new`] was called outside a Tokio runtime.
+    #[error("the rate limiter must be created inside a Tokio runtime (it spawns its Redis prober)")]
+    NoRuntime,
+}
+
+/// Decides whether requests fit their policy's budget. One per process:
+/// share it behind an `Arc`. Dropping it stops its background prober.
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+    prober: Option<JoinHandle<()>>,
+}
+
+struct Inner {
+    options: RateLimiterOptions,
+    shared: Option<Shared>,
+    local: LocalLimiter,
+    stats: Stats,
+    /// Monotonic clock of local decisions, offset to wall-clock milliseconds
+    /// so local fixed windows line up (roughly) with Redis's.
+    started: Instant,
+    started_epoch_ms: u64,
+}
+
+struct Shared {
+    store: RedisStore,
+    breaker: Arc<Breaker>,
+    deny_cache: Option<DenyCache>,
+}
+
+impl RateLimiter {
+    /// Builds a limiter. With `redis_url`, budgets are shared through that
+    /// Redis; without, every decision is local (one replica, or tests).
+    ///
+    /// Never waits on Redis: the connection is opened in the background and
+    /// decisions are local until it is up. Must be called inside a Tokio
+    /// runtime; the connection's I/O runs on that runtime.
+    pub fn new(
+        redis_url: Option<String>,
+        options: RateLimiterOptions,
+    ) -> Result<Self, RateLimitError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(RateLimitError::NoRuntime);
+        }
+        let shared = match redis_url {
+            None => None,
+            Some(url) => {
+                let store_options = StoreOptions {
+                    connect_timeout: options.connect_timeout,
+                    response_timeout: options.probe_timeout.max(options.decision_timeout),
+                };
+                let store = RedisStore::new(&url, &store_options)
+                    .map_err(RateLimitError::InvalidRedisUrl)?;
+                Some(Shared {
+                    store,
+                    // Open until the first probe connects, so no request waits on the connect.
+                    breaker: Arc::new(Breaker::new(options.breaker_failure_threshold, true)),
+                    deny_cache: (options.deny_cache_max_keys > 0)
+                        .then(|| DenyCache::new(options.deny_cache_max_keys)),
+                })
+            }
+        };
+        let started_epoch_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let inner = Arc::new(Inner {
+            local: LocalLimiter::new(options.local_max_keys),
+            options,
+            shared,
+            stats: Stats::default(),
+            started: Instant::now(),
+            started_epoch_ms,
+        });
+        let prober = inner.shared.as_ref().map(|shared| {
+            inner.stats.breaker_opened_quietly();
+            tokio::spawn(probe_loop(
+                Arc::downgrade(&inner),
+                Arc::clone(&shared.breaker),
+            ))
+        });
+        Ok(Self { inner, prober })
+    }
+
+    /// Decides one request of `subject` (a user id or client IP) under `policy`.
+    ///
+    /// Always returns within about `decision_timeout`; never fails: when Redis
+    /// cannot decide, the local limiter does ([`Source::Local`]).
+    pub async fn check(&self, policy: &Policy, subject: &str) -> Decision {
+        let inner = &*self.inner;
+        let Some(shared) = &inner.shared else {
+            return inner.local(policy, subject);
+        };
+        if let Some(cache) = &shared.deny_cache
+            && let Some(outcome) = cache.get(policy, subject, inner.now_ms())
+        {
+            inner.stats.deny_cache_hit();
+            inner.stats.decision(Source::Shared, false);
+            return Decision::from_outcome(policy, outcome, Source::Shared);
+        }
+        if shared.breaker.is_open() {
+            inner.stats.fallback();
+            return inner.local(policy, subject);
+        }
+        match timeout(
+            inner.options.decision_timeout,
+            shared.store.decide(policy, subject),
+        )
+        .await
+        {
+            Ok(Ok(outcome)) => {
+                shared.breaker.record_success();
+                if !outcome.allowed
+                    && let Some(cache) = &shared.deny_cache
+                {
+                    cache.insert(policy, subject, &outcome, inner.now_ms());
+                }
+                inner.stats.decision(Source::Shared, outcome.allowed);
+                Decision::from_outcome(policy, outcome, Source::Shared)
+            }
+            Ok(Err(error)) => {
+                inner.stats.redis_error();
+                tracing::debug!(%error, policy = policy.name(), "rate-limit Redis call failed; deciding locally");
+                inner.trip(shared);
+                inner.stats.fallback();
+                inner.local(policy, subject)
+            }
+            Err(_elapsed) => {
+                inner.stats.redis_timeout();
+                inner.trip(shared);
+                inner.stats.fallback();
+                inner.local(policy, subject)
+            }
+        }
+    }
+
+    /// True when decisions currently go to Redis (configured, connected, breaker closed).
+    pub fn is_shared(&self) -> bool {
+        self.inner
+            .shared
+            .as_ref()
+            .is_some_and(|s| !s.breaker.is_open())
+    }
+
+    /// A copy of the counters, for `/metrics`.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &RateLimiterOptions {
+        &self.inner.options
+    }
+}
+
+impl Drop for RateLimiter {
+    fn drop(&mut self) {
+        if let Some(prober) = self.prober.take() {
+            prober.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("redis", &self.inner.shared.is_some())
+            .field("shared", &self.is_shared())
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+impl Inner {
+    fn now_ms(&self) -> u64 {
+        self.started_epoch_ms + self.started.elapsed().as_millis() as u64
+    }
+
+    fn local(&self, policy: &Policy, subject: &str) -> Decision {
+        let outcome = self.local.check_at(policy, subject, self.now_ms());
+        self.stats.decision(Source::Local, outcome.allowed);
+        Decision::from_outcome(policy, outcome, Source::Local)
+    }
+
+    fn trip(&self, shared: &Shared) {
+        if shared.breaker.record_failure() {
+            self.stats.breaker_opened();
+            tracing::warn!(
+                retry_every = ?self.options.breaker_open_for,
+                "rate-limit Redis unavailable; limits are replica-local until it answers again"
+            );
+        }
+    }
+
+    /// One probe: `PING`, twice if needed, since the first attempt on a dead
+    /// connection only starts the reconnect.
+    async fn probe(&self, shared: &Shared) -> bool {
+        for _ in 0..2 {
+            if let Ok(Ok(())) = timeout(self.options.probe_timeout, shared.store.ping()).await {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Background task: while the breaker is open, probe Redis every
+/// `breaker_open_for` and close the breaker when it answers.
+async fn probe_loop(inner: Weak<Inner>, breaker: Arc<Breaker>) {
+    loop {
+        if !breaker.is_open() {
+            breaker.opened().await;
+            continue;
+        }
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let Some(shared) = strong.shared.as_ref() else {
+            return;
+        };
+        if strong.probe(shared).await {
+            breaker.close();
+            strong.stats.breaker_closed();
+            tracing::info!("rate-limit Redis reachable; shared limits resumed");
+            continue;
+        }
+        strong.stats.probe_failed();
+        let wait = strong.options.breaker_open_for;
+        // Do not keep the limiter alive while sleeping.
+        drop(strong);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Algorithm;
+
+    #[tokio::test]
+    async fn without_redis_every_decision_is_local_and_no_fallback_is_counted() {
+        let limiter = RateLimiter::new(None, RateLimiterOptions::default()).unwrap();
+        let p = Policy::new("api", Algorithm::TokenBucket, 2, 60).unwrap();
+        let a = limiter.check(&p, "alice").await;
+        let b = limiter.check(&p, "alice").await;
+        let c = limiter.check(&p, "alice").await;
+        assert!(a.allowed && b.allowed && !c.allowed);
+        assert_eq!(c.source, Source::Local);
+        assert_eq!(c.retry_after, Some(Duration::from_secs(30)));
+        assert!(!limiter.is_shared());
+        let stats = limiter.stats();
+        assert_eq!((stats.allowed_local, stats.denied_local), (2, 1));
+        assert_eq!(stats.fallbacks, 0);
+        assert!(!stats.breaker_open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_decisions_follow_tokio_time() {
+        let limiter = RateLimiter::new(None, RateLimiterOptions::default()).unwrap();
+        let p = Policy::new("api", Algorithm::TokenBucket, 1, 10).unwrap();
+        assert!(limiter.check(&p, "u").await.allowed);
+        let denied = limiter.check(&p, "u").await;
+        assert!(!denied.allowed);
+        tokio::time::advance(denied.retry_after.unwrap()).await;
+        assert!(limiter.check(&p, "u").await.allowed);
+    }
+
+    #[test]
+    fn outside_a_runtime_construction_fails_clearly() {
+        let err = RateLimiter::new(None, RateLimiterOptions::default()).unwrap_err();
+        assert!(matches!(err, RateLimitError::NoRuntime));
+        assert!(err.to_string().contains("Tokio runtime"));
+    }
+
+    #[tokio::test]
+    async fn a_bad_url_is_refused() {
+        let err = RateLimiter::new(Some("http://nope".into()), RateLimiterOptions::default())
+            .unwrap_err();
+        assert!(matches!(err, RateLimitError::InvalidRedisUrl(_)), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_unreachable_redis_means_fast_local_decisions_and_counted_fallbacks() {
+        // A port nobody listens on: bind, learn the port, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let limiter = RateLimiter::new(
+            Some(format!("redis://127.0.0.1:{port}")),
+            RateLimiterOptions::default(),
+        )
+        .unwrap();
+        let p = Policy::new("api", Algorithm::TokenBucket, 3, 3600).unwrap();
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let started = std::time::Instant::now();
+            let d = limiter.check(&p, "alice").await;
+            assert!(started.elapsed() < Duration::from_millis(50));
+            assert_eq!(d.source, Source::Local);
+            admitted += usize::from(d.allowed);
+        }
+        assert_eq!(admitted, 3, "the local limiter still enforces the policy");
+        let stats = limiter.stats();
+        assert_eq!(stats.fallbacks, 10);
+        assert!(stats.breaker_open);
+        assert!(!limiter.is_shared());
+    }
+}

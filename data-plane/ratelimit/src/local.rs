@@ -1,0 +1,179 @@
+//! The replica-local limiter: the same policies and arithmetic as the Redis
+//! scripts, with the budgets kept in this process.
+//!
+//! It decides when Redis is slow, down, or not configured. Its budgets are
+//! per replica, so during a Redis outage N replicas together admit up to
+//! N × `limit` per window (see the crate documentation).
+
+use crate::algorithm::{
+    self, FixedWindowState, Outcome, TokenBucketState, fixed_window_is_over, token_bucket_is_full,
+};
+use crate::policy::{Algorithm, Policy};
+use crate::shard::{ShardedMap, Write};
+
+/// Per-key state, tagged with the policy shape it was computed for so that a
+/// configuration change (new limit or window) starts a fresh budget instead
+/// of misreading the old one.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    limit: u32,
+    window_seconds: u32,
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    TokenBucket(TokenBucketState),
+    FixedWindow(FixedWindowState),
+}
+
+impl Entry {
+    fn algorithm(&self) -> Algorithm {
+        match self.state {
+            State::TokenBucket(_) => Algorithm::TokenBucket,
+            State::FixedWindow(_) => Algorithm::FixedWindow,
+        }
+    }
+
+    /// True when forgetting the entry changes nothing: a full bucket, a past window.
+    fn is_idle(&self, now_ms: u64) -> bool {
+        let window_ms = u64::from(self.window_seconds) * 1000;
+        match self.state {
+            State::TokenBucket(s) => token_bucket_is_full(self.limit, window_ms, s, now_ms),
+            State::FixedWindow(s) => fixed_window_is_over(window_ms, s, now_ms),
+        }
+    }
+}
+
+/// A bounded in-process limiter. Times are milliseconds on the caller's clock.
+pub struct LocalLimiter {
+    map: ShardedMap<Entry>,
+}
+
+impl LocalLimiter {
+    /// A limiter tracking at most about `max_keys` budgets; when full it drops
+    /// idle ones first, then arbitrary ones (which can only over-admit the
+    /// forgotten keys, and only under that memory pressure).
+    pub fn new(max_keys: usize) -> Self {
+        let shards = std::thread::available_parallelism().map_or(4, |n| n.get()) * 4;
+        Self {
+            map: ShardedMap::new(max_keys, shards),
+        }
+    }
+
+    /// Decides one request of `subject` under `policy` at `now_ms`.
+    pub fn check_at(&self, policy: &Policy, subject: &str, now_ms: u64) -> Outcome {
+        let limit = policy.limit();
+        let window_ms = policy.window_ms();
+        self.map.update(
+            policy.name_arc(),
+            subject,
+            |entry| {
+                let entry =
+                    entry.filter(|e| policy.same_shape(e.algorithm(), e.limit, e.window_seconds));
+                let state = entry.map(|e| e.state);
+                let (outcome, next) = match policy.algorithm() {
+                    Algorithm::TokenBucket => {
+                        let prev = match state {
+                            Some(State::TokenBucket(s)) => Some(s),
+                            _ => None,
+                        };
+                        let (o, s) = algorithm::token_bucket(limit, window_ms, prev, now_ms);
+                        (o, s.map(State::TokenBucket))
+                    }
+                    Algorithm::FixedWindow => {
+                        let prev = match state {
+                            Some(State::FixedWindow(s)) => Some(s),
+                            _ => None,
+                        };
+                        let (o, s) = algorithm::fixed_window(limit, window_ms, prev, now_ms);
+                        (o, s.map(State::FixedWindow))
+                    }
+                };
+                let write = match next {
+                    Some(state) => Write::Set(Entry {
+                        limit,
+                        window_seconds: policy.window_seconds(),
+                        state,
+                    }),
+                    None => Write::Keep,
+                };
+                (outcome, write)
+            },
+            |e| e.is_idle(now_ms),
+        )
+    }
+
+    /// Number of budgets currently tracked.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when no budget is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_token_bucket_enforces_burst_and_refill_per_subject() {
+        let local = LocalLimiter::new(1_000);
+        let api = Policy::new("api", Algorithm::TokenBucket, 3, 3).unwrap();
+        let t0 = 10_000;
+        let admitted = (0..5)
+            .filter(|_| local.check_at(&api, "alice", t0).allowed)
+            .count();
+        assert_eq!(admitted, 3);
+        // Another subject has its own budget.
+        assert!(local.check_at(&api, "bob", t0).allowed);
+        let denied = local.check_at(&api, "alice", t0 + 999);
+        assert!(!denied.allowed);
+        assert_eq!(denied.retry_after_ms, 1);
+        assert!(local.check_at(&api, "alice", t0 + 1_000).allowed);
+    }
+
+    #[test]
+    fn local_fixed_window_resets_at_the_window_edge() {
+        let local = LocalLimiter::new(1_000);
+        let login = Policy::new("login", Algorithm::FixedWindow, 5, 60).unwrap();
+        let start = 60_000 * 100;
+        for i in 0..5 {
+            let o = local.check_at(&login, "10.0.0.1", start + i);
+            assert!(o.allowed);
+            assert_eq!(o.remaining, 4 - i);
+        }
+        let o = local.check_at(&login, "10.0.0.1", start + 30_000);
+        assert!(!o.allowed);
+        assert_eq!(o.retry_after_ms, 30_000);
+        assert!(local.check_at(&login, "10.0.0.1", start + 60_000).allowed);
+    }
+
+    #[test]
+    fn a_changed_policy_starts_a_fresh_budget() {
+        let local = LocalLimiter::new(1_000);
+        let small = Policy::new("api", Algorithm::TokenBucket, 1, 60).unwrap();
+        let big = Policy::new("api", Algorithm::TokenBucket, 2, 60).unwrap();
+        let window = Policy::new("api", Algorithm::FixedWindow, 1, 60).unwrap();
+        assert!(local.check_at(&small, "u", 0).allowed);
+        assert!(!local.check_at(&small, "u", 0).allowed);
+        assert!(local.check_at(&big, "u", 0).allowed);
+        assert!(local.check_at(&window, "u", 0).allowed);
+        assert!(!local.check_at(&window, "u", 0).allowed);
+    }
+
+    #[test]
+    fn memory_is_bounded_by_forgetting_idle_budgets() {
+        let local = LocalLimiter::new(256);
+        let p = Policy::new("ip", Algorithm::FixedWindow, 1, 1).unwrap();
+        for i in 0..10_000u64 {
+            // Each second, a new crowd of clients; old windows are idle.
+            local.check_at(&p, &format!("10.0.{}.{}", i / 256, i % 256), i * 10);
+        }
+        assert!(local.len() <= 256 + 64, "{} entries", local.len());
+        assert!(!local.is_empty());
+    }
+}

@@ -1,0 +1,217 @@
+//! A bounded, sharded map from `(policy, subject)` to a small value.
+//!
+//! Used by the local fallback limiter and the "denied until" cache. Each shard
+//! is a `std::sync::Mutex` held only for a hash lookup and a few arithmetic
+//! operations, never across an `.await`. Lookups do not allocate: the map is
+//! keyed by a keyed SipHash of the pair (so clients cannot aim collisions at
+//! one bucket), and each slot keeps the full pair to confirm a hit.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What a caller wants done with the slot it inspected.
+pub(crate) enum Write<V> {
+    /// Leave the map as it is.
+    Keep,
+    /// Store this value for the key.
+    Set(V),
+    /// Forget the key.
+    Remove,
+}
+
+struct Slot<V> {
+    policy: Arc<str>,
+    subject: Box<str>,
+    value: V,
+}
+
+/// The keys are already SipHash outputs; hashing them again would only cost time.
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are ever hashed; fold anything else defensively.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Shard<V> = HashMap<u64, Slot<V>, BuildHasherDefault<IdentityHasher>>;
+
+/// See the module documentation.
+pub(crate) struct ShardedMap<V> {
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard<V>>]>,
+    per_shard_cap: usize,
+}
+
+impl<V> ShardedMap<V> {
+    /// A map holding at most about `max_keys` keys over `shards` shards (rounded up to a power of two).
+    pub(crate) fn new(max_keys: usize, shards: usize) -> Self {
+        let shards = shards.max(1).next_power_of_two();
+        let per_shard_cap = max_keys.div_ceil(shards).max(1);
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard_cap,
+        }
+    }
+
+    fn hash(&self, policy: &str, subject: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(policy.as_bytes());
+        h.write_u8(0xff); // not valid UTF-8, so no (policy, subject) split is ambiguous
+        h.write(subject.as_bytes());
+        h.finish()
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
+        // Middle bits: hashbrown uses the low bits for the bucket and the top 7 as a tag.
+        let index = (hash >> 40) as usize & (self.shards.len() - 1);
+        // A panic while holding the lock cannot leave a slot half-written (each
+        // write is one insert or remove), so a poisoned shard is still consistent.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Looks up `(policy, subject)`, lets `f` decide, and applies its [`Write`].
+    ///
+    /// `is_stale` tells which entries may be dropped when a full shard needs room.
+    pub(crate) fn update<R>(
+        &self,
+        policy: &Arc<str>,
+        subject: &str,
+        f: impl FnOnce(Option<&V>) -> (R, Write<V>),
+        is_stale: impl Fn(&V) -> bool,
+    ) -> R {
+        let hash = self.hash(policy, subject);
+        let mut shard = self.shard(hash);
+        let current = shard
+            .get(&hash)
+            .filter(|slot| *slot.policy == **policy && *slot.subject == *subject);
+        let (result, write) = f(current.map(|slot| &slot.value));
+        match write {
+            Write::Keep => {}
+            Write::Remove => {
+                if current.is_some() {
+                    shard.remove(&hash);
+                }
+            }
+            Write::Set(value) => {
+                if let Some(slot) = shard.get_mut(&hash)
+                    && *slot.policy == **policy
+                    && *slot.subject == *subject
+                {
+                    slot.value = value;
+                    return result;
+                }
+                if shard.len() >= self.per_shard_cap && !shard.contains_key(&hash) {
+                    make_room(&mut shard, self.per_shard_cap, &is_stale);
+                }
+                shard.insert(
+                    hash,
+                    Slot {
+                        policy: Arc::clone(policy),
+                        subject: subject.into(),
+                        value,
+                    },
+                );
+            }
+        }
+        result
+    }
+
+    /// Number of keys held (sums every shard; for tests and metrics).
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+}
+
+/// Drops stale entries; if that frees too little, drops an arbitrary eighth of
+/// the shard so the O(n) sweep is paid at most once per `cap / 8` inserts.
+fn make_room<V>(shard: &mut Shard<V>, cap: usize, is_stale: &impl Fn(&V) -> bool) {
+    shard.retain(|_, slot| !is_stale(&slot.value));
+    // Leave room for this insert and for cap/8 more before the next sweep.
+    let keep = (cap - cap / 8).saturating_sub(1);
+    if shard.len() > keep {
+        let excess = shard.len() - keep;
+        let victims: Vec<u64> = shard.keys().take(excess).copied().collect();
+        for key in victims {
+            shard.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bump(map: &ShardedMap<u32>, policy: &Arc<str>, subject: &str) -> u32 {
+        map.update(
+            policy,
+            subject,
+            |v| {
+                let n = v.copied().unwrap_or(0) + 1;
+                (n, Write::Set(n))
+            },
+            |_| false,
+        )
+    }
+
+    #[test]
+    fn keys_are_distinct_per_policy_and_subject() {
+        let map = ShardedMap::new(100, 4);
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        assert_eq!(bump(&map, &a, "x"), 1);
+        assert_eq!(bump(&map, &a, "x"), 2);
+        assert_eq!(bump(&map, &b, "x"), 1);
+        assert_eq!(bump(&map, &a, "y"), 1);
+        assert_eq!(map.len(), 3);
+        map.update(&a, "x", |_| ((), Write::Remove), |_| false);
+        assert_eq!(map.len(), 2);
+        assert_eq!(bump(&map, &a, "x"), 1);
+    }
+
+    #[test]
+    fn the_map_stays_bounded_and_prefers_dropping_stale_entries() {
+        let map: ShardedMap<u32> = ShardedMap::new(64, 1);
+        let p: Arc<str> = Arc::from("p");
+        // Fill with stale (0) entries, then keep inserting live ones.
+        for i in 0..64 {
+            map.update(
+                &p,
+                &format!("stale-{i}"),
+                |_| ((), Write::Set(0)),
+                |v| *v == 0,
+            );
+        }
+        for i in 0..1_000 {
+            map.update(
+                &p,
+                &format!("live-{i}"),
+                |_| ((), Write::Set(1)),
+                |v| *v == 0,
+            );
+            assert!(map.len() <= 64, "bounded at {}", map.len());
+        }
+        // The newest key is always present right after its insert.
+        assert_eq!(
+            map.update(&p, "live-999", |v| (v.copied(), Write::Keep), |_| false),
+            Some(1)
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! Counters of the limiter, for the data plane's `/metrics`.
+//!
+//! Plain relaxed atomics: each is independent, and a scrape that sees one
+//! counter a few increments ahead of another is fine.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use crate::headers::Source;
+
+/// Live counters, updated on the request path.
+#[derive(Debug, Default)]
+pub struct Stats {
+    allowed_shared: AtomicU64,
+    denied_shared: AtomicU64,
+    allowed_local: AtomicU64,
+    denied_local: AtomicU64,
+    deny_cache_hits: AtomicU64,
+    redis_errors: AtomicU64,
+    redis_timeouts: AtomicU64,
+    fallbacks: AtomicU64,
+    breaker_opened: AtomicU64,
+    breaker_open: AtomicBool,
+    probes_failed: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn decision(&self, source: Source, allowed: bool) {
+        let counter = match (source, allowed) {
+            (Source::Shared, true) => &self.allowed_shared,
+            (Source::Shared, false) => &self.denied_shared,
+            (Source::Local, true) => &self.allowed_local,
+            (Source::Local, false) => &self.denied_local,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn deny_cache_hit(&self) {
+        self.deny_cache_hits.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn redis_error(&self) {
+        self.redis_errors.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn redis_timeout(&self) {
+        self.redis_timeouts.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn fallback(&self) {
+        self.fallbacks.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn breaker_opened(&self) {
+        self.breaker_opened.fetch_add(1, Relaxed);
+        self.breaker_open.store(true, Relaxed);
+    }
+    /// The breaker starts open (until Redis first answers) without counting an opening.
+    pub(crate) fn breaker_opened_quietly(&self) {
+        self.breaker_open.store(true, Relaxed);
+    }
+    pub(crate) fn breaker_closed(&self) {
+        self.breaker_open.store(false, Relaxed);
+    }
+    pub(crate) fn probe_failed(&self) {
+        self.probes_failed.fetch_add(1, Relaxed);
+    }
+
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            allowed_shared: self.allowed_shared.load(Relaxed),
+            denied_shared: self.denied_shared.load(Relaxed),
+            allowed_local: self.allowed_local.load(Relaxed),
+            denied_local: self.denied_local.load(Relaxed),
+            deny_cache_hits: self.deny_cache_hits.load(Relaxed),
+            redis_errors: self.redis_errors.load(Relaxed),
+            redis_timeouts: self.redis_timeouts.load(Relaxed),
+            fallbacks: self.fallbacks.load(Relaxed),
+            breaker_opened: self.breaker_opened.load(Relaxed),
+            breaker_open: self.breaker_open.load(Relaxed),
+            probes_failed: self.probes_failed.load(Relaxed),
+        }
+    }
+}
+
+/// A point-in-time copy of the limiter's counters (all monotonic except `breaker_open`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Admitted by the shared (Redis) budget.
+    pub allowed_shared: u64,
+    /// Denied by the shared budget, including denials answered from the "denied until" cache.
+    pub denied_shared: u64,
+    /// Admitted by the local limiter.
+    pub allowed_local: u64,
+    /// Denied by the local limiter.
+    pub denied_local: u64,
+    /// Denials answered from the "denied until" cache without asking Redis.
+    pub deny_cache_hits: u64,
+    /// Redis commands that failed (connection refused or lost, server error).
+    pub redis_errors: u64,
+    /// Decisions for which Redis did not answer within the decision deadline.
+    pub redis_timeouts: u64,
+    /// Decisions made locally although Redis is configured (error, timeout, or breaker open).
+    pub fallbacks: u64,
+    /// Times the Redis breaker opened.
+    pub breaker_opened: u64,
+    /// Whether the Redis breaker is open now (decisions are local until a probe succeeds).
+    pub breaker_open: bool,
+    /// Probes that found Redis still unreachable.
+    pub probes_failed: u64,
+}
+
+impl StatsSnapshot {
+    /// Every decision counted.
+    pub fn decisions(&self) -> u64 {
+        self.allowed_shared + self.denied_shared + self.allowed_local + self.denied_local
+    }
+
+    /// Appends the counters in the Prometheus text format. Metric names:
+    ///
+    /// | name | type | labels |
+    /// |---|---|---|
+    /// | `gateway_ratelimit_decisions_total` | counter | `source` = `redis`\|`local`, `result` = `allowed`\|`denied` |
+    /// | `gateway_ratelimit_deny_cache_hits_total` | counter | |
+    /// | `gateway_ratelimit_redis_errors_total` | counter | |
+    /// | `gateway_ratelimit_redis_timeouts_total` | counter | |
+    /// | `gateway_ratelimit_fallbacks_total` | counter | |
+    /// | `gateway_ratelimit_breaker_opened_total` | counter | |
+    /// | `gateway_ratelimit_breaker_open` | gauge (0/1) | |
+    /// | `gateway_ratelimit_probe_failures_total` | counter | |
+    pub fn write_prometheus(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP gateway_ratelimit_decisions_total Rate-limit decisions by who decided and the verdict.\n\
+             # TYPE gateway_ratelimit_decisions_total counter"
+        );
+        for (source, result, value) in [
+            ("redis", "allowed", self.allowed_shared),
+            ("redis", "denied", self.denied_shared),
+            ("local", "allowed", self.allowed_local),
+            ("local", "denied", self.denied_local),
+        ] {
+            let _ = writeln!(
+                out,
+                "gateway_ratelimit_decisions_total{{source=\"{source}\",result=\"{result}\"}} {value}"
+            );
+        }
+        for (name, kind, help, value) in [
+            (
+                "gateway_ratelimit_deny_cache_hits_total",
+                "counter",
+                "Denials answered from the local denied-until cache without asking Redis.",
+                self.deny_cache_hits,
+            ),
+            (
+                "gateway_ratelimit_redis_errors_total",
+                "counter",
+                "Rate-limit Redis commands that failed.",
+                self.redis_errors,
+            ),
+            (
+                "gateway_ratelimit_redis_timeouts_total",
+                "counter",
+                "Rate-limit decisions for which Redis missed the deadline.",
+                self.redis_timeouts,
+            ),
+            (
+                "gateway_ratelimit_fallbacks_total",
+                "counter",
+                "Rate-limit decisions made by the replica-local limiter because Redis was unavailable.",
+                self.fallbacks,
+            ),
+            (
+                "gateway_ratelimit_breaker_opened_total",
+                "counter",
+                "Times the rate-limit Redis breaker opened.",
+                self.breaker_opened,
+            ),
+            (
+                "gateway_ratelimit_breaker_open",
+                "gauge",
+                "1 while the rate-limit Redis breaker is open (limits are replica-local).",
+                u64::from(self.breaker_open),
+            ),
+            (
+                "gateway_ratelimit_probe_failures_total",
+                "counter",
+                "Probes that found the rate-limit Redis still unreachable.",
+                self.probes_failed,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_show_up_in_the_prometheus_text() {
+        let stats = Stats::default();
+        stats.decision(Source::Shared, true);
+        stats.decision(Source::Shared, true);
+        stats.decision(Source::Local, false);
+        stats.fallback();
+        stats.breaker_opened();
+        let snap = stats.snapshot();
+        assert_eq!(snap.decisions(), 3);
+        assert!(snap.breaker_open);
+        let mut text = String::new();
+        snap.write_prometheus(&mut text);
+        assert!(text.contains(
+            "gateway_ratelimit_decisions_total{source=\"redis\",result=\"allowed\"} 2\n"
+        ));
+        assert!(
+            text.contains(
+                "gateway_ratelimit_decisions_total{source=\"local\",result=\"denied\"} 1\n"
+            )
+        );
+        assert!(text.contains("\ngateway_ratelimit_fallbacks_total 1\n"));
+        assert!(text.contains("\ngateway_ratelimit_breaker_open 1\n"));
+        stats.breaker_closed();
+        assert!(!stats.snapshot().breaker_open);
+    }
+}

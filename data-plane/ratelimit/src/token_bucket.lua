@@ -1,0 +1,69 @@
+-- Token bucket, one atomic decision. Mirrors algorithm::token_bucket (src/algorithm.rs).
+--
+-- KEYS[1]  the budget key, rl:{<policy>:<subject>} (a hash)
+-- ARGV[1]  limit: bucket capacity in tokens
+-- ARGV[2]  window in milliseconds: time to refill the whole bucket
+-- Returns {allowed (1|0), remaining, reset_after_ms, retry_after_ms}.
+--
+-- The level is kept in token-milliseconds (one token = window ms, every
+-- elapsed millisecond adds `limit`), so the refill is exact integer arithmetic;
+-- Policy::new keeps limit * window <= 2^53, where Lua doubles are exact.
+-- Time comes from Redis (TIME), so replicas with skewed clocks agree.
+-- Fields: tl = level, tt = time of that level (ms). Denials write nothing.
+
+if redis.replicate_commands then
+  -- Redis < 5 replicates scripts verbatim unless told otherwise; TIME makes
+  -- this script non-deterministic, so ask for effects replication. Later
+  -- versions always do that and ignore the call.
+  redis.replicate_commands()
+end
+
+-- Integers are written as plain decimal strings: Redis would format a Lua
+-- number in the shortest form, which may use an exponent ("1e+8") that
+-- PEXPIRE refuses.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local capacity = limit * window
+local stored = redis.call('HMGET', key, 'tl', 'tt')
+local level = tonumber(stored[1])
+local at = tonumber(stored[2])
+if level == nil or at == nil then
+  level = capacity
+  at = now
+elseif level > capacity then
+  level = capacity
+end
+
+if now > at then
+  local elapsed = now - at
+  if elapsed >= window then
+    level = capacity
+  else
+    level = math.min(capacity, level + elapsed * limit)
+  end
+  at = now
+end
+-- Non-zero only if Redis's clock went backwards: every wait starts at `at`.
+local ahead = at - now
+
+if level >= window then
+  level = level - window
+  local reset_after = ahead + math.ceil((capacity - level) / limit)
+  redis.call('HSET', key, 'tl', int(level), 'tt', int(at))
+  -- Once full again the key is the same as a missing one: let it vanish.
+  redis.call('PEXPIRE', key, int(math.max(1, reset_after)))
+  return {1, math.floor(level / window), reset_after, 0}
+end
+
+local reset_after = ahead + math.ceil((capacity - level) / limit)
+local retry_after = ahead + math.ceil((window - level) / limit)
+return {0, 0, reset_after, retry_after}

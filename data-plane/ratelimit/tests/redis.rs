@@ -1,0 +1,314 @@
+//! The limiter against a real `redis-server` spawned per test.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gateway_ratelimit::{
+    Algorithm, FIXED_WINDOW_LUA, Policy, RateLimiter, RateLimiterOptions, Source, TOKEN_BUCKET_LUA,
+};
+use support::RedisServer;
+
+/// Options for tests that need every decision to reach Redis: a deadline
+/// generous enough that a loaded CI machine cannot turn a slow answer into a
+/// local fallback (which would make "exactly `limit`" unprovable).
+fn patient() -> RateLimiterOptions {
+    RateLimiterOptions {
+        decision_timeout: Duration::from_secs(2),
+        ..RateLimiterOptions::default()
+    }
+}
+
+/// Polls until the limiter sends decisions to Redis, or panics after `within`.
+async fn wait_shared(limiter: &RateLimiter, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !limiter.is_shared() {
+        assert!(
+            Instant::now() < deadline,
+            "limiter did not reach Redis within {within:?}: {:?}",
+            limiter.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn sha_loaded(conn: &mut redis::aio::MultiplexedConnection, lua: &str) -> bool {
+    let sha = redis::Script::new(lua).get_hash().to_owned();
+    let exists: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(sha)
+        .query_async(conn)
+        .await
+        .unwrap();
+    exists[0]
+}
+
+/// 200 concurrent decisions on one key, spread over two limiters (two
+/// "replicas" with their own connections): exactly `limit` are admitted.
+async fn exactly_limit_admitted(algorithm: Algorithm) {
+    let redis = RedisServer::start().await;
+    let a = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    let b = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    wait_shared(&a, Duration::from_secs(10)).await;
+    wait_shared(&b, Duration::from_secs(10)).await;
+    // A long window: no refill can sneak in during the test.
+    let policy = Policy::new("burst", algorithm, 37, 3600).unwrap();
+
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let limiter = Arc::clone(if i % 2 == 0 { &a } else { &b });
+            let policy = policy.clone();
+            tokio::spawn(async move { limiter.check(&policy, "alice").await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let decision = task.await.unwrap();
+        assert_eq!(decision.source, Source::Shared, "{decision:?}");
+        assert_eq!(decision.limit, 37);
+        if decision.allowed {
+            admitted += 1;
+        } else {
+            let retry = decision.retry_after.expect("a denial says when to retry");
+            assert!(retry > Duration::ZERO && retry <= Duration::from_secs(3600));
+        }
+    }
+    assert_eq!(admitted, 37, "{algorithm:?}: exactly the limit is admitted");
+    for limiter in [&a, &b] {
+        let stats = limiter.stats();
+        assert_eq!(stats.fallbacks, 0, "{stats:?}");
+        assert_eq!(stats.redis_errors + stats.redis_timeouts, 0, "{stats:?}");
+    }
+    let total = a.stats().allowed_shared + b.stats().allowed_shared;
+    assert_eq!(total, 37);
+
+    // The budget lives under the hash-tagged key and expires by itself.
+    let mut conn = redis.connection().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("rl:{burst:alice}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 0 && pttl <= 3_600_000,
+        "rl:{{burst:alice}} must carry an expiry, PTTL = {pttl}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn token_bucket_admits_exactly_the_limit_under_200_concurrent_decisions() {
+    exactly_limit_admitted(Algorithm::TokenBucket).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fixed_window_admits_exactly_the_limit_under_200_concurrent_decisions() {
+    exactly_limit_admitted(Algorithm::FixedWindow).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_scripts_report_remaining_reset_and_retry_after_from_redis_time() {
+    let redis = RedisServer::start().await;
+    let limiter = RateLimiter::new(Some(redis.url()), patient()).unwrap();
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+
+    // Token bucket: 2 tokens, one every 5 s.
+    let tb = Policy::new("tb", Algorithm::TokenBucket, 2, 10).unwrap();
+    let first = limiter.check(&tb, "u").await;
+    assert!(first.allowed);
+    assert_eq!(first.remaining, 1);
+    assert!(first.reset_after <= Duration::from_secs(5));
+    let second = limiter.check(&tb, "u").await;
+    assert!(second.allowed);
+    assert_eq!(second.remaining, 0);
+    let denied = limiter.check(&tb, "u").await;
+    assert!(!denied.allowed);
+    assert_eq!(denied.source, Source::Shared);
+    let retry = denied.retry_after.unwrap();
+    // The bucket was emptied moments ago: about 5 s to the next token, and never less than the truth.
+    assert!(
+        retry > Duration::from_millis(4_000) && retry <= Duration::from_secs(5),
+        "{retry:?}"
+    );
+    assert!(denied.reset_after >= retry && denied.reset_after <= Duration::from_secs(10));
+    assert_eq!(denied.retry_after_secs(), Some(5));
+
+    // Fixed window: 3 per hour, windows aligned to the epoch hour.
+    let fw = Policy::new("fw", Algorithm::FixedWindow, 3, 3600).unwrap();
+    for expected_remaining in [2, 1, 0] {
+        let d = limiter.check(&fw, "10.0.0.1").await;
+        assert!(d.allowed);
+        assert_eq!(d.remaining, expected_remaining);
+    }
+    let denied = limiter.check(&fw, "10.0.0.1").await;
+    assert!(!denied.allowed);
+    let retry = denied.retry_after.unwrap();
+    assert!(retry > Duration::ZERO && retry <= Duration::from_secs(3600));
+    assert_eq!(denied.reset_after, retry, "a window resets when it ends");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let to_hour_end = Duration::from_secs(3600) - Duration::from_secs(now.as_secs() % 3600);
+    assert!(
+        retry.abs_diff(to_hour_end) < Duration::from_secs(5),
+        "{retry:?} vs {to_hour_end:?}"
+    );
+    // The next request of a denied key is answered from the "denied until" cache.
+    let again = limiter.check(&fw, "10.0.0.1").await;
+    assert!(!again.allowed);
+    assert_eq!(again.source, Source::Shared);
+    assert!(again.retry_after.unwrap() <= retry);
+    assert_eq!(limiter.stats().deny_cache_hits, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn flushed_scripts_are_reloaded_transparently() {
+    let redis = RedisServer::start().await;
+    let limiter = RateLimiter::new(Some(redis.url()), patient()).unwrap();
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+    let mut conn = redis.connection().await;
+
+    for (algorithm, lua) in [
+        (Algorithm::TokenBucket, TOKEN_BUCKET_LUA),
+        (Algorithm::FixedWindow, FIXED_WINDOW_LUA),
+    ] {
+        let policy = Policy::new("flush", algorithm, 10, 3600).unwrap();
+        let subject = algorithm.as_str();
+        for expected in [9, 8, 7] {
+            let d = limiter.check(&policy, subject).await;
+            assert!(d.allowed && d.source == Source::Shared);
+            assert_eq!(d.remaining, expected);
+        }
+        assert!(sha_loaded(&mut conn, lua).await);
+
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(!sha_loaded(&mut conn, lua).await, "the flush removed it");
+
+        // The next decision meets NOSCRIPT, reloads, and carries on with the same budget.
+        for expected in [6, 5] {
+            let d = limiter.check(&policy, subject).await;
+            assert!(d.allowed, "{algorithm:?}: {d:?}");
+            assert_eq!(d.source, Source::Shared, "{algorithm:?}: {d:?}");
+            assert_eq!(d.remaining, expected, "{algorithm:?}");
+        }
+        assert!(sha_loaded(&mut conn, lua).await, "reloaded");
+    }
+    let stats = limiter.stats();
+    assert_eq!(stats.redis_errors, 0, "NOSCRIPT never surfaced: {stats:?}");
+    assert_eq!(stats.fallbacks, 0, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_killed_mid_traffic_stays_fast_falls_back_and_resumes_after_restart() {
+    let mut redis = RedisServer::start().await;
+    let port = redis.port();
+    // Production defaults: a 5 ms decision deadline, a 1 s breaker.
+    let limiter =
+        Arc::new(RateLimiter::new(Some(redis.url()), RateLimiterOptions::default()).unwrap());
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+    let policy = Policy::new("outage", Algorithm::TokenBucket, 1_000_000, 60).unwrap();
+    let bound = Duration::from_millis(50);
+
+    // Eight clients send back-to-back requests and record their slowest decision.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let limiter = Arc::clone(&limiter);
+            let policy = policy.clone();
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                let subject = format!("user-{i}");
+                let mut slowest = Duration::ZERO;
+                let mut decisions = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let d = limiter.check(&policy, &subject).await;
+                    slowest = slowest.max(started.elapsed());
+                    assert!(d.allowed, "a huge budget admits everything: {d:?}");
+                    decisions += 1;
+                    // Yield so the kill and the probes get CPU on a busy machine.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                (slowest, decisions)
+            })
+        })
+        .collect();
+
+    // Let traffic flow through Redis, then kill it mid-traffic.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while limiter.stats().allowed_shared < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "no shared traffic: {:?}",
+            limiter.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = limiter.stats();
+    redis.kill().await;
+
+    // Traffic goes on, locally.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = limiter.stats();
+        if stats.breaker_open && stats.fallbacks > before.fallbacks + 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no fallback after the kill: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let during = limiter.stats();
+    assert!(during.breaker_opened > before.breaker_opened, "{during:?}");
+    assert!(during.allowed_local > before.allowed_local, "{during:?}");
+
+    // Restart Redis where the limiter expects it: shared limiting comes back by itself.
+    let redis = RedisServer::start_on(port).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut conn = redis.connection().await;
+    loop {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg("rl:{outage:user-0}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if limiter.is_shared() && exists == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shared limiting did not resume: {:?}",
+            limiter.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resumed = limiter.stats();
+    // A few more decisions go to the new Redis.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while limiter.stats().allowed_shared < resumed.allowed_shared + 50 {
+        assert!(Instant::now() < deadline, "{:?}", limiter.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for worker in workers {
+        let (slowest, decisions) = worker.await.unwrap();
+        assert!(
+            slowest < bound,
+            "a decision took {slowest:?}, more than {bound:?}"
+        );
+        total += decisions;
+    }
+    let end = limiter.stats();
+    assert_eq!(end.decisions(), total);
+    assert!(!end.breaker_open, "{end:?}");
+    let check = limiter.check(&policy, "user-0").await;
+    assert_eq!(check.source, Source::Shared);
+}
