@@ -1,1 +1,34 @@
-//! skeleton, replaced by the real crate
+//! The gateway control plane: routes and upstreams stored as numbered versions
+//! in SQLite, an operator gRPC API (`gateway.v1.AdminService`) and the config
+//! stream to data planes (`gateway.v1.ConfigDiscoveryService`).
+//!
+//! One module per concern:
+//! * [`args`] command-line flags, [`logging`] stderr logs;
+//! * [`config`] the content of a configuration and the mutations on it,
+//!   [`changes`] the diff between two configurations;
+//! * [`store`] the SQLite version history (one transaction per mutation);
+//! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry;
+//! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
+//! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod admin;
+pub mod args;
+pub mod changes;
+pub mod clock;
+pub mod config;
+pub mod discovery;
+pub mod error;
+pub mod logging;
+pub mod metrics;
+pub mod nodes;
+pub mod seed;
+pub mod server;
+mod shutdown;
+pub mod store;
+
+pub use args::{Args, LogFormat};
+pub use error::StoreError;
+pub use server::{ControlPlane, Settings, StartError};
+pub use store::Store;

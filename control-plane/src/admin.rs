@@ -1,0 +1,208 @@
+//! `AdminService`: the operator API. Reads are served from the published
+//! current snapshot; every mutation goes through [`Store`] as one transaction.
+
+use crate::config::{Config, Mutation};
+use crate::error::StoreError;
+use crate::nodes::NodeRegistry;
+use crate::store::{MutateOptions, Store};
+use gateway_proto::v1::admin_service_server::AdminService;
+use gateway_proto::v1::*;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+/// The AdminService implementation.
+pub struct Admin {
+    store: Arc<Store>,
+    nodes: Arc<NodeRegistry>,
+}
+
+impl Admin {
+    /// Serves `store`'s configuration and `nodes`' status.
+    pub fn new(store: Arc<Store>, nodes: Arc<NodeRegistry>) -> Self {
+        Admin { store, nodes }
+    }
+
+    async fn mutate(
+        &self,
+        mutation: Mutation,
+        expected_version: Option<u64>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let options = MutateOptions {
+            expected_version,
+            ..Default::default()
+        };
+        let outcome = self.store.mutate(mutation, &options).await?;
+        Ok(Response::new(ConfigChange {
+            version: outcome.version,
+        }))
+    }
+}
+
+fn required_name(name: &str) -> Result<(), Status> {
+    if name.is_empty() {
+        Err(StoreError::Invalid("name: required".into()).into())
+    } else {
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for Admin {
+    async fn list_routes(
+        &self,
+        _: Request<ListRoutesRequest>,
+    ) -> Result<Response<ListRoutesResponse>, Status> {
+        let cur = self.store.current();
+        Ok(Response::new(ListRoutesResponse {
+            routes: cur.routes.clone(),
+            version: cur.version,
+        }))
+    }
+
+    async fn get_route(&self, req: Request<GetRouteRequest>) -> Result<Response<Route>, Status> {
+        let name = req.into_inner().name;
+        required_name(&name)?;
+        let cur = self.store.current();
+        cur.routes
+            .iter()
+            .find(|r| r.name == name)
+            .cloned()
+            .map(Response::new)
+            .ok_or_else(|| StoreError::NotFound(format!("route \"{name}\" not found")).into())
+    }
+
+    async fn upsert_route(
+        &self,
+        req: Request<UpsertRouteRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let req = req.into_inner();
+        let route = req
+            .route
+            .ok_or_else(|| StoreError::Invalid("route: required".into()))?;
+        self.mutate(Mutation::UpsertRoute(route), req.expected_version)
+            .await
+    }
+
+    async fn delete_route(
+        &self,
+        req: Request<DeleteRouteRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let req = req.into_inner();
+        required_name(&req.name)?;
+        self.mutate(Mutation::DeleteRoute(req.name), req.expected_version)
+            .await
+    }
+
+    async fn list_upstreams(
+        &self,
+        _: Request<ListUpstreamsRequest>,
+    ) -> Result<Response<ListUpstreamsResponse>, Status> {
+        let cur = self.store.current();
+        Ok(Response::new(ListUpstreamsResponse {
+            upstreams: cur.upstreams.clone(),
+            version: cur.version,
+        }))
+    }
+
+    async fn get_upstream(
+        &self,
+        req: Request<GetUpstreamRequest>,
+    ) -> Result<Response<Upstream>, Status> {
+        let name = req.into_inner().name;
+        required_name(&name)?;
+        let cur = self.store.current();
+        cur.upstreams
+            .iter()
+            .find(|u| u.name == name)
+            .cloned()
+            .map(Response::new)
+            .ok_or_else(|| StoreError::NotFound(format!("upstream \"{name}\" not found")).into())
+    }
+
+    async fn upsert_upstream(
+        &self,
+        req: Request<UpsertUpstreamRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let req = req.into_inner();
+        let upstream = req
+            .upstream
+            .ok_or_else(|| StoreError::Invalid("upstream: required".into()))?;
+        self.mutate(Mutation::UpsertUpstream(upstream), req.expected_version)
+            .await
+    }
+
+    async fn delete_upstream(
+        &self,
+        req: Request<DeleteUpstreamRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let req = req.into_inner();
+        required_name(&req.name)?;
+        self.mutate(Mutation::DeleteUpstream(req.name), req.expected_version)
+            .await
+    }
+
+    async fn get_config(
+        &self,
+        req: Request<GetConfigRequest>,
+    ) -> Result<Response<ConfigSnapshot>, Status> {
+        let snapshot = match req.into_inner().version {
+            None => ConfigSnapshot::clone(&self.store.current()),
+            Some(v) => self.store.snapshot(v).await?,
+        };
+        Ok(Response::new(snapshot))
+    }
+
+    async fn apply_config(
+        &self,
+        req: Request<ApplyConfigRequest>,
+    ) -> Result<Response<ApplyConfigResponse>, Status> {
+        let req = req.into_inner();
+        let options = MutateOptions {
+            expected_version: req.expected_version,
+            dry_run: req.dry_run,
+            author: None,
+        };
+        let mutation = Mutation::Replace(Config::new(req.routes, req.upstreams));
+        let outcome = self.store.mutate(mutation, &options).await?;
+        Ok(Response::new(ApplyConfigResponse {
+            version: outcome.version,
+            dry_run: req.dry_run,
+            changes: outcome.changes.iter().map(ResourceChange::from).collect(),
+        }))
+    }
+
+    async fn list_config_versions(
+        &self,
+        req: Request<ListConfigVersionsRequest>,
+    ) -> Result<Response<ListConfigVersionsResponse>, Status> {
+        let limit = req.into_inner().limit.unwrap_or(0);
+        let versions = self.store.versions(limit).await?;
+        Ok(Response::new(ListConfigVersionsResponse { versions }))
+    }
+
+    async fn rollback_config(
+        &self,
+        req: Request<RollbackConfigRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let req = req.into_inner();
+        let options = MutateOptions {
+            expected_version: req.expected_version,
+            ..Default::default()
+        };
+        let outcome = self.store.rollback(req.version, &options).await?;
+        Ok(Response::new(ConfigChange {
+            version: outcome.version,
+        }))
+    }
+
+    async fn list_data_planes(
+        &self,
+        _: Request<ListDataPlanesRequest>,
+    ) -> Result<Response<ListDataPlanesResponse>, Status> {
+        let current_version = self.store.current().version;
+        Ok(Response::new(ListDataPlanesResponse {
+            data_planes: self.nodes.list(current_version),
+            current_version,
+        }))
+    }
+}

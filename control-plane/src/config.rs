@@ -1,0 +1,278 @@
+//! The content of one configuration (routes and upstreams) and the mutations
+//! operators apply to it. Pure functions: no I/O, no clock.
+
+use crate::error::StoreError;
+use gateway_proto::v1::{ConfigSnapshot, Route, Upstream};
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+/// Routes and upstreams of one configuration, each sorted by name.
+///
+/// Sorted order makes the encoding canonical: the same content always gives the
+/// same bytes, so the same hash (equal to [`gateway_proto::config_hash`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    /// Every route, sorted by name.
+    pub routes: Vec<Route>,
+    /// Every upstream, sorted by name.
+    pub upstreams: Vec<Upstream>,
+}
+
+impl Config {
+    /// Builds a configuration, sorting both lists by name.
+    pub fn new(mut routes: Vec<Route>, mut upstreams: Vec<Upstream>) -> Self {
+        routes.sort_by(|a, b| a.name.cmp(&b.name));
+        upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+        Config { routes, upstreams }
+    }
+
+    /// The content of a snapshot (its metadata is dropped).
+    pub fn from_snapshot(s: &ConfigSnapshot) -> Self {
+        Config::new(s.routes.clone(), s.upstreams.clone())
+    }
+
+    /// The canonical encoding: a `ConfigSnapshot` holding only routes and upstreams.
+    /// This is what the database stores and what the content hash is taken over.
+    pub fn encode(&self) -> Vec<u8> {
+        // Encode through a borrowed view so 10,000 routes are not cloned just to be written.
+        let mut buf = Vec::with_capacity(self.encoded_len());
+        for r in &self.routes {
+            prost::encoding::message::encode(3, r, &mut buf);
+        }
+        for u in &self.upstreams {
+            prost::encoding::message::encode(4, u, &mut buf);
+        }
+        buf
+    }
+
+    fn encoded_len(&self) -> usize {
+        prost::encoding::message::encoded_len_repeated(3, &self.routes)
+            + prost::encoding::message::encoded_len_repeated(4, &self.upstreams)
+    }
+
+    /// Decodes bytes written by [`Config::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
+        let s = ConfigSnapshot::decode(bytes)?;
+        Ok(Config::new(s.routes, s.upstreams))
+    }
+
+    /// Hex SHA-256 of the canonical encoding.
+    pub fn hash(&self) -> String {
+        hash_encoded(&self.encode())
+    }
+
+    /// The route with this name.
+    pub fn route(&self, name: &str) -> Option<&Route> {
+        self.routes
+            .binary_search_by(|r| r.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.routes[i])
+    }
+
+    /// The upstream with this name.
+    pub fn upstream(&self, name: &str) -> Option<&Upstream> {
+        self.upstreams
+            .binary_search_by(|u| u.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.upstreams[i])
+    }
+
+    /// Validates the whole configuration with the rules data planes also apply.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        gateway_proto::validate_config(&self.routes, &self.upstreams).map_err(StoreError::from)
+    }
+}
+
+/// Hex SHA-256 of an already encoded configuration.
+pub fn hash_encoded(encoded: &[u8]) -> String {
+    hex::encode(Sha256::digest(encoded))
+}
+
+/// One change an operator asks for.
+#[derive(Clone, Debug)]
+pub enum Mutation {
+    /// Create or replace the route of that name.
+    UpsertRoute(Route),
+    /// Remove the route of that name.
+    DeleteRoute(String),
+    /// Create or replace the upstream of that name.
+    UpsertUpstream(Upstream),
+    /// Remove the upstream of that name; refused while a route uses it.
+    DeleteUpstream(String),
+    /// Replace everything (`ApplyConfig`).
+    Replace(Config),
+    /// Make an old version's content current again (`RollbackConfig`).
+    Rollback {
+        /// The old version.
+        version: u64,
+        /// Its content.
+        content: Config,
+    },
+}
+
+impl Mutation {
+    /// The configuration this mutation produces from `current`, not yet validated.
+    ///
+    /// Fails with `NotFound` for a delete of a missing name and with `Invalid`
+    /// when an upstream to delete is still used by routes.
+    pub fn apply(self, mut current: Config) -> Result<Config, StoreError> {
+        match self {
+            Mutation::UpsertRoute(route) => {
+                match current.routes.binary_search_by(|r| r.name.cmp(&route.name)) {
+                    Ok(i) => current.routes[i] = route,
+                    Err(i) => current.routes.insert(i, route),
+                }
+                Ok(current)
+            }
+            Mutation::DeleteRoute(name) => {
+                let i = current
+                    .routes
+                    .binary_search_by(|r| r.name.cmp(&name))
+                    .map_err(|_| StoreError::NotFound(format!("route \"{name}\" not found")))?;
+                current.routes.remove(i);
+                Ok(current)
+            }
+            Mutation::UpsertUpstream(upstream) => {
+                match current
+                    .upstreams
+                    .binary_search_by(|u| u.name.cmp(&upstream.name))
+                {
+                    Ok(i) => current.upstreams[i] = upstream,
+                    Err(i) => current.upstreams.insert(i, upstream),
+                }
+                Ok(current)
+            }
+            Mutation::DeleteUpstream(name) => {
+                let i = current
+                    .upstreams
+                    .binary_search_by(|u| u.name.cmp(&name))
+                    .map_err(|_| StoreError::NotFound(format!("upstream \"{name}\" not found")))?;
+                let users: Vec<String> = current
+                    .routes
+                    .iter()
+                    .filter(|r| r.upstream == name)
+                    .map(|r| format!("\"{}\"", r.name))
+                    .collect();
+                if !users.is_empty() {
+                    return Err(StoreError::Invalid(format!(
+                        "upstream \"{name}\": still used by route{} {}; delete or change {} first",
+                        if users.len() == 1 { "" } else { "s" },
+                        users.join(", "),
+                        if users.len() == 1 { "it" } else { "them" },
+                    )));
+                }
+                current.upstreams.remove(i);
+                Ok(current)
+            }
+            Mutation::Replace(config)
+            | Mutation::Rollback {
+                content: config, ..
+            } => Ok(config),
+        }
+    }
+
+    /// The one-line summary of the commit, unless it depends on the changes
+    /// (`None` for `Replace`, whose summary counts them: `apply: +2 routes, ~1 upstream`).
+    pub fn fixed_summary(&self) -> Option<String> {
+        match self {
+            Mutation::UpsertRoute(r) => Some(format!("upsert route \"{}\"", r.name)),
+            Mutation::DeleteRoute(n) => Some(format!("delete route \"{n}\"")),
+            Mutation::UpsertUpstream(u) => Some(format!("upsert upstream \"{}\"", u.name)),
+            Mutation::DeleteUpstream(n) => Some(format!("delete upstream \"{n}\"")),
+            Mutation::Replace(_) => None,
+            Mutation::Rollback { version, .. } => Some(format!("rollback to version {version}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gateway_proto::v1::Instance;
+
+    fn route(name: &str, upstream: &str) -> Route {
+        Route {
+            name: name.into(),
+            path_prefix: format!("/{name}"),
+            upstream: upstream.into(),
+            ..Default::default()
+        }
+    }
+
+    fn upstream(name: &str) -> Upstream {
+        Upstream {
+            name: name.into(),
+            instances: vec![Instance {
+                id: "i1".into(),
+                url: "http://127.0.0.1:8000".into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn encoding_is_canonical_and_hash_matches_the_shared_one() {
+        let a = Config::new(
+            vec![route("b", "u"), route("a", "u")],
+            vec![upstream("v"), upstream("u")],
+        );
+        let b = Config::new(
+            vec![route("a", "u"), route("b", "u")],
+            vec![upstream("u"), upstream("v")],
+        );
+        assert_eq!(a.encode(), b.encode());
+        assert_eq!(
+            a.hash(),
+            gateway_proto::config_hash(&a.routes, &a.upstreams)
+        );
+        assert_eq!(Config::decode(&a.encode()).unwrap(), a);
+        assert_eq!(Config::default().encode(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn upsert_inserts_sorted_and_replaces_by_name() {
+        let c = Config::new(vec![route("b", "u")], vec![upstream("u")]);
+        let c = Mutation::UpsertRoute(route("a", "u")).apply(c).unwrap();
+        let c = Mutation::UpsertRoute(route("c", "u")).apply(c).unwrap();
+        let names: Vec<_> = c.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        let mut changed = route("b", "u");
+        changed.timeout_ms = 5;
+        let c = Mutation::UpsertRoute(changed).apply(c).unwrap();
+        assert_eq!(c.routes.len(), 3);
+        assert_eq!(c.route("b").unwrap().timeout_ms, 5);
+    }
+
+    #[test]
+    fn delete_of_a_missing_name_is_not_found() {
+        let c = Config::default();
+        let e = Mutation::DeleteRoute("x".into())
+            .apply(c.clone())
+            .unwrap_err();
+        assert!(matches!(e, StoreError::NotFound(ref m) if m == "route \"x\" not found"));
+        let e = Mutation::DeleteUpstream("y".into()).apply(c).unwrap_err();
+        assert!(matches!(e, StoreError::NotFound(ref m) if m == "upstream \"y\" not found"));
+    }
+
+    #[test]
+    fn delete_of_an_upstream_in_use_names_the_routes() {
+        let c = Config::new(
+            vec![route("a", "u"), route("b", "u"), route("c", "v")],
+            vec![upstream("u"), upstream("v")],
+        );
+        let e = Mutation::DeleteUpstream("u".into())
+            .apply(c.clone())
+            .unwrap_err();
+        match e {
+            StoreError::Invalid(m) => {
+                assert!(m.contains("\"a\", \"b\""), "{m}");
+                assert!(!m.contains("\"c\""), "{m}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let c = Mutation::DeleteRoute("c".into()).apply(c).unwrap();
+        let c = Mutation::DeleteUpstream("v".into()).apply(c).unwrap();
+        assert!(c.upstream("v").is_none());
+        assert!(c.upstream("u").is_some());
+    }
+}

@@ -1,0 +1,311 @@
+//! `ConfigDiscoveryService.StreamConfig`: the state-of-the-world config stream
+//! to data planes, modelled on Envoy xDS.
+//!
+//! One task per stream follows the store's `watch` channel (no database
+//! polling) and the data plane's messages:
+//! * it pushes the full current snapshot on connect unless the data plane
+//!   already serves that version, and again after every commit;
+//! * a message quoting the last push's nonce ACKs it (empty `error_detail`) or
+//!   NACKs it; messages quoting an older nonce are ignored, as in xDS;
+//! * a version the node NACKed is never pushed to it again (later ones are).
+//!
+//! Safety choice: the empty version 0 is pushed only to a data plane that
+//! serves nothing yet (so it can become ready). A data plane that already
+//! serves a configuration from its disk cache keeps it when it meets a control
+//! plane whose database is empty, instead of being wiped; it shows as STALE.
+
+use crate::nodes::{NodeRegistry, StreamId};
+use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryService;
+use gateway_proto::v1::{ConfigRequest, ConfigResponse, ConfigSnapshot};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// How long a new stream may stay silent before its first message.
+const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The ConfigDiscoveryService implementation.
+pub struct Discovery {
+    config: watch::Receiver<Arc<ConfigSnapshot>>,
+    nodes: Arc<NodeRegistry>,
+    shutdown: watch::Receiver<bool>,
+    nonces: Arc<Nonces>,
+}
+
+impl Discovery {
+    /// Streams `config` to data planes, recording them in `nodes`, until `shutdown` turns true.
+    pub fn new(
+        config: watch::Receiver<Arc<ConfigSnapshot>>,
+        nodes: Arc<NodeRegistry>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Discovery {
+            config,
+            nodes,
+            shutdown,
+            nonces: Arc::new(Nonces::new()),
+        }
+    }
+}
+
+/// Unique nonces: a random per-process prefix (so nonces from before a
+/// restart never match) and a counter.
+struct Nonces {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Nonces {
+    fn new() -> Self {
+        Nonces {
+            prefix: format!("{:08x}", rand::random::<u32>()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn next(&self) -> String {
+        format!(
+            "{}-{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+type ResponseTx = mpsc::Sender<Result<ConfigResponse, Status>>;
+
+#[tonic::async_trait]
+impl ConfigDiscoveryService for Discovery {
+    type StreamConfigStream = ReceiverStream<Result<ConfigResponse, Status>>;
+
+    async fn stream_config(
+        &self,
+        request: Request<Streaming<ConfigRequest>>,
+    ) -> Result<Response<Self::StreamConfigStream>, Status> {
+        let peer = request.remote_addr();
+        let inbound = request.into_inner();
+        // Small buffer: a snapshot is pushed at most once per commit, and the
+        // newest one supersedes anything queued (state of the world).
+        let (tx, rx) = mpsc::channel(2);
+        let session = Session {
+            config: self.config.clone(),
+            nodes: self.nodes.clone(),
+            shutdown: self.shutdown.clone(),
+            nonces: self.nonces.clone(),
+            tx,
+        };
+        tokio::spawn(async move {
+            session.run(inbound).await;
+            tracing::debug!(?peer, "config stream closed");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// The last push on a stream, awaiting its ACK or NACK.
+struct Pushed {
+    version: u64,
+    nonce: String,
+    at: Instant,
+    answered: bool,
+}
+
+struct Session {
+    config: watch::Receiver<Arc<ConfigSnapshot>>,
+    nodes: Arc<NodeRegistry>,
+    shutdown: watch::Receiver<bool>,
+    nonces: Arc<Nonces>,
+    tx: ResponseTx,
+}
+
+/// What ended a wait inside a session.
+enum Event {
+    Config,
+    Message(ConfigRequest),
+    End,
+}
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<ConfigRequest>) {
+        let first = tokio::select! {
+            m = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, inbound.message()) => m,
+            _ = crate::shutdown::requested(&mut self.shutdown) => return,
+        };
+        let first = match first {
+            Ok(Ok(Some(m))) => m,
+            Ok(Ok(None)) => return,
+            Ok(Err(status)) => {
+                tracing::debug!(%status, "config stream failed before its first message");
+                return;
+            }
+            Err(_) => {
+                self.fail(Status::deadline_exceeded(
+                    "no first ConfigRequest within 30 s",
+                ))
+                .await;
+                return;
+            }
+        };
+        let Some(node) = first.node.filter(|n| !n.id.is_empty()) else {
+            self.fail(Status::invalid_argument(
+                "the first ConfigRequest must carry node.id",
+            ))
+            .await;
+            return;
+        };
+        let mut serving = parse_version(&first.version_info);
+        let stream = self.nodes.connect(&node, serving);
+        tracing::info!(
+            node = %node.id,
+            hostname = %node.hostname,
+            build = %node.build_version,
+            version_info = %first.version_info,
+            "data plane connected"
+        );
+        let mut pushed: Option<Pushed> = None;
+        loop {
+            let snapshot = self.config.borrow_and_update().clone();
+            if self.should_push(&node.id, &snapshot, serving, pushed.as_ref()) {
+                let nonce = self.nonces.next();
+                let response = ConfigResponse {
+                    version: snapshot.version,
+                    hash: snapshot.hash.clone(),
+                    nonce: nonce.clone(),
+                    routes: snapshot.routes.clone(),
+                    upstreams: snapshot.upstreams.clone(),
+                };
+                if !self.send(Ok(response)).await {
+                    break;
+                }
+                self.nodes.metrics().record_push();
+                tracing::debug!(node = %node.id, version = snapshot.version, %nonce, "pushed configuration");
+                pushed = Some(Pushed {
+                    version: snapshot.version,
+                    nonce,
+                    at: Instant::now(),
+                    answered: false,
+                });
+            }
+            let event = tokio::select! {
+                changed = self.config.changed() => if changed.is_ok() { Event::Config } else { Event::End },
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => Event::Message(m),
+                    Ok(None) => Event::End,
+                    Err(status) => {
+                        tracing::debug!(node = %node.id, %status, "config stream failed");
+                        Event::End
+                    }
+                },
+                _ = self.tx.closed() => Event::End,
+                _ = crate::shutdown::requested(&mut self.shutdown) => Event::End,
+            };
+            match event {
+                Event::Config => {}
+                Event::End => break,
+                Event::Message(m) => {
+                    self.answer(&node.id, stream, &m, pushed.as_mut(), &mut serving)
+                }
+            }
+        }
+        self.nodes.disconnect(&node.id, stream);
+        tracing::info!(node = %node.id, "data plane disconnected");
+    }
+
+    /// Whether the node needs `snapshot` now.
+    fn should_push(
+        &self,
+        node_id: &str,
+        snapshot: &ConfigSnapshot,
+        serving: Option<u64>,
+        pushed: Option<&Pushed>,
+    ) -> bool {
+        let v = snapshot.version;
+        if pushed.is_some_and(|p| p.version == v) || serving == Some(v) {
+            return false; // it has it, or has been sent it
+        }
+        if self.nodes.last_nack_version(node_id) == Some(v) {
+            return false; // it rejected this version: never resend
+        }
+        // Do not wipe a cached configuration with the empty initial one.
+        !(v == 0 && serving.is_some())
+    }
+
+    /// Handles an ACK or NACK (or ignores a stale one).
+    fn answer(
+        &self,
+        node_id: &str,
+        stream: StreamId,
+        m: &ConfigRequest,
+        pushed: Option<&mut Pushed>,
+        serving: &mut Option<u64>,
+    ) {
+        let Some(p) = pushed.filter(|p| !p.answered && p.nonce == m.response_nonce) else {
+            // First-message repeat, stale nonce or duplicate answer: ignored as in xDS.
+            self.nodes.seen(node_id, stream);
+            return;
+        };
+        p.answered = true;
+        if m.error_detail.is_empty() {
+            *serving = Some(p.version);
+            self.nodes.ack(node_id, stream, p.version, p.at.elapsed());
+            tracing::debug!(node = %node_id, version = p.version, "ACK");
+        } else {
+            *serving = parse_version(&m.version_info);
+            self.nodes.nack(node_id, stream, p.version, &m.error_detail);
+            tracing::warn!(node = %node_id, version = p.version, error = %m.error_detail, "data plane rejected configuration (NACK)");
+        }
+    }
+
+    /// Sends on the response stream; false when the stream is gone or we are shutting down.
+    async fn send(&mut self, item: Result<ConfigResponse, Status>) -> bool {
+        tokio::select! {
+            r = self.tx.send(item) => r.is_ok(),
+            _ = crate::shutdown::requested(&mut self.shutdown) => false,
+        }
+    }
+
+    async fn fail(&mut self, status: Status) {
+        tracing::warn!(%status, "config stream refused");
+        self.send(Err(status)).await;
+    }
+}
+
+/// `version_info` as a version number; empty or unparsable means "serves nothing known".
+fn parse_version(s: &str) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    let v = s.parse().ok();
+    if v.is_none() {
+        tracing::warn!(
+            version_info = s,
+            "ignoring a version_info that is not a number"
+        );
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_are_unique() {
+        let n = Nonces::new();
+        let a = n.next();
+        let b = n.next();
+        assert_ne!(a, b);
+        assert!(a.starts_with(&n.prefix));
+    }
+
+    #[test]
+    fn version_info_parsing() {
+        assert_eq!(parse_version(""), None);
+        assert_eq!(parse_version("12"), Some(12));
+        assert_eq!(parse_version("v12"), None);
+    }
+}

@@ -1,0 +1,78 @@
+//! The control plane's error type and the one place it is mapped to gRPC status codes.
+
+use tonic::{Code, Status};
+
+/// Why a read or a mutation of the configuration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The request, or the configuration it would produce, is invalid. Nothing changed.
+    /// The text names the resource, the field and the reason.
+    #[error("{0}")]
+    Invalid(String),
+    /// A named route, upstream or version does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The caller's compare-and-swap version is not the current one.
+    #[error("expected version {expected}, current is {current}")]
+    VersionMismatch {
+        /// The version the caller expected to be current.
+        expected: u64,
+        /// The version that actually is current.
+        current: u64,
+    },
+    /// A stored row cannot be decoded, or its hash does not match its content.
+    #[error("corrupt stored configuration: {0}")]
+    Corrupt(String),
+    /// SQLite failed (I/O, lock timeout, ...).
+    #[error("storage error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The schema migrations failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<gateway_proto::ValidationError> for StoreError {
+    fn from(e: gateway_proto::ValidationError) -> Self {
+        StoreError::Invalid(e.to_string())
+    }
+}
+
+impl From<StoreError> for Status {
+    fn from(e: StoreError) -> Self {
+        let code = match &e {
+            StoreError::Invalid(_) => Code::InvalidArgument,
+            StoreError::NotFound(_) => Code::NotFound,
+            StoreError::VersionMismatch { .. } => Code::FailedPrecondition,
+            StoreError::Corrupt(_) | StoreError::Database(_) | StoreError::Migrate(_) => {
+                Code::Internal
+            }
+        };
+        if code == Code::Internal {
+            tracing::error!(error = %e, "request failed");
+        }
+        Status::new(code, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_each_kind_to_its_code() {
+        let s: Status = StoreError::Invalid("route \"a\": bad".into()).into();
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.message(), "route \"a\": bad");
+        let s: Status = StoreError::NotFound("route \"x\" not found".into()).into();
+        assert_eq!(s.code(), Code::NotFound);
+        let s: Status = StoreError::VersionMismatch {
+            expected: 3,
+            current: 5,
+        }
+        .into();
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(s.message(), "expected version 3, current is 5");
+        let s: Status = StoreError::Corrupt("x".into()).into();
+        assert_eq!(s.code(), Code::Internal);
+    }
+}

@@ -1,0 +1,295 @@
+//! Assembles the gRPC server: AdminService, ConfigDiscoveryService,
+//! grpc.health.v1.Health and server reflection (v1 and v1alpha), plus the
+//! optional metrics endpoint, and runs it until told to shut down.
+
+use crate::admin::Admin;
+use crate::args::Args;
+use crate::clock::system_clock;
+use crate::discovery::Discovery;
+use crate::error::StoreError;
+use crate::metrics::{self, Gauges, Metrics};
+use crate::nodes::NodeRegistry;
+use crate::seed::{self, SeedError};
+use crate::store::Store;
+use gateway_proto::v1::admin_service_server::AdminServiceServer;
+use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryServiceServer;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+
+/// How long a graceful shutdown may take before open connections are dropped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// HTTP/2 keepalive: detects data planes that vanished without closing their
+/// stream (host crash, cable pull), so they turn DISCONNECTED.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest accepted admin request.
+const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a control plane needs to start.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// gRPC listen address (ignored by [`ControlPlane::start_on`]).
+    pub listen: SocketAddr,
+    /// SQLite database file.
+    pub database: PathBuf,
+    /// Seed file committed when the database is empty.
+    pub seed: Option<PathBuf>,
+    /// Prometheus endpoint address.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl From<&Args> for Settings {
+    fn from(a: &Args) -> Self {
+        Settings {
+            listen: a.listen,
+            database: a.database.clone(),
+            seed: a.seed.clone(),
+            metrics_listen: a.metrics_listen,
+        }
+    }
+}
+
+/// Why the control plane could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The database could not be opened or migrated.
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    /// The seed file was refused.
+    #[error(transparent)]
+    Seed(#[from] SeedError),
+    /// The reflection descriptors are broken (a build problem).
+    #[error("reflection service: {0:?}")]
+    Reflection(tonic_reflection::server::Error),
+    /// The server task panicked.
+    #[error("gRPC server task failed: {0}")]
+    Crashed(String),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// A running control plane.
+pub struct ControlPlane {
+    addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    store: Arc<Store>,
+    nodes: Arc<NodeRegistry>,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    metrics: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("addr", &self.addr)
+            .field("metrics_addr", &self.metrics_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Opens the database, applies the seed, binds `settings.listen` and starts serving.
+    pub async fn start(settings: Settings) -> Result<Self, StartError> {
+        let listener = bind(settings.listen).await?;
+        Self::start_on(listener, settings).await
+    }
+
+    /// Like [`ControlPlane::start`], on an already bound listener (tests bind `127.0.0.1:0`).
+    pub async fn start_on(listener: TcpListener, settings: Settings) -> Result<Self, StartError> {
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: settings.listen,
+            source,
+        })?;
+        let store = Arc::new(Store::open(&settings.database).await?);
+        if let Some(path) = &settings.seed {
+            seed::apply(&store, path).await?;
+        }
+        let metrics_listener = match settings.metrics_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let nodes = Arc::new(NodeRegistry::new(
+            system_clock(),
+            Arc::new(Metrics::default()),
+        ));
+        // ApplyConfig of 10,000 routes is a few MB; tonic's default limit is 4 MB.
+        let admin = AdminServiceServer::new(Admin::new(store.clone(), nodes.clone()))
+            .max_decoding_message_size(MAX_REQUEST_BYTES);
+        let discovery = ConfigDiscoveryServiceServer::new(Discovery::new(
+            store.subscribe(),
+            nodes.clone(),
+            shutdown_rx.clone(),
+        ));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<AdminServiceServer<Admin>>().await;
+        health
+            .set_serving::<ConfigDiscoveryServiceServer<Discovery>>()
+            .await;
+        // grpcurl 1.8 speaks only v1alpha; newer clients use v1. Each builder
+        // adds its own reflection descriptor; the other one is registered here
+        // so both versions list the same services.
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(gateway_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
+            .build_v1()
+            .map_err(StartError::Reflection)?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(gateway_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(StartError::Reflection)?;
+
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let mut stop = shutdown_rx.clone();
+        let server = tokio::spawn(
+            Server::builder()
+                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+                .add_service(health_service)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
+                .add_service(admin)
+                .add_service(discovery)
+                .serve_with_incoming_shutdown(incoming, async move {
+                    crate::shutdown::requested(&mut stop).await;
+                    health
+                        .set_service_status("", ServingStatus::NotServing)
+                        .await;
+                }),
+        );
+
+        let metrics = metrics_listener.map(|l| {
+            let nodes = nodes.clone();
+            let config = store.subscribe();
+            let render = move || {
+                nodes.metrics().render(Gauges {
+                    connected: nodes.connected(),
+                    known: nodes.list(0).len(),
+                    version: config.borrow().version,
+                })
+            };
+            tokio::spawn(metrics::serve(l, render, shutdown_rx.clone()))
+        });
+        tracing::info!(
+            %addr,
+            metrics = ?metrics_addr,
+            database = %settings.database.display(),
+            version = store.current().version,
+            "listening"
+        );
+        Ok(ControlPlane {
+            addr,
+            metrics_addr,
+            store,
+            nodes,
+            shutdown,
+            server,
+            metrics,
+        })
+    }
+
+    /// The bound gRPC address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The bound metrics address, if enabled.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The configuration store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The data-plane registry.
+    pub fn nodes(&self) -> &Arc<NodeRegistry> {
+        &self.nodes
+    }
+
+    /// Starts a graceful shutdown: health turns NOT_SERVING, config streams end,
+    /// no new connections are accepted, in-flight calls finish.
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    /// Serves until `signal` completes (then shuts down gracefully) or the
+    /// server fails, and closes the database.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), StartError> {
+        let ControlPlane {
+            store,
+            shutdown,
+            mut server,
+            metrics,
+            ..
+        } = self;
+        let mut stopping = shutdown.subscribe();
+        let result = tokio::select! {
+            r = &mut server => r,
+            _ = async {
+                tokio::select! {
+                    _ = signal => {}
+                    _ = crate::shutdown::requested(&mut stopping) => {}
+                }
+            } => {
+                shutdown.send_replace(true);
+                match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::warn!("graceful shutdown timed out; dropping open connections");
+                        server.abort();
+                        Ok(Ok(()))
+                    }
+                }
+            }
+        };
+        shutdown.send_replace(true);
+        if let Some(m) = metrics {
+            let _ = m.await;
+        }
+        store.close().await;
+        match result {
+            Ok(r) => r.map_err(StartError::from),
+            Err(join) => Err(StartError::Crashed(join.to_string())),
+        }
+    }
+
+    /// Shuts down gracefully and waits until everything has stopped.
+    pub async fn stop(self) -> Result<(), StartError> {
+        self.run_until(async {}).await
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
+}

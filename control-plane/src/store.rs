@@ -1,0 +1,429 @@
+//! Versioned configuration storage in SQLite (sqlx).
+//!
+//! Every committed configuration is one row of `config_versions`; the current
+//! configuration is the row with the highest version, and version 0 (no row) is
+//! the empty configuration. Each mutation is one `BEGIN IMMEDIATE` transaction:
+//! load the current version, apply the change, validate the whole result, insert
+//! version + 1, commit. `BEGIN IMMEDIATE` takes SQLite's write lock up front, so
+//! writers (even in other processes) serialize instead of failing at commit time,
+//! and versions stay gap-free (a trigger also enforces it).
+//!
+//! Durability: WAL journal with `synchronous = FULL`. WAL alone already keeps the
+//! file consistent if the process is killed at any moment (a torn write is just an
+//! uncommitted WAL frame); FULL also fsyncs the WAL on every commit so a version
+//! that was reported to an operator and pushed to data planes survives a power
+//! loss. Losing it would be worse than slow: the next commit would reuse the
+//! number for different content while data planes believe they already have it.
+//! Commits are rare (operator changes), so the fsync costs nothing that matters.
+//!
+//! After each commit the new snapshot is published on a `watch` channel, which
+//! is what config streams follow (no polling) and what reads are served from.
+
+use crate::changes::{self, Change};
+use crate::clock::{Clock, rfc3339, system_clock};
+use crate::config::{Config, Mutation, hash_encoded};
+use crate::error::StoreError;
+use gateway_proto::v1::{ConfigSnapshot, ConfigVersion};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, watch};
+
+/// `author` recorded when the caller is not identified.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// Default number of versions `ListConfigVersions` returns.
+pub const DEFAULT_VERSION_LIMIT: u32 = 50;
+
+/// How long a writer waits for another process's write lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Caller-supplied conditions of a mutation.
+#[derive(Clone, Debug, Default)]
+pub struct MutateOptions {
+    /// Commit only if this is still the current version (compare-and-swap).
+    pub expected_version: Option<u64>,
+    /// Validate and diff, commit nothing.
+    pub dry_run: bool,
+    /// Who asks; `None` records [`ANONYMOUS`].
+    pub author: Option<String>,
+}
+
+/// The result of a mutation.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The version now current; with `dry_run`, the version a commit would create.
+    /// When nothing changed, the unchanged current version.
+    pub version: u64,
+    /// Whether a new version was written.
+    pub committed: bool,
+    /// What differs from the previous configuration.
+    pub changes: Vec<Change>,
+}
+
+/// The configuration database and the published current snapshot.
+pub struct Store {
+    pool: SqlitePool,
+    /// Serializes this process's writers so they queue in order instead of
+    /// spinning on SQLite's busy handler, and so snapshots are published in
+    /// version order. `BEGIN IMMEDIATE` still guards against other processes.
+    writer: Mutex<()>,
+    current: watch::Sender<Arc<ConfigSnapshot>>,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("current_version", &self.current.borrow().version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the database file, runs migrations and loads the current version.
+    pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with_clock(path, system_clock()).await
+    }
+
+    /// [`Store::open`] with an injected clock for `created_at`.
+    pub async fn open_with_clock(path: &Path, clock: Clock) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
+        migrator().run(&pool).await?;
+        let latest = {
+            let mut conn = pool.acquire().await?;
+            load_latest(&mut conn).await?
+        };
+        let (current, _) = watch::channel(Arc::new(latest));
+        Ok(Store {
+            pool,
+            writer: Mutex::new(()),
+            current,
+            clock,
+        })
+    }
+
+    /// Closes the connection pool (checkpointing is left to SQLite).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// The current configuration.
+    pub fn current(&self) -> Arc<ConfigSnapshot> {
+        self.current.borrow().clone()
+    }
+
+    /// Follows the current configuration: the receiver sees every commit (the latest one, at least).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<ConfigSnapshot>> {
+        self.current.subscribe()
+    }
+
+    /// Whether no version has ever been committed.
+    pub async fn is_empty(&self) -> Result<bool, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM config_versions")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n == 0)
+    }
+
+    /// One version: 0 is the empty configuration; an unknown version is `NotFound`.
+    pub async fn snapshot(&self, version: u64) -> Result<ConfigSnapshot, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        load_version(&mut conn, version).await
+    }
+
+    /// Metadata of the newest `limit` versions, newest first (`0` means [`DEFAULT_VERSION_LIMIT`]).
+    pub async fn versions(&self, limit: u32) -> Result<Vec<ConfigVersion>, StoreError> {
+        let limit = if limit == 0 {
+            DEFAULT_VERSION_LIMIT
+        } else {
+            limit
+        };
+        let rows = sqlx::query(
+            "SELECT version, hash, created_at, summary, author FROM config_versions \
+             ORDER BY version DESC LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ConfigVersion {
+                    version: version_of(row)?,
+                    hash: row.try_get("hash")?,
+                    created_at: row.try_get("created_at")?,
+                    summary: row.try_get("summary")?,
+                    author: row.try_get("author")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Applies one mutation: validates the whole resulting configuration and,
+    /// unless it is a dry run or changes nothing, commits it as the next version.
+    pub async fn mutate(
+        &self,
+        mutation: Mutation,
+        options: &MutateOptions,
+    ) -> Result<Outcome, StoreError> {
+        if options.dry_run {
+            let mut conn = self.pool.acquire().await?;
+            let current = load_latest(&mut conn).await?;
+            drop(conn);
+            let planned = plan(&current, mutation, options)?;
+            let version = if planned.unchanged {
+                current.version
+            } else {
+                current.version + 1
+            };
+            return Ok(Outcome {
+                version,
+                committed: false,
+                changes: planned.changes,
+            });
+        }
+        self.commit(Pending::Ready(mutation), options).await
+    }
+
+    /// Commits a new version whose content equals `version`'s (`NotFound` if it does not exist).
+    pub async fn rollback(
+        &self,
+        version: u64,
+        options: &MutateOptions,
+    ) -> Result<Outcome, StoreError> {
+        if version == 0 {
+            return Err(StoreError::Invalid(
+                "version: required; versions start at 1".into(),
+            ));
+        }
+        self.commit(Pending::Rollback(version), options).await
+    }
+
+    /// The write path shared by every mutation.
+    async fn commit(
+        &self,
+        pending: Pending,
+        options: &MutateOptions,
+    ) -> Result<Outcome, StoreError> {
+        let _writer = self.writer.lock().await;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let current = load_latest(&mut tx).await?;
+        check_expected(options.expected_version, current.version)?;
+        let mutation = match pending {
+            Pending::Ready(m) => m,
+            // Read the old version inside the transaction, like everything else.
+            Pending::Rollback(version) => {
+                let old = load_version(&mut tx, version).await?;
+                Mutation::Rollback {
+                    version,
+                    content: Config::new(old.routes, old.upstreams),
+                }
+            }
+        };
+        let planned = plan(&current, mutation, options)?;
+        if planned.unchanged {
+            // Idempotent: re-applying the current content creates no version.
+            tx.rollback().await?;
+            return Ok(Outcome {
+                version: current.version,
+                committed: false,
+                changes: planned.changes,
+            });
+        }
+        let version = current.version + 1;
+        let created_at = rfc3339((self.clock)());
+        let author = options.author.as_deref().unwrap_or(ANONYMOUS);
+        sqlx::query(
+            "INSERT INTO config_versions (version, snapshot, hash, created_at, summary, author) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(to_db(version)?)
+        .bind(&planned.encoded)
+        .bind(&planned.hash)
+        .bind(&created_at)
+        .bind(&planned.summary)
+        .bind(author)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        tracing::info!(version, summary = %planned.summary, author, "committed configuration");
+        let snapshot = Arc::new(ConfigSnapshot {
+            version,
+            hash: planned.hash,
+            routes: planned.config.routes,
+            upstreams: planned.config.upstreams,
+            created_at,
+            summary: planned.summary,
+            author: author.to_owned(),
+        });
+        // Never move the published version backwards (only matters if another
+        // process writes the same file; this process's writers are serialized).
+        self.current.send_if_modified(|cur| {
+            if snapshot.version > cur.version {
+                *cur = snapshot;
+                true
+            } else {
+                false
+            }
+        });
+        Ok(Outcome {
+            version,
+            committed: true,
+            changes: planned.changes,
+        })
+    }
+}
+
+/// A mutation to commit, possibly still to be read from the database.
+enum Pending {
+    Ready(Mutation),
+    Rollback(u64),
+}
+
+/// A validated resulting configuration, ready to write.
+struct Planned {
+    config: Config,
+    encoded: Vec<u8>,
+    hash: String,
+    summary: String,
+    changes: Vec<Change>,
+    /// Same content as the current version.
+    unchanged: bool,
+}
+
+fn plan(
+    current: &ConfigSnapshot,
+    mutation: Mutation,
+    options: &MutateOptions,
+) -> Result<Planned, StoreError> {
+    check_expected(options.expected_version, current.version)?;
+    let summary = mutation.fixed_summary();
+    let old = Config::from_snapshot(current);
+    let config = mutation.apply(old.clone())?;
+    config.validate()?;
+    let encoded = config.encode();
+    let hash = hash_encoded(&encoded);
+    let changes = changes::diff(&old, &config);
+    let summary = summary.unwrap_or_else(|| format!("apply: {}", changes::summarize(&changes)));
+    Ok(Planned {
+        unchanged: hash == current.hash,
+        config,
+        encoded,
+        hash,
+        summary,
+        changes,
+    })
+}
+
+fn check_expected(expected: Option<u64>, current: u64) -> Result<(), StoreError> {
+    match expected {
+        Some(expected) if expected != current => {
+            Err(StoreError::VersionMismatch { expected, current })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The schema, embedded in the binary (migrations/*.sql).
+fn migrator() -> Migrator {
+    Migrator::with_migrations(vec![Migration::new(
+        1,
+        "config versions".into(),
+        MigrationType::Simple,
+        AssertSqlSafe(include_str!("../migrations/0001_config_versions.sql")).into_sql_str(),
+        false,
+    )])
+}
+
+/// The empty configuration every database starts at.
+fn version_zero() -> ConfigSnapshot {
+    ConfigSnapshot {
+        version: 0,
+        hash: Config::default().hash(),
+        summary: "empty initial configuration".into(),
+        ..Default::default()
+    }
+}
+
+const SELECT_SNAPSHOT: &str =
+    "SELECT version, snapshot, hash, created_at, summary, author FROM config_versions";
+
+async fn load_latest(conn: &mut SqliteConnection) -> Result<ConfigSnapshot, StoreError> {
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "{SELECT_SNAPSHOT} ORDER BY version DESC LIMIT 1"
+    )))
+    .fetch_optional(&mut *conn)
+    .await?;
+    match row {
+        Some(row) => snapshot_from_row(&row),
+        None => Ok(version_zero()),
+    }
+}
+
+async fn load_version(
+    conn: &mut SqliteConnection,
+    version: u64,
+) -> Result<ConfigSnapshot, StoreError> {
+    if version == 0 {
+        return Ok(version_zero());
+    }
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "{SELECT_SNAPSHOT} WHERE version = ?"
+    )))
+    .bind(to_db(version)?)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match row {
+        Some(row) => snapshot_from_row(&row),
+        None => Err(StoreError::NotFound(format!("version {version} not found"))),
+    }
+}
+
+fn snapshot_from_row(row: &SqliteRow) -> Result<ConfigSnapshot, StoreError> {
+    let version = version_of(row)?;
+    let blob: Vec<u8> = row.try_get("snapshot")?;
+    let hash: String = row.try_get("hash")?;
+    if hash_encoded(&blob) != hash {
+        return Err(StoreError::Corrupt(format!(
+            "version {version}: content does not match its hash"
+        )));
+    }
+    let config = Config::decode(&blob)
+        .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
+    Ok(ConfigSnapshot {
+        version,
+        hash,
+        routes: config.routes,
+        upstreams: config.upstreams,
+        created_at: row.try_get("created_at")?,
+        summary: row.try_get("summary")?,
+        author: row.try_get("author")?,
+    })
+}
+
+fn version_of(row: &SqliteRow) -> Result<u64, StoreError> {
+    let v: i64 = row.try_get("version")?;
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative version {v}")))
+}
+
+fn to_db(version: u64) -> Result<i64, StoreError> {
+    i64::try_from(version).map_err(|_| StoreError::NotFound(format!("version {version} not found")))
+}
+
+#[cfg(test)]
+mod tests;
