@@ -1,0 +1,154 @@
+//! The library API: a control plane started in-process on an already bound
+//! listener, its metrics endpoint, and a graceful stop with open config streams.
+
+use control_plane::{ControlPlane, Settings};
+use gateway_proto::v1::config_discovery_service_client::ConfigDiscoveryServiceClient;
+use gateway_proto::v1::{ConfigRequest, Instance, Node, UpsertUpstreamRequest, Upstream};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_stream::wrappers::ReceiverStream;
+
+async fn start(dir: &tempfile::TempDir) -> ControlPlane {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    ControlPlane::start_on(
+        listener,
+        Settings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            database: dir.path().join("cp.db"),
+            seed: None,
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_pushes_acks_and_connected_data_planes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = start(&dir).await;
+    let url = format!("http://{}", cp.local_addr());
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ConfigRequest {
+        node: Some(Node {
+            id: "dp-m".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = ConfigDiscoveryServiceClient::connect(url)
+        .await
+        .unwrap()
+        .stream_config(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    tx.send(ConfigRequest {
+        version_info: first.version.to_string(),
+        response_nonce: first.nonce,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let metrics = cp.metrics_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let body = http_get(metrics, "/metrics").await;
+        if body.contains("control_plane_config_acks_total 1") {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ACK counted:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("text/plain; version=0.0.4"), "{body}");
+    for line in [
+        "control_plane_data_planes_connected 1",
+        "control_plane_config_pushes_total 1",
+        "control_plane_config_nacks_total 0",
+        "control_plane_config_push_ack_seconds_count 1",
+        "control_plane_config_version 0",
+    ] {
+        assert!(body.lines().any(|l| l == line), "missing {line}:\n{body}");
+    }
+    assert!(http_get(metrics, "/nope").await.starts_with("HTTP/1.1 404"));
+    drop(stream);
+    cp.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_is_prompt_even_with_open_config_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = start(&dir).await;
+    let url = format!("http://{}", cp.local_addr());
+    let mut admin =
+        gateway_proto::v1::admin_service_client::AdminServiceClient::connect(url.clone())
+            .await
+            .unwrap();
+    admin
+        .upsert_upstream(UpsertUpstreamRequest {
+            upstream: Some(Upstream {
+                name: "u".into(),
+                instances: vec![Instance {
+                    id: "u1".into(),
+                    url: "http://127.0.0.1:1".into(),
+                }],
+                ..Default::default()
+            }),
+            expected_version: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(cp.store().current().version, 1);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ConfigRequest {
+        node: Some(Node {
+            id: "dp-open".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = ConfigDiscoveryServiceClient::connect(url)
+        .await
+        .unwrap()
+        .stream_config(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stream.message().await.unwrap().unwrap().version, 1);
+    assert_eq!(cp.nodes().connected(), 1);
+
+    let started = std::time::Instant::now();
+    cp.stop().await.unwrap();
+    // Well under the 10 s grace period: streams are ended, not waited for.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stop took {:?}",
+        started.elapsed()
+    );
+    // The data plane sees its stream end and can reconnect elsewhere.
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .unwrap();
+    assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
+    drop(tx);
+}
