@@ -1,0 +1,217 @@
+//! [`StackBuilder`]: the options of a stack and the start sequence's entry point.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::binaries::{find_binary, search_dirs, which};
+use crate::error::StackError;
+use crate::ports::Ports;
+use crate::prereq::redis_install_hint;
+use crate::readiness::http_client;
+use crate::stack::Stack;
+
+/// Builder options; defaults written down in [`StackBuilder::default`].
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) data_planes: usize,
+    pub(crate) auth: bool,
+    pub(crate) redis: bool,
+    pub(crate) otlp_endpoint: Option<String>,
+    pub(crate) bin_dir: Option<PathBuf>,
+    pub(crate) fixed_ports: bool,
+    pub(crate) database: Option<PathBuf>,
+    pub(crate) startup_timeout: Duration,
+    pub(crate) keep_temp_dir: bool,
+    pub(crate) env: Vec<(String, String, String)>,
+    pub(crate) data_plane_args: Vec<String>,
+}
+
+/// Configures a [`Stack`]; get one with [`Stack::new`].
+#[derive(Debug, Clone)]
+pub struct StackBuilder {
+    options: Options,
+}
+
+impl Default for StackBuilder {
+    /// Two data planes, auth service and Redis on, free ports, a temporary
+    /// control-plane database, 60 s to become ready.
+    fn default() -> Self {
+        StackBuilder {
+            options: Options {
+                data_planes: 2,
+                auth: true,
+                redis: true,
+                otlp_endpoint: None,
+                bin_dir: None,
+                fixed_ports: false,
+                database: None,
+                startup_timeout: Duration::from_secs(60),
+                keep_temp_dir: std::env::var_os("DEVSTACK_KEEP_TEMP").is_some_and(|v| v == "1"),
+                env: Vec::new(),
+                data_plane_args: Vec::new(),
+            },
+        }
+    }
+}
+
+impl StackBuilder {
+    /// Number of data-plane replicas (at least 1; default 2).
+    pub fn data_planes(mut self, n: usize) -> Self {
+        self.options.data_planes = n;
+        self
+    }
+
+    /// Whether to run the auth service (default true). Without it the demo
+    /// `login` and `auth` routes are left out and data planes get no JWKS URL.
+    pub fn auth(mut self, on: bool) -> Self {
+        self.options.auth = on;
+        self
+    }
+
+    /// Whether to run Redis (default true). The auth service needs it; data
+    /// planes without it get no `--redis-url` and limit locally.
+    pub fn redis(mut self, on: bool) -> Self {
+        self.options.redis = on;
+        self
+    }
+
+    /// Sets `OTEL_EXPORTER_OTLP_ENDPOINT` for every process.
+    pub fn otlp_endpoint(mut self, url: impl Into<String>) -> Self {
+        self.options.otlp_endpoint = Some(url.into());
+        self
+    }
+
+    /// Directory holding the gateway binaries (overrides `$GATEWAY_BIN_DIR`
+    /// and the directory of the running executable).
+    pub fn bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.options.bin_dir = Some(dir.into());
+        self
+    }
+
+    /// Use the fixed default ports (gateway 8080…, control plane 50051, …)
+    /// instead of free ones (default false).
+    pub fn fixed_ports(mut self, on: bool) -> Self {
+        self.options.fixed_ports = on;
+        self
+    }
+
+    /// A persistent control-plane database. When it already holds a
+    /// configuration, that configuration is kept instead of the demo one.
+    pub fn database(mut self, path: impl Into<PathBuf>) -> Self {
+        self.options.database = Some(path.into());
+        self
+    }
+
+    /// How long starting (and each later readiness or sync wait) may take (default 60 s).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.options.startup_timeout = timeout;
+        self
+    }
+
+    /// Keep the temporary directory (logs, databases, caches) after the stack
+    /// is dropped. Also on with `DEVSTACK_KEEP_TEMP=1`.
+    pub fn keep_temp_dir(mut self, on: bool) -> Self {
+        self.options.keep_temp_dir = on;
+        self
+    }
+
+    /// Sets an environment variable for one process (by stack name, e.g.
+    /// `"orders-1"`), or for every process with `"*"`. Example:
+    /// `.env("orders-2", "FAIL_RATE", "0.5")`.
+    pub fn env(
+        mut self,
+        process: impl Into<String>,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Self {
+        self.options
+            .env
+            .push((process.into(), key.into(), value.into()));
+        self
+    }
+
+    /// An extra command-line argument for every data plane (e.g.
+    /// `"--trusted-proxies=127.0.0.1/32"`).
+    pub fn data_plane_arg(mut self, arg: impl Into<String>) -> Self {
+        self.options.data_plane_args.push(arg.into());
+        self
+    }
+
+    /// Starts every process, seeds the demo configuration, and returns once
+    /// every process is ready and every data plane is SYNCED at the seeded
+    /// version. On failure everything already started is killed.
+    pub async fn start(self) -> Result<Stack, StackError> {
+        let o = self.options;
+        if o.data_planes == 0 {
+            return Err(StackError::Options(
+                "at least one data plane is needed".into(),
+            ));
+        }
+        if o.auth && !o.redis {
+            return Err(StackError::Options(
+                "the auth service stores refresh tokens in Redis: .auth(true) needs .redis(true)"
+                    .into(),
+            ));
+        }
+
+        let dirs = search_dirs(o.bin_dir.as_deref());
+        let control_plane_bin = find_binary("control-plane", &dirs)?;
+        let data_plane_bin = find_binary("data-plane", &dirs)?;
+        let mock_bin = find_binary("mock-service", &dirs)?;
+        let auth_bin = if o.auth {
+            Some(find_binary("auth-service", &dirs)?)
+        } else {
+            None
+        };
+        let redis_bin = if o.redis {
+            Some(
+                which("redis-server").ok_or_else(|| StackError::ToolMissing {
+                    tool: "redis-server".into(),
+                    install: redis_install_hint(),
+                })?,
+            )
+        } else {
+            None
+        };
+
+        let ports = if o.fixed_ports {
+            let ports = Ports::fixed(o.data_planes);
+            ports.ensure_free()?;
+            ports
+        } else {
+            Ports::ephemeral(o.data_planes)?
+        };
+        let temp = tempfile::Builder::new()
+            .prefix("devstack-")
+            .tempdir()
+            .map_err(StackError::io("creating the temporary directory"))?;
+        let dir = temp.path().to_path_buf();
+        std::fs::create_dir_all(dir.join("logs"))
+            .map_err(StackError::io("creating the log directory"))?;
+
+        let mut stack = Stack {
+            ports,
+            dir,
+            temp: Some(temp),
+            procs: Mutex::new(BTreeMap::new()),
+            order: Vec::new(),
+            seeded_version: 0,
+            http: http_client(),
+            auth_bin: auth_bin.clone(),
+            options: o,
+        };
+        stack.register_all(
+            redis_bin,
+            control_plane_bin,
+            data_plane_bin,
+            mock_bin,
+            auth_bin,
+        );
+        tracing::info!(dir = %stack.dir.display(), "starting the stack; logs in {}", stack.log_dir().display());
+        stack.seeded_version = stack.boot().await?;
+        tracing::info!(version = stack.seeded_version, "stack ready");
+        Ok(stack)
+    }
+}

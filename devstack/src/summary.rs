@@ -1,0 +1,148 @@
+//! What devstack tells people once the stack is up: the one-line JSON of
+//! `--json` (DESIGN §6) and the paste-ready examples shown otherwise.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// The `--json` line. Field names are the public contract; new fields may
+/// be added, none renamed.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct StackInfo {
+    /// Control-plane gRPC address, `"127.0.0.1:P"`.
+    pub control_plane: String,
+    /// Proxy URL of each data plane.
+    pub gateways: Vec<String>,
+    /// Ops URL of each data plane.
+    pub gateway_admins: Vec<String>,
+    /// Auth service URL.
+    pub auth: String,
+    /// Redis URL.
+    pub redis: String,
+    /// Pid of every running process, by stack name.
+    pub pids: BTreeMap<String, u32>,
+    /// Directory of the process logs (extension).
+    pub log_dir: String,
+    /// The configuration version the data planes synced to (extension).
+    pub config_version: u64,
+}
+
+impl StackInfo {
+    /// The JSON document on one line.
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).expect("plain strings and numbers always serialise")
+    }
+
+    /// The human summary with paste-ready curl and grpcurl commands.
+    pub fn examples(&self) -> String {
+        let gw = self
+            .gateways
+            .first()
+            .map_or("http://127.0.0.1:8080", String::as_str);
+        let ops = self
+            .gateway_admins
+            .first()
+            .map_or("http://127.0.0.1:9901", String::as_str);
+        let cp = &self.control_plane;
+        let list = |v: &[String]| v.join("  ");
+        let pid_list = self
+            .pids
+            .iter()
+            .map(|(name, pid)| format!("{name}={pid}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        format!(
+            r#"devstack is up: configuration version {version} is live on every gateway.
+
+  gateways        {gateways}
+  gateway ops     {admins}
+  control plane   {cp}  (gRPC with reflection)
+  auth service    {auth}
+  redis           {redis}
+  processes       {pid_list}
+  logs            {logs}/<process>.log
+
+Try it:
+
+  # log in as alice through the gateway and keep the access token
+  TOKEN=$(curl -s -X POST {gw}/auth/login -H 'content-type: application/json' \
+    -d '{{"username":"alice","password":"wonderland"}}' | sed -E 's/.*"access_token":"([^"]+)".*/\1/')
+
+  # call the users and orders services with it
+  curl -s {gw}/api/users/1 -H "Authorization: Bearer $TOKEN"
+  curl -s {gw}/api/orders/7 -H "Authorization: Bearer $TOKEN"
+
+  # inspect and change the configuration
+  grpcurl -plaintext {cp} list
+  grpcurl -plaintext {cp} gateway.v1.AdminService/ListRoutes
+  grpcurl -plaintext {cp} gateway.v1.AdminService/ListDataPlanes
+  grpcurl -plaintext -d '{{"route":{{"name":"open-orders","pathPrefix":"/open/orders","upstream":"orders","rewritePrefix":"/orders"}}}}' \
+    {cp} gateway.v1.AdminService/UpsertRoute
+  curl -s {gw}/open/orders/7
+
+  # data-plane state
+  curl -s {ops}/health/circuit-breakers
+  curl -s {ops}/metrics | head
+
+Press Ctrl-C to stop everything."#,
+            version = self.config_version,
+            gateways = list(&self.gateways),
+            admins = list(&self.gateway_admins),
+            auth = self.auth,
+            redis = self.redis,
+            logs = self.log_dir,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> StackInfo {
+        StackInfo {
+            control_plane: "127.0.0.1:50051".into(),
+            gateways: vec![
+                "http://127.0.0.1:8080".into(),
+                "http://127.0.0.1:8081".into(),
+            ],
+            gateway_admins: vec![
+                "http://127.0.0.1:9901".into(),
+                "http://127.0.0.1:9902".into(),
+            ],
+            auth: "http://127.0.0.1:4000".into(),
+            redis: "redis://127.0.0.1:6390".into(),
+            pids: BTreeMap::from([("control-plane".into(), 10), ("redis".into(), 11)]),
+            log_dir: "/tmp/devstack-x/logs".into(),
+            config_version: 1,
+        }
+    }
+
+    #[test]
+    fn json_line_has_the_contract_fields() {
+        let line = info().to_json_line();
+        assert!(!line.contains('\n'));
+        let doc: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(doc["control_plane"], "127.0.0.1:50051");
+        assert_eq!(doc["gateways"][1], "http://127.0.0.1:8081");
+        assert_eq!(doc["gateway_admins"][0], "http://127.0.0.1:9901");
+        assert_eq!(doc["auth"], "http://127.0.0.1:4000");
+        assert_eq!(doc["redis"], "redis://127.0.0.1:6390");
+        assert_eq!(doc["pids"]["control-plane"], 10);
+    }
+
+    #[test]
+    fn examples_use_the_real_addresses() {
+        let text = info().examples();
+        assert!(text.contains("curl -s -X POST http://127.0.0.1:8080/auth/login"));
+        assert!(text.contains(
+            "curl -s http://127.0.0.1:8080/api/users/1 -H \"Authorization: Bearer $TOKEN\""
+        ));
+        assert!(
+            text.contains(
+                "grpcurl -plaintext 127.0.0.1:50051 gateway.v1.AdminService/ListDataPlanes"
+            )
+        );
+        assert!(text.contains(r#"{"username":"alice","password":"wonderland"}"#));
+    }
+}
