@@ -1,1 +1,253 @@
-//! skeleton, replaced by the real crate
+//! The gateway data plane: a stateless reverse proxy that takes its routes and
+//! upstreams from the control plane's config stream (DESIGN §3–§4).
+//!
+//! Where things are:
+//! * [`pipeline`]: the request path, one stage per line
+//!   (sanitise → route → authenticate → rate-limit → balance → breaker → proxy);
+//! * [`config`]: the compiled snapshot, published through one `ArcSwap`;
+//!   [`runtime`]: how a snapshot becomes current; [`xds`]: the stream client;
+//!   [`cache`]: the on-disk copy of the last accepted snapshot;
+//! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
+//!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
+//! * [`server`]: listeners and graceful shutdown; [`ops`]: the ops listener;
+//!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
+//! * [`hooks`]: where token verification and rate limiting plug in.
+//!
+//! [`DataPlane`] starts everything; `main.rs` only parses flags and logs.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod args;
+pub mod balancer;
+pub mod body;
+pub mod breaker;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod hooks;
+pub mod metrics;
+pub mod normalize;
+pub mod ops;
+pub mod pipeline;
+pub mod pool;
+pub mod proxy;
+pub mod router;
+pub mod runtime;
+pub mod sanitize;
+pub mod server;
+pub mod xds;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use gateway_proto::v1::Node;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::args::Args;
+use crate::cache::SnapshotCache;
+use crate::hooks::{Authenticator, RateLimiter};
+use crate::pipeline::Pipeline;
+use crate::runtime::Runtime;
+use crate::xds::XdsSettings;
+
+/// Why the data plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting is unusable.
+    #[error(transparent)]
+    Args(#[from] args::ArgsError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A data plane to start: the settings plus the optional stage implementations.
+pub struct DataPlane {
+    args: Args,
+    authenticator: Option<Arc<dyn Authenticator>>,
+    rate_limiter: Option<Arc<dyn RateLimiter>>,
+}
+
+impl DataPlane {
+    /// A data plane with these settings, no token verifier and no rate limiter.
+    pub fn new(args: Args) -> Self {
+        Self {
+            args,
+            authenticator: None,
+            rate_limiter: None,
+        }
+    }
+
+    /// Verifies callers of `AUTH_JWT` routes.
+    pub fn authenticator(mut self, a: Arc<dyn Authenticator>) -> Self {
+        self.authenticator = Some(a);
+        self
+    }
+
+    /// Enforces route rate limits.
+    pub fn rate_limiter(mut self, r: Arc<dyn RateLimiter>) -> Self {
+        self.rate_limiter = Some(r);
+        self
+    }
+
+    /// Binds both listeners, loads the cached configuration (if any), and starts
+    /// serving and following the control plane.
+    pub async fn start(self) -> Result<Running, StartError> {
+        let args = self.args;
+        args.validate()?;
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Bind { addr, source })
+        };
+        let proxy_listener = bind(args.listen).await?;
+        let ops_listener = bind(args.admin_listen).await?;
+        let proxy_addr = proxy_listener
+            .local_addr()
+            .map_err(|source| StartError::Bind {
+                addr: args.listen,
+                source,
+            })?;
+        let admin_addr = ops_listener
+            .local_addr()
+            .map_err(|source| StartError::Bind {
+                addr: args.admin_listen,
+                source,
+            })?;
+
+        if args.cache_dir.is_none() {
+            tracing::warn!(
+                "no --cache-dir: this data plane cannot start while the control plane is down"
+            );
+        }
+        if args.jwks_url.is_none() {
+            tracing::info!("no token verifier: AUTH_JWT routes answer 401");
+        }
+        let runtime = Arc::new(Runtime::new(
+            args.cache_dir.clone().map(SnapshotCache::new),
+            args.pool(),
+        ));
+        runtime.load_cache().await;
+
+        let pipeline = Arc::new(Pipeline {
+            config: runtime.config.clone(),
+            metrics: runtime.metrics.clone(),
+            limits: args.limits(),
+            trusted_proxies: args.trusted_proxies.clone().into(),
+            authenticator: self.authenticator,
+            rate_limiter: self.rate_limiter,
+        });
+        let (stop, stopped) = watch::channel(false);
+        let http = args.http();
+        let proxy = tokio::spawn(server::serve(
+            proxy_listener,
+            http,
+            move |req, peer| {
+                let pipeline = pipeline.clone();
+                async move { pipeline.handle(req, peer).await }
+            },
+            stopped.clone(),
+        ));
+        let ops_runtime = runtime.clone();
+        let ops = tokio::spawn(server::serve(
+            ops_listener,
+            http,
+            move |req, _peer| std::future::ready(ops::handle(&ops_runtime, &req)),
+            stopped,
+        ));
+        let node = Node {
+            id: args.node_id(),
+            hostname: args::hostname(),
+            build_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        tracing::info!(proxy = %proxy_addr, ops = %admin_addr, node = %node.id,
+            control_plane = %args.control_plane, "data plane started");
+        let xds = tokio::spawn(xds::run(
+            runtime.clone(),
+            XdsSettings {
+                url: args.control_plane.clone(),
+                node,
+            },
+        ));
+        Ok(Running {
+            proxy_addr,
+            admin_addr,
+            runtime,
+            stop,
+            proxy,
+            ops,
+            xds,
+        })
+    }
+}
+
+/// A started data plane.
+pub struct Running {
+    proxy_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    runtime: Arc<Runtime>,
+    stop: watch::Sender<bool>,
+    proxy: JoinHandle<()>,
+    ops: JoinHandle<()>,
+    xds: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("proxy_addr", &self.proxy_addr)
+            .field("admin_addr", &self.admin_addr)
+            .finish()
+    }
+}
+
+impl Running {
+    /// Where the proxy listens.
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addr
+    }
+
+    /// Where the ops listener listens.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The shared state (configuration, metrics).
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    /// Graceful shutdown: readiness goes to 503, listeners close, in-flight
+    /// requests get the grace period to finish, background tasks stop.
+    pub async fn shutdown(self) {
+        self.runtime.start_draining();
+        self.xds.abort();
+        let _ = self.stop.send(true);
+        let _ = self.proxy.await;
+        let _ = self.ops.await;
+        self.runtime.health.stop();
+        tracing::info!("data plane stopped");
+    }
+}
+
+/// Starts a data plane and runs it until `shutdown` resolves, then drains.
+pub async fn run(
+    data_plane: DataPlane,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let running = data_plane.start().await?;
+    shutdown.await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}

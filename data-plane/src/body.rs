@@ -1,0 +1,221 @@
+//! Body types of the proxy: the client's request body on its way upstream (with
+//! the size limit and a "was it touched" flag for retries), and the response
+//! body sent back (an upstream stream, or a small static problem document).
+//!
+//! Both stream frame by frame; nothing here ever collects a whole body.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::config::InFlight;
+use crate::pool::Checkin;
+
+/// Why the client's request body could not be forwarded.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    /// The body grew beyond `--max-body-bytes` (seen while streaming; a declared
+    /// `Content-Length` over the limit is refused before any forwarding).
+    #[error("request body exceeds {limit} bytes")]
+    TooLarge {
+        /// The configured limit.
+        limit: u64,
+    },
+    /// Reading from the client failed (it went away or sent a malformed body).
+    #[error("reading the request body from the client failed")]
+    Client(#[source] hyper::Error),
+}
+
+/// The client's request body, forwarded as it arrives.
+#[derive(Debug)]
+pub struct RequestBody {
+    /// `None`: no body (a replayed bodiless request).
+    inner: Option<Incoming>,
+    limit: u64,
+    seen: u64,
+    polled: bool,
+}
+
+impl RequestBody {
+    /// Wraps the client's body with a size limit in bytes.
+    pub fn new(inner: Incoming, limit: u64) -> Self {
+        Self {
+            inner: Some(inner),
+            limit,
+            seen: 0,
+            polled: false,
+        }
+    }
+
+    /// An empty body, for replaying a request that had none.
+    pub fn empty() -> Self {
+        Self {
+            inner: None,
+            limit: 0,
+            seen: 0,
+            polled: false,
+        }
+    }
+
+    /// True once anything has tried to read the body. A request whose body was
+    /// never polled can be sent again elsewhere without losing data.
+    pub fn was_polled(&self) -> bool {
+        self.polled
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        let this = self.get_mut();
+        this.polled = true;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.seen += data.len() as u64;
+                    if this.seen > this.limit {
+                        return Poll::Ready(Some(Err(RequestBodyError::TooLarge {
+                            limit: this.limit,
+                        })));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(RequestBodyError::Client(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+/// A response body streamed from an upstream instance. When it ends, its
+/// connection goes back to the instance's pool; when it is dropped early the
+/// connection is closed instead (HTTP/1.1 cannot abandon half a response).
+#[derive(Debug)]
+pub struct UpstreamBody {
+    inner: Incoming,
+    checkin: Option<Checkin>,
+    _in_flight: InFlight,
+}
+
+impl UpstreamBody {
+    /// Wraps an upstream response body. `checkin` returns the connection to its
+    /// pool at the end of the body; `in_flight` counts the request until then.
+    pub fn new(inner: Incoming, checkin: Checkin, in_flight: InFlight) -> Self {
+        let mut body = Self {
+            inner,
+            checkin: Some(checkin),
+            _in_flight: in_flight,
+        };
+        // Bodiless responses (HEAD, 204, 304) may never be polled: return now.
+        if body.inner.is_end_stream() {
+            body.finish();
+        }
+        body
+    }
+
+    fn finish(&mut self) {
+        if let Some(c) = self.checkin.take() {
+            c.checkin();
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.finish(),
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.finish(),
+            Poll::Ready(Some(Err(_))) => this.checkin = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Every response body the proxy listener sends.
+#[derive(Debug)]
+pub enum ResponseBody {
+    /// Streamed from an upstream instance.
+    Upstream(UpstreamBody),
+    /// A complete small body produced by the gateway (problem documents, ops output).
+    Full(Option<Bytes>),
+}
+
+impl ResponseBody {
+    /// A complete body from static or already-built bytes.
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        Self::Full(Some(bytes.into()))
+    }
+
+    /// An empty body.
+    pub fn empty() -> Self {
+        Self::Full(None)
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Upstream(b) => Pin::new(b).poll_frame(cx),
+            Self::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Upstream(b) => b.is_end_stream(),
+            Self::Full(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Upstream(b) => b.size_hint(),
+            Self::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+}

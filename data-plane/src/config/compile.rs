@@ -1,0 +1,288 @@
+//! Turns a pushed (or cached) snapshot into a [`Compiled`] configuration.
+//!
+//! Runs off the request path. The snapshot is validated with the same
+//! `gateway_proto::validate_config` the control plane uses; anything that fails
+//! here is NACKed and the previous snapshot stays in service.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_proto::v1::{AuthMode, ConfigSnapshot, Upstream};
+use gateway_proto::validate::parse_instance_url;
+use gateway_proto::{ValidationError, validate_config};
+use http::Method;
+
+use super::{
+    Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, UpstreamEntry,
+};
+use crate::breaker::BreakerSettings;
+use crate::health::HealthSettings;
+use crate::metrics::RouteMetrics;
+use crate::pool::PoolSettings;
+use crate::router::{Router, RouterError};
+
+/// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The shared validation refused it.
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] ValidationError),
+    /// A method name the HTTP library does not accept.
+    #[error("route {route:?}: method {method:?} is not a valid HTTP method")]
+    Method {
+        /// Route name.
+        route: String,
+        /// The method.
+        method: String,
+    },
+    /// A route naming an upstream that is not in the snapshot.
+    #[error("route {route:?}: upstream {upstream:?} does not exist")]
+    UnknownUpstream {
+        /// Route name.
+        route: String,
+        /// The missing upstream.
+        upstream: String,
+    },
+    /// An instance URL that cannot be connected to.
+    #[error("upstream {upstream:?}: instance {id:?}: url {url:?} {reason}")]
+    InstanceUrl {
+        /// Upstream name.
+        upstream: String,
+        /// Instance id.
+        id: String,
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The router refused a route.
+    #[error("route {route:?}: {source}")]
+    Router {
+        /// Route name.
+        route: String,
+        /// Why.
+        #[source]
+        source: RouterError,
+    },
+}
+
+/// Compiles `snapshot`, reusing the pools, breakers, health state and counters
+/// of every instance and route that `previous` already had.
+pub fn compile(
+    snapshot: &ConfigSnapshot,
+    previous: &Compiled,
+    pool: PoolSettings,
+) -> Result<Compiled, CompileError> {
+    validate_config(&snapshot.routes, &snapshot.upstreams)?;
+
+    let old_instances: HashMap<&InstanceKey, &Arc<InstanceState>> = previous
+        .upstreams
+        .iter()
+        .flat_map(|u| u.instances.iter().map(|i| (&i.key, i)))
+        .collect();
+    let old_route_metrics: HashMap<&str, &Arc<RouteMetrics>> = previous
+        .router
+        .routes()
+        .iter()
+        .map(|r| (&*r.name, &r.metrics))
+        .collect();
+
+    let mut upstreams: Vec<Arc<UpstreamEntry>> = snapshot
+        .upstreams
+        .iter()
+        .map(|u| compile_upstream(u, &old_instances, pool).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+    let by_name: HashMap<&str, &Arc<UpstreamEntry>> =
+        upstreams.iter().map(|u| (&*u.name, u)).collect();
+
+    let mut router = Router::new();
+    for r in &snapshot.routes {
+        let methods = r
+            .methods
+            .iter()
+            .map(|m| {
+                Method::from_bytes(m.as_bytes()).map_err(|_| CompileError::Method {
+                    route: r.name.clone(),
+                    method: m.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let upstream =
+            by_name
+                .get(r.upstream.as_str())
+                .ok_or_else(|| CompileError::UnknownUpstream {
+                    route: r.name.clone(),
+                    upstream: r.upstream.clone(),
+                })?;
+        let entry = RouteEntry {
+            name: r.name.as_str().into(),
+            prefix: r.path_prefix.as_str().into(),
+            rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
+            auth: AuthMode::try_from(r.auth).unwrap_or(AuthMode::AuthJwt),
+            rate_limit: r.rate_limit.clone(),
+            timeout: match r.timeout_ms {
+                0 => DEFAULT_ROUTE_TIMEOUT,
+                ms => Duration::from_millis(ms.into()),
+            },
+            upstream: Arc::clone(upstream),
+            metrics: old_route_metrics
+                .get(r.name.as_str())
+                .map_or_else(Default::default, |m| Arc::clone(m)),
+        };
+        router
+            .insert(&r.hosts, &r.path_prefix, &methods, entry)
+            .map_err(|source| CompileError::Router {
+                route: r.name.clone(),
+                source,
+            })?;
+    }
+
+    Ok(Compiled {
+        version: snapshot.version,
+        hash: snapshot.hash.clone(),
+        loaded: true,
+        router,
+        upstreams,
+    })
+}
+
+fn compile_upstream(
+    u: &Upstream,
+    old: &HashMap<&InstanceKey, &Arc<InstanceState>>,
+    pool: PoolSettings,
+) -> Result<UpstreamEntry, CompileError> {
+    let name: Arc<str> = u.name.as_str().into();
+    let mut instances = Vec::with_capacity(u.instances.len());
+    for i in &u.instances {
+        let url_error = |reason| CompileError::InstanceUrl {
+            upstream: u.name.clone(),
+            id: i.id.clone(),
+            url: i.url.clone(),
+            reason,
+        };
+        parse_instance_url(&i.url).map_err(url_error)?;
+        let authority = i
+            .url
+            .strip_prefix("http://")
+            .ok_or_else(|| url_error("must start with http://"))?;
+        let key = InstanceKey {
+            upstream: name.clone(),
+            id: i.id.as_str().into(),
+            url: i.url.as_str().into(),
+        };
+        let state = match old.get(&key) {
+            Some(s) => Arc::clone(s),
+            None => Arc::new(InstanceState::new(key, authority, pool)),
+        };
+        instances.push(state);
+    }
+    let breaker = u
+        .circuit_breaker
+        .as_ref()
+        .map_or_else(BreakerSettings::default, |cb| BreakerSettings {
+            failure_threshold: cb.failure_threshold,
+            reset_timeout: Duration::from_millis(cb.reset_timeout_ms.into()),
+            half_open_max_requests: cb.half_open_max_requests,
+        });
+    let health = u.health_check.as_ref().map(HealthSettings::from_proto);
+    Ok(UpstreamEntry::new(name, instances, breaker, health))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gateway_proto::v1::{CircuitBreaker, Instance, Route};
+
+    fn snapshot(version: u64, instances: &[(&str, &str)]) -> ConfigSnapshot {
+        ConfigSnapshot {
+            version,
+            hash: format!("h{version}"),
+            routes: vec![Route {
+                name: "orders".into(),
+                path_prefix: "/api/orders".into(),
+                upstream: "orders".into(),
+                rewrite_prefix: "/orders".into(),
+                ..Default::default()
+            }],
+            upstreams: vec![Upstream {
+                name: "orders".into(),
+                instances: instances
+                    .iter()
+                    .map(|(id, url)| Instance {
+                        id: id.to_string(),
+                        url: url.to_string(),
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn compiles_and_applies_defaults() {
+        let c = compile(
+            &snapshot(3, &[("o1", "http://127.0.0.1:1")]),
+            &Compiled::default(),
+            PoolSettings::default(),
+        )
+        .unwrap();
+        assert_eq!((c.version, c.hash.as_str(), c.loaded), (3, "h3", true));
+        let r = c.router.find(None, &Method::GET, "/api/orders/1").unwrap();
+        assert_eq!(&*r.name, "orders");
+        assert_eq!(r.timeout, DEFAULT_ROUTE_TIMEOUT);
+        assert_eq!(r.rewrite.as_deref(), Some("/orders"));
+        assert_eq!(r.upstream.breaker, BreakerSettings::default());
+        assert!(r.upstream.health.is_none());
+        assert_eq!(r.upstream.instances[0].pool.authority(), "127.0.0.1:1");
+    }
+
+    #[test]
+    fn instances_keep_state_only_while_name_id_and_url_stay() {
+        let v1 = compile(
+            &snapshot(
+                1,
+                &[("o1", "http://127.0.0.1:1"), ("o2", "http://127.0.0.1:2")],
+            ),
+            &Compiled::default(),
+            PoolSettings::default(),
+        )
+        .unwrap();
+        let mut s2 = snapshot(
+            2,
+            &[("o1", "http://127.0.0.1:1"), ("o2", "http://127.0.0.1:3")],
+        );
+        s2.upstreams[0].circuit_breaker = Some(CircuitBreaker {
+            failure_threshold: 2,
+            reset_timeout_ms: 500,
+            half_open_max_requests: 3,
+        });
+        let v2 = compile(&s2, &v1, PoolSettings::default()).unwrap();
+        let (a, b) = (&v1.upstreams[0], &v2.upstreams[0]);
+        assert!(Arc::ptr_eq(&a.instances[0], &b.instances[0]), "o1 kept");
+        assert!(
+            !Arc::ptr_eq(&a.instances[1], &b.instances[1]),
+            "o2 moved: new state"
+        );
+        assert_eq!(b.breaker.failure_threshold, 2);
+        let (ra, rb) = (&v1.router.routes()[0], &v2.router.routes()[0]);
+        assert!(Arc::ptr_eq(&ra.metrics, &rb.metrics), "route counters kept");
+    }
+
+    #[test]
+    fn invalid_snapshots_are_refused_with_the_reason() {
+        let mut s = snapshot(1, &[("o1", "http://127.0.0.1:1")]);
+        s.routes[0].upstream = "missing".into();
+        let e = compile(&s, &Compiled::default(), PoolSettings::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("upstream \"missing\" does not exist"),
+            "{e}"
+        );
+        let s = snapshot(1, &[("o1", "https://x:1")]);
+        let e = compile(&s, &Compiled::default(), PoolSettings::default()).unwrap_err();
+        assert!(e.to_string().contains("url"), "{e}");
+    }
+}

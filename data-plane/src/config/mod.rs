@@ -1,0 +1,211 @@
+//! The compiled configuration: one immutable [`Compiled`] snapshot holding the
+//! router, the upstreams with their instances (pools, breakers, health state),
+//! published through one `ArcSwap` in [`ConfigStore`].
+//!
+//! A request loads the snapshot once and uses it to the end, so it never sees
+//! half of one version and half of another. State that must outlive versions
+//! (connection pools, breaker and health state, counters) lives in
+//! [`InstanceState`] / [`RouteMetrics`] behind `Arc`s that
+//! [`compile`](compile::compile) carries over from the previous snapshot.
+
+pub mod compile;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use gateway_proto::v1::{AuthMode, RateLimit};
+
+use crate::breaker::{Breaker, BreakerSettings};
+use crate::health::HealthSettings;
+use crate::metrics::{InstanceMetrics, RouteMetrics};
+use crate::pool::{Pool, PoolSettings};
+use crate::router::Router;
+
+pub use compile::{CompileError, compile};
+
+/// Upstream response timeout of a route with `timeout_ms` 0.
+pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_millis(15_000);
+
+/// One immutable configuration version, ready for the request path.
+#[derive(Debug, Default)]
+pub struct Compiled {
+    /// Version number (0 before anything is loaded).
+    pub version: u64,
+    /// Content hash as given by the control plane.
+    pub hash: String,
+    /// False only for the empty placeholder used before the first load.
+    pub loaded: bool,
+    /// Routes by host, prefix and method.
+    pub router: Router<RouteEntry>,
+    /// Upstreams sorted by name.
+    pub upstreams: Vec<Arc<UpstreamEntry>>,
+}
+
+/// A route as the request path needs it.
+#[derive(Debug)]
+pub struct RouteEntry {
+    /// Route name (metrics label).
+    pub name: Arc<str>,
+    /// The matched prefix.
+    pub prefix: Box<str>,
+    /// Replacement for the prefix, if any.
+    pub rewrite: Option<Box<str>>,
+    /// Authentication the route requires.
+    pub auth: AuthMode,
+    /// Rate limit applied after authentication.
+    pub rate_limit: Option<RateLimit>,
+    /// Time allowed until the upstream's response head.
+    pub timeout: Duration,
+    /// Where the traffic goes.
+    pub upstream: Arc<UpstreamEntry>,
+    /// Counters, carried over while the route keeps its name.
+    pub metrics: Arc<RouteMetrics>,
+}
+
+/// An upstream of one version: settings plus its instances' long-lived state.
+#[derive(Debug)]
+pub struct UpstreamEntry {
+    /// Upstream name.
+    pub name: Arc<str>,
+    /// Instances in configuration order.
+    pub instances: Vec<Arc<InstanceState>>,
+    /// Breaker settings (explicit or the defaults).
+    pub breaker: BreakerSettings,
+    /// Active health checking, if configured.
+    pub health: Option<HealthSettings>,
+    /// Round-robin cursor.
+    pub(crate) cursor: AtomicUsize,
+}
+
+impl UpstreamEntry {
+    /// An upstream entry (used by `compile` and by tests).
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        instances: Vec<Arc<InstanceState>>,
+        breaker: BreakerSettings,
+        health: Option<HealthSettings>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            instances,
+            breaker,
+            health,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Identity of an instance across versions: an instance that keeps its
+/// upstream name, id and url keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InstanceKey {
+    /// Upstream name.
+    pub upstream: Arc<str>,
+    /// Instance id.
+    pub id: Arc<str>,
+    /// Instance URL (`http://host:port`).
+    pub url: Arc<str>,
+}
+
+/// Everything about one upstream instance that outlives a configuration version.
+#[derive(Debug)]
+pub struct InstanceState {
+    /// Identity.
+    pub key: InstanceKey,
+    /// Instance id (same as `key.id`).
+    pub id: Arc<str>,
+    /// Keep-alive connections to it.
+    pub pool: Pool,
+    /// Its circuit breaker.
+    pub breaker: Breaker,
+    /// Result of active health checks; starts healthy so a new instance takes
+    /// traffic at once (its breaker guards it until the first checks have run).
+    healthy: AtomicBool,
+    in_flight: AtomicU64,
+    /// Counters.
+    pub metrics: InstanceMetrics,
+}
+
+impl InstanceState {
+    /// State for an instance at `authority` (`host:port`).
+    pub fn new(key: InstanceKey, authority: &str, pool: PoolSettings) -> Self {
+        Self {
+            id: key.id.clone(),
+            key,
+            pool: Pool::new(authority, pool),
+            breaker: Breaker::new(),
+            healthy: AtomicBool::new(true),
+            in_flight: AtomicU64::new(0),
+            metrics: InstanceMetrics::default(),
+        }
+    }
+
+    /// Whether active health checks consider it healthy.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Sets the health state; returns the previous one.
+    pub fn set_healthy(&self, healthy: bool) -> bool {
+        self.healthy.swap(healthy, Ordering::Relaxed)
+    }
+
+    /// Requests in progress (until their response body ends).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request in progress until the guard drops.
+    pub fn start_request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+}
+
+/// Counts one request as in flight at an instance until dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<InstanceState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Holds the current snapshot. The only place a configuration is published.
+#[derive(Debug)]
+pub struct ConfigStore {
+    current: ArcSwap<Compiled>,
+}
+
+impl Default for ConfigStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConfigStore {
+    /// A store holding the empty, not-loaded placeholder.
+    pub fn new() -> Self {
+        Self {
+            current: ArcSwap::from_pointee(Compiled::default()),
+        }
+    }
+
+    /// The current snapshot. Hold the `Arc` for the whole request.
+    pub fn load(&self) -> Arc<Compiled> {
+        self.current.load_full()
+    }
+
+    /// Publishes a new snapshot atomically; returns the previous one.
+    pub fn publish(&self, next: Arc<Compiled>) -> Arc<Compiled> {
+        self.current.swap(next)
+    }
+
+    /// Whether a configuration has been loaded.
+    pub fn is_loaded(&self) -> bool {
+        self.current.load().loaded
+    }
+}

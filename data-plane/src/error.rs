@@ -1,0 +1,367 @@
+//! Every way the gateway itself answers a request with an error, and the one
+//! place that maps them to a status and an `application/problem+json` body
+//! (RFC 9457: `type`, `title`, `status`, `detail`).
+//!
+//! Bodies are static strings: an error flood (503 from open breakers, 429s)
+//! costs no formatting or allocation beyond the response itself.
+
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+
+use crate::body::ResponseBody;
+use crate::hooks::{AuthError, RateLimited};
+use crate::normalize::NormalizeError;
+use crate::pool::ConnectError;
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Prefix of every problem `type`; the suffix is a stable slug.
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:gateway:problem:";
+
+macro_rules! problem {
+    ($status:literal, $slug:literal, $title:literal, $detail:literal) => {
+        concat!(
+            "{\"type\":\"urn:gateway:problem:",
+            $slug,
+            "\",\"title\":\"",
+            $title,
+            "\",\"status\":",
+            $status,
+            ",\"detail\":\"",
+            $detail,
+            "\"}"
+        )
+    };
+}
+
+/// A request the gateway answers itself.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The path cannot be normalised safely (400).
+    #[error(transparent)]
+    BadPath(#[from] NormalizeError),
+    /// A malformed request the router cannot use (400).
+    #[error("malformed request: {0}")]
+    BadRequest(&'static str),
+    /// Headers over `--max-header-bytes` (431).
+    #[error("request headers exceed {limit} bytes")]
+    HeadersTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// Body over `--max-body-bytes` (413).
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: u64,
+    },
+    /// The client's body could not be read (400).
+    #[error("the request body could not be read")]
+    ClientBody(#[source] hyper::Error),
+    /// No configuration has been loaded yet (503).
+    #[error("no configuration loaded yet")]
+    NotReady,
+    /// No route matches host, path and method (404).
+    #[error("no route matches the request")]
+    NoRoute,
+    /// Authentication failed (401).
+    #[error(transparent)]
+    Unauthorized(#[from] AuthError),
+    /// Rate limit exceeded (429).
+    #[error("rate limit {} exceeded", .0.policy)]
+    RateLimited(RateLimited),
+    /// Every instance is unhealthy or breaker-open (503).
+    #[error("no instance of the upstream is available")]
+    NoInstance,
+    /// The instance could not be reached, retry included (502).
+    #[error("the upstream could not be reached")]
+    Connect(#[source] ConnectError),
+    /// The connection to the instance failed during the exchange (502).
+    #[error("the upstream connection failed")]
+    Upstream(#[source] hyper::Error),
+    /// No response head within the route timeout (504).
+    #[error("the upstream did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl ProxyError {
+    /// The status the client sees.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadPath(_) | Self::BadRequest(_) | Self::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::NotReady | Self::NoInstance => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Connect(_) | Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The problem document (static).
+    pub fn body(&self) -> &'static str {
+        use NormalizeError as N;
+        match self {
+            Self::BadPath(N::NotOriginForm) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path must start with '/'."
+            ),
+            Self::BadPath(N::EncodedSlash) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path contains an encoded slash (%2F)."
+            ),
+            Self::BadPath(N::Backslash) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path contains a backslash."
+            ),
+            Self::BadPath(N::ControlCharacter) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path contains a NUL or control character."
+            ),
+            Self::BadPath(N::BadEscape) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path contains a malformed percent-escape."
+            ),
+            Self::BadPath(N::EncodedDotSegment) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path contains an encoded dot-segment."
+            ),
+            Self::BadPath(N::EscapesRoot) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path climbs above the root."
+            ),
+            Self::BadRequest(_) => problem!(
+                400,
+                "bad-request",
+                "Bad request",
+                "The request could not be understood."
+            ),
+            Self::ClientBody(_) => problem!(
+                400,
+                "bad-request-body",
+                "Bad request body",
+                "The request body could not be read."
+            ),
+            Self::HeadersTooLarge { .. } => problem!(
+                431,
+                "headers-too-large",
+                "Request header fields too large",
+                "The request headers exceed the gateway's limit."
+            ),
+            Self::BodyTooLarge { .. } => problem!(
+                413,
+                "body-too-large",
+                "Content too large",
+                "The request body exceeds the gateway's limit."
+            ),
+            Self::NotReady => problem!(
+                503,
+                "not-ready",
+                "Gateway not ready",
+                "The gateway has not loaded a configuration yet."
+            ),
+            Self::NoRoute => problem!(
+                404,
+                "no-route",
+                "No route",
+                "No route matches the request's host, path and method."
+            ),
+            Self::Unauthorized(AuthError::Missing) => problem!(
+                401,
+                "unauthorized",
+                "Unauthorized",
+                "A bearer token is required."
+            ),
+            Self::Unauthorized(AuthError::Invalid) => problem!(
+                401,
+                "unauthorized",
+                "Unauthorized",
+                "The bearer token is invalid or expired."
+            ),
+            Self::Unauthorized(AuthError::NotConfigured) => problem!(
+                401,
+                "unauthorized",
+                "Unauthorized",
+                "This route requires a bearer token, and token verification is not configured on this gateway."
+            ),
+            Self::RateLimited(_) => problem!(
+                429,
+                "rate-limited",
+                "Too many requests",
+                "The rate limit for this route was exceeded."
+            ),
+            Self::NoInstance => problem!(
+                503,
+                "no-healthy-upstream",
+                "Service unavailable",
+                "No instance of the upstream is available (unhealthy or circuit open)."
+            ),
+            Self::Connect(_) => problem!(
+                502,
+                "upstream-unreachable",
+                "Bad gateway",
+                "The upstream could not be reached."
+            ),
+            Self::Upstream(_) => problem!(
+                502,
+                "upstream-failed",
+                "Bad gateway",
+                "The upstream connection failed before a response was received."
+            ),
+            Self::Timeout(_) => problem!(
+                504,
+                "upstream-timeout",
+                "Gateway timeout",
+                "The upstream did not answer within the route's timeout."
+            ),
+        }
+    }
+
+    /// The response: status, problem body, and the headers the status calls for.
+    pub fn into_response(self) -> Response<ResponseBody> {
+        let mut resp = Response::new(ResponseBody::full(self.body()));
+        *resp.status_mut() = self.status();
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        match &self {
+            Self::Unauthorized(AuthError::Invalid) => {
+                h.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                );
+            }
+            Self::Unauthorized(_) => {
+                h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Self::RateLimited(rl) => rate_limit_headers(h, rl),
+            Self::HeadersTooLarge { .. } | Self::BodyTooLarge { .. } | Self::ClientBody(_) => {
+                // The connection may hold unread bytes of the refused request.
+                h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+fn rate_limit_headers(h: &mut http::HeaderMap, rl: &RateLimited) {
+    let num = |n: u32| HeaderValue::from(n);
+    h.insert(header::RETRY_AFTER, num(rl.retry_after_seconds));
+    h.insert("x-ratelimit-limit", num(rl.limit));
+    h.insert("x-ratelimit-remaining", num(rl.remaining));
+    // IETF draft-ietf-httpapi-ratelimit-headers structured fields.
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "\"{}\";q={};w={}",
+        rl.policy, rl.limit, rl.window_seconds
+    )) {
+        h.insert("ratelimit-policy", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "\"{}\";r={};t={}",
+        rl.policy, rl.remaining, rl.retry_after_seconds
+    )) {
+        h.insert("ratelimit", v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<ProxyError> {
+        use NormalizeError as N;
+        let mut v: Vec<ProxyError> = [
+            N::NotOriginForm,
+            N::EncodedSlash,
+            N::Backslash,
+            N::ControlCharacter,
+            N::BadEscape,
+            N::EncodedDotSegment,
+            N::EscapesRoot,
+        ]
+        .into_iter()
+        .map(ProxyError::BadPath)
+        .collect();
+        v.extend([
+            ProxyError::BadRequest("x"),
+            ProxyError::HeadersTooLarge { limit: 1 },
+            ProxyError::BodyTooLarge { limit: 1 },
+            ProxyError::NotReady,
+            ProxyError::NoRoute,
+            ProxyError::Unauthorized(AuthError::Missing),
+            ProxyError::Unauthorized(AuthError::Invalid),
+            ProxyError::Unauthorized(AuthError::NotConfigured),
+            ProxyError::RateLimited(RateLimited {
+                policy: "api".into(),
+                limit: 20,
+                window_seconds: 60,
+                remaining: 0,
+                retry_after_seconds: 7,
+            }),
+            ProxyError::NoInstance,
+            ProxyError::Timeout(Duration::from_secs(1)),
+        ]);
+        v
+    }
+
+    #[test]
+    fn every_body_is_valid_problem_json_matching_the_status() {
+        for e in all() {
+            let status = e.status();
+            let doc: serde_json::Value = serde_json::from_str(e.body())
+                .unwrap_or_else(|err| panic!("{e:?}: {err}: {}", e.body()));
+            assert_eq!(doc["status"], status.as_u16(), "{e:?}");
+            assert!(
+                doc["type"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(PROBLEM_TYPE_PREFIX)
+            );
+            assert!(!doc["title"].as_str().unwrap().is_empty());
+            assert!(!doc["detail"].as_str().unwrap().is_empty());
+            let resp = e.into_response();
+            assert_eq!(resp.status(), status);
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+        }
+    }
+
+    #[test]
+    fn auth_and_rate_limit_headers() {
+        let r = ProxyError::Unauthorized(AuthError::Missing).into_response();
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let r = ProxyError::RateLimited(RateLimited {
+            policy: "api".into(),
+            limit: 20,
+            window_seconds: 60,
+            remaining: 0,
+            retry_after_seconds: 7,
+        })
+        .into_response();
+        let h = r.headers();
+        assert_eq!(h[header::RETRY_AFTER], "7");
+        assert_eq!(h["x-ratelimit-limit"], "20");
+        assert_eq!(h["x-ratelimit-remaining"], "0");
+        assert_eq!(h["ratelimit-policy"], "\"api\";q=20;w=60");
+        assert_eq!(h["ratelimit"], "\"api\";r=0;t=7");
+    }
+}

@@ -1,0 +1,173 @@
+//! The ops listener (separate port from the proxy): liveness, readiness,
+//! metrics, and JSON views of breakers, balancing and the configuration.
+//!
+//! | path | answer |
+//! |---|---|
+//! | `GET /healthz` | 200 while the process runs |
+//! | `GET /readyz` | 200 once a configuration is loaded; 503 before, and while shutting down |
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /health/circuit-breakers` | per upstream and instance: state, consecutive failures, ms until the next probe |
+//! | `GET /health/load-balancer` | per upstream and instance: healthy, breaker state, in-flight, available |
+//! | `GET /config` | `{"version", "hash", "loaded"}` |
+
+use std::sync::atomic::Ordering;
+
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::body::ResponseBody;
+use crate::breaker::BreakerState;
+use crate::config::Compiled;
+use crate::metrics::render;
+use crate::runtime::Runtime;
+
+fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<bytes::Bytes>,
+) -> Response<ResponseBody> {
+    let mut r = Response::new(ResponseBody::full(body));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<ResponseBody> {
+    respond(
+        status,
+        "application/json",
+        serde_json::to_vec(v).expect("JSON values serialise"),
+    )
+}
+
+/// Answers one ops request.
+pub fn handle<B>(rt: &Runtime, req: &Request<B>) -> Response<ResponseBody> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "method not allowed\n",
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let cfg = rt.config.load();
+    match req.uri().path() {
+        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
+        "/readyz" => {
+            if rt.is_draining() {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "shutting down\n",
+                )
+            } else if cfg.loaded {
+                respond(StatusCode::OK, "text/plain", "ready\n")
+            } else {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "no configuration loaded\n",
+                )
+            }
+        }
+        "/metrics" => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(&rt.metrics, &cfg),
+        ),
+        "/health/circuit-breakers" => json_response(StatusCode::OK, &circuit_breakers(&cfg)),
+        "/health/load-balancer" => json_response(StatusCode::OK, &load_balancer(&cfg)),
+        "/config" => json_response(
+            StatusCode::OK,
+            &json!({
+                "version": cfg.version,
+                "hash": cfg.hash,
+                "loaded": cfg.loaded,
+                "control_plane_connected": rt.metrics.control_plane_connected.load(Ordering::Relaxed),
+            }),
+        ),
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    }
+}
+
+/// `{"version", "upstreams": [{"name", "settings", "instances": [{"id", "url", "state", "consecutive_failures", "next_probe_in_ms"}]}]}`.
+/// `next_probe_in_ms` is set only while OPEN (0 once a probe is due).
+pub fn circuit_breakers(cfg: &Compiled) -> Value {
+    let upstreams: Vec<Value> = cfg
+        .upstreams
+        .iter()
+        .map(|u| {
+            let instances: Vec<Value> = u
+                .instances
+                .iter()
+                .map(|i| {
+                    let state = i.breaker.state();
+                    json!({
+                        "id": &*i.id,
+                        "url": &*i.key.url,
+                        "state": state.as_str(),
+                        "consecutive_failures": i.breaker.consecutive_failures(),
+                        "next_probe_in_ms": i.breaker.until_probe(&u.breaker).map(|d| d.as_millis() as u64),
+                    })
+                })
+                .collect();
+            json!({
+                "name": &*u.name,
+                "settings": {
+                    "failure_threshold": u.breaker.failure_threshold,
+                    "reset_timeout_ms": u.breaker.reset_timeout.as_millis() as u64,
+                    "half_open_max_requests": u.breaker.half_open_max_requests,
+                },
+                "instances": instances,
+            })
+        })
+        .collect();
+    json!({ "version": cfg.version, "upstreams": upstreams })
+}
+
+/// `{"version", "upstreams": [{"name", "policy", "health_checks", "instances": [{"id", "url", "healthy", "breaker", "in_flight", "available", "idle_connections"}]}]}`.
+pub fn load_balancer(cfg: &Compiled) -> Value {
+    let upstreams: Vec<Value> = cfg
+        .upstreams
+        .iter()
+        .map(|u| {
+            let instances: Vec<Value> = u
+                .instances
+                .iter()
+                .map(|i| {
+                    let breaker = i.breaker.state();
+                    let admits = match breaker {
+                        BreakerState::Closed => true,
+                        BreakerState::Open => i
+                            .breaker
+                            .until_probe(&u.breaker)
+                            .is_some_and(|d| d.is_zero()),
+                        BreakerState::HalfOpen => true,
+                    };
+                    json!({
+                        "id": &*i.id,
+                        "url": &*i.key.url,
+                        "healthy": i.is_healthy(),
+                        "breaker": breaker.as_str(),
+                        "in_flight": i.in_flight(),
+                        "available": i.is_healthy() && admits,
+                        "idle_connections": i.pool.idle_count(),
+                    })
+                })
+                .collect();
+            json!({
+                "name": &*u.name,
+                "policy": "round_robin",
+                "health_checks": u.health.is_some(),
+                "instances": instances,
+            })
+        })
+        .collect();
+    json!({ "version": cfg.version, "upstreams": upstreams })
+}

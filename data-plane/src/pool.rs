@@ -1,0 +1,275 @@
+//! Per-instance pool of keep-alive HTTP/1.1 connections (the bulkhead).
+//!
+//! Each upstream instance owns one pool, so a slow or broken instance can only
+//! exhaust its own connections. The pool is our own rather than hyper-util's
+//! legacy `Client` because the proxy needs to know, per attempt, whether the
+//! request left the gateway: a request that was never written comes back to
+//! us intact and may be retried on another instance whatever its method.
+//!
+//! Idle connections are kept LIFO (the warmest is reused first), at most
+//! `max_idle` of them, each for at most `idle_timeout`. The lock is held only to
+//! push or pop, never across an `.await`.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::body::RequestBody;
+
+/// Pool limits, the same for every instance.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSettings {
+    /// Idle connections kept per instance; beyond this a finished connection is closed.
+    pub max_idle: usize,
+    /// An idle connection older than this is closed instead of reused. Kept below the
+    /// usual upstream keep-alive timeouts (60–75 s) so we rarely reuse one the upstream is closing.
+    pub idle_timeout: Duration,
+    /// Time allowed to establish a TCP connection. A connect timeout counts as
+    /// "never reached the instance", so the request is retried elsewhere.
+    pub connect_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_idle: 128,
+            idle_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why a new connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// TCP connect failed (refused, unreachable, DNS failure).
+    #[error("connecting to {authority} failed")]
+    Io {
+        /// host:port of the instance.
+        authority: Arc<str>,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// TCP connect did not finish within the connect timeout.
+    #[error("connecting to {authority} timed out")]
+    Timeout {
+        /// host:port of the instance.
+        authority: Arc<str>,
+    },
+    /// The HTTP/1.1 handshake failed.
+    #[error("HTTP handshake with {authority} failed")]
+    Handshake {
+        /// host:port of the instance.
+        authority: Arc<str>,
+        /// The cause.
+        #[source]
+        source: hyper::Error,
+    },
+}
+
+/// The outcome of a failed [`Pool::send`].
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection could be made: the request never left and is handed back.
+    Connect {
+        /// The untouched request.
+        req: Request<RequestBody>,
+        /// Why.
+        error: ConnectError,
+    },
+    /// A fresh connection died before the request was written: handed back.
+    NotSent {
+        /// The untouched request.
+        req: Request<RequestBody>,
+        /// Why.
+        error: hyper::Error,
+    },
+    /// The request was (at least partly) written; it may have reached the instance.
+    Failed {
+        /// Why.
+        error: hyper::Error,
+        /// Whether the connection had served earlier requests (a stale keep-alive
+        /// connection closed by the upstream, rather than a broken instance).
+        reused: bool,
+    },
+}
+
+struct Idle {
+    sender: http1::SendRequest<RequestBody>,
+    since: Instant,
+}
+
+struct Inner {
+    authority: Arc<str>,
+    settings: PoolSettings,
+    idle: Mutex<Vec<Idle>>,
+}
+
+/// The connection pool of one upstream instance. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("authority", &self.inner.authority)
+            .field("idle", &self.idle_count())
+            .finish()
+    }
+}
+
+/// Returns a connection to its pool once its response body has been read to the end.
+pub struct Checkin {
+    pool: Arc<Inner>,
+    sender: http1::SendRequest<RequestBody>,
+}
+
+impl std::fmt::Debug for Checkin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkin")
+            .field("authority", &self.pool.authority)
+            .finish()
+    }
+}
+
+impl Checkin {
+    /// Puts the connection back as idle (or closes it when the pool is full).
+    pub fn checkin(self) {
+        let Self { pool, sender } = self;
+        if sender.is_closed() || pool.settings.max_idle == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = pool.idle.lock().expect("pool lock");
+        // The oldest entries sit at the bottom: drop expired or closed ones there.
+        while idle
+            .first()
+            .is_some_and(|i| i.sender.is_closed() || now - i.since > pool.settings.idle_timeout)
+        {
+            idle.remove(0);
+        }
+        if idle.len() < pool.settings.max_idle {
+            idle.push(Idle { sender, since: now });
+        }
+    }
+}
+
+impl Pool {
+    /// A pool for the instance at `authority` (`host:port`).
+    pub fn new(authority: impl Into<Arc<str>>, settings: PoolSettings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                authority: authority.into(),
+                settings,
+                idle: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// host:port this pool connects to.
+    pub fn authority(&self) -> &str {
+        &self.inner.authority
+    }
+
+    /// Idle connections now held.
+    pub fn idle_count(&self) -> usize {
+        self.inner.idle.lock().map_or(0, |i| i.len())
+    }
+
+    fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
+        let now = Instant::now();
+        let mut idle = self.inner.idle.lock().expect("pool lock");
+        while let Some(i) = idle.pop() {
+            if !i.sender.is_closed() && now - i.since <= self.inner.settings.idle_timeout {
+                return Some(i.sender);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
+        let authority = &self.inner.authority;
+        let stream = tokio::time::timeout(
+            self.inner.settings.connect_timeout,
+            TcpStream::connect(&**authority),
+        )
+        .await
+        .map_err(|_| ConnectError::Timeout {
+            authority: authority.clone(),
+        })?
+        .map_err(|source| ConnectError::Io {
+            authority: authority.clone(),
+            source,
+        })?;
+        // Small request/response exchanges must not wait for Nagle's algorithm.
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|source| ConnectError::Handshake {
+                authority: authority.clone(),
+                source,
+            })?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Sends `req` on an idle connection, or on a new one. A reused connection
+    /// that turns out to be closed before the request was written is skipped
+    /// silently (the request comes back and goes on the next connection).
+    /// Returns the response head and the [`Checkin`] for its connection.
+    pub async fn send(
+        &self,
+        mut req: Request<RequestBody>,
+    ) -> Result<(Response<Incoming>, Checkin), SendError> {
+        loop {
+            let (mut sender, reused) = match self.take_idle() {
+                Some(s) => (s, true),
+                None => match self.connect().await {
+                    Ok(s) => (s, false),
+                    Err(error) => return Err(SendError::Connect { req, error }),
+                },
+            };
+            if reused && sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let checkin = Checkin {
+                        pool: self.inner.clone(),
+                        sender,
+                    };
+                    return Ok((resp, checkin));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(back) if reused => req = back,
+                    Some(back) => {
+                        return Err(SendError::NotSent {
+                            req: back,
+                            error: e.into_error(),
+                        });
+                    }
+                    None => {
+                        return Err(SendError::Failed {
+                            error: e.into_error(),
+                            reused,
+                        });
+                    }
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Forwarding to an upstream instance (DESIGN §4, "Proxy").
+//!
+//! Bodies stream both ways. The route timeout bounds the time to the response
+//! head across every attempt (504 when it passes). Retries, at most one, always
+//! on another instance when there is one:
+//!
+//! * the request never reached the first instance (connect refused or timed
+//!   out, or a fresh connection died before the request was written): retried
+//!   whatever its method, since the body is still untouched;
+//! * the connection failed after the request was written but before a response
+//!   head arrived, and the request is a bodiless GET/HEAD/OPTIONS: replayed,
+//!   because repeating it cannot change anything (this is what keeps clients
+//!   error-free when an instance dies under load).
+//!
+//! Breaker outcomes: connect failure, timeout, broken exchange and 5xx count as
+//! failures; anything else is a success; a request that failed because of the
+//! client (body too large, client went away) reports nothing.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use bytes::{BufMut as _, BytesMut};
+use http::header::{self, HeaderValue};
+use http::uri::{PathAndQuery, Uri};
+use http::{HeaderMap, Method, Request, Response, Version};
+use http_body::Body as _;
+use tokio::time::Instant;
+
+use crate::balancer::{self, Pick};
+use crate::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
+use crate::breaker::{Permit, Transition};
+use crate::config::{InstanceState, RouteEntry, UpstreamEntry};
+use crate::error::ProxyError;
+use crate::metrics::UpstreamErrorKind;
+use crate::pool::SendError;
+use crate::router::rewrite_path;
+use crate::sanitize::remove_hop_by_hop;
+
+/// Builds the request sent upstream: origin-form URI with the normalised (and
+/// rewritten) path and the original query, HTTP/1.1, and a `Host` header (an
+/// HTTP/2 client sends `:authority` instead).
+pub fn upstream_request(
+    mut parts: http::request::Parts,
+    route: &RouteEntry,
+    path: &str,
+    body: RequestBody,
+) -> Result<Request<RequestBody>, ProxyError> {
+    let query = parts.uri.query();
+    let unchanged =
+        route.rewrite.is_none() && parts.uri.scheme().is_none() && parts.uri.path() == path;
+    if !unchanged {
+        let rewritten;
+        let path = match &route.rewrite {
+            Some(rw) => {
+                rewritten = rewrite_path(path, &route.prefix, rw);
+                rewritten.as_str()
+            }
+            None => path,
+        };
+        let mut pq = BytesMut::with_capacity(path.len() + query.map_or(0, |q| q.len() + 1));
+        pq.put_slice(path.as_bytes());
+        if let Some(q) = query {
+            pq.put_u8(b'?');
+            pq.put_slice(q.as_bytes());
+        }
+        let pq = PathAndQuery::from_maybe_shared(pq.freeze())
+            .map_err(|_| ProxyError::BadRequest("the rewritten path is not a valid URI"))?;
+        if !parts.headers.contains_key(header::HOST)
+            && let Some(a) = parts.uri.authority()
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        parts.uri = Uri::from(pq);
+    } else if !parts.headers.contains_key(header::HOST) {
+        if let Some(a) = parts.uri.authority()
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        parts.uri = Uri::from(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+    }
+    parts.version = Version::HTTP_11;
+    Ok(Request::from_parts(parts, body))
+}
+
+/// What is needed to send a bodiless request again.
+struct Replay {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Replay {
+    fn of(req: &Request<RequestBody>) -> Option<Self> {
+        let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+        (safe && req.body().is_end_stream()).then(|| Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+        })
+    }
+
+    fn request(&self) -> Request<RequestBody> {
+        let mut r = Request::new(RequestBody::empty());
+        *r.method_mut() = self.method.clone();
+        *r.uri_mut() = self.uri.clone();
+        *r.headers_mut() = self.headers.clone();
+        r
+    }
+}
+
+fn report(upstream: &UpstreamEntry, instance: &InstanceState, t: Option<Transition>) {
+    match t {
+        Some(Transition::Opened) => {
+            instance
+                .metrics
+                .breaker_opened
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(upstream = %upstream.name, instance = %instance.id, "circuit breaker opened");
+        }
+        Some(Transition::Closed) => {
+            tracing::info!(upstream = %upstream.name, instance = %instance.id, "circuit breaker closed");
+        }
+        None => {}
+    }
+}
+
+fn fail(
+    upstream: &UpstreamEntry,
+    instance: &InstanceState,
+    permit: Permit<'_>,
+    kind: UpstreamErrorKind,
+) {
+    instance.metrics.error(kind);
+    report(upstream, instance, permit.failure());
+}
+
+/// The client-side cause of a failed exchange, if the failure was the request body's.
+fn body_error(e: &hyper::Error) -> Option<&RequestBodyError> {
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(b) = s.downcast_ref::<RequestBodyError>() {
+            return Some(b);
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// Sends `req` to the instance in `first`, retrying once per the module rules.
+/// Returns the upstream's response (hop-by-hop headers removed, body streaming).
+pub async fn forward<'a>(
+    upstream: &'a UpstreamEntry,
+    first: Pick<'a>,
+    req: Request<RequestBody>,
+    timeout: Duration,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let deadline = Instant::now() + timeout;
+    let replay = Replay::of(&req);
+    let mut req = req;
+    let mut pick = first;
+    let mut retried = false;
+    loop {
+        let Pick {
+            index,
+            instance,
+            permit,
+        } = pick;
+        instance
+            .metrics
+            .attempts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if retried {
+            instance
+                .metrics
+                .retries
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let in_flight = instance.start_request();
+        let sent = tokio::time::timeout_at(deadline, instance.pool.send(req)).await;
+        let next = match sent {
+            Err(_elapsed) => {
+                fail(upstream, instance, permit, UpstreamErrorKind::Timeout);
+                return Err(ProxyError::Timeout(timeout));
+            }
+            Ok(Ok((resp, checkin))) => {
+                if resp.status().is_server_error() {
+                    fail(upstream, instance, permit, UpstreamErrorKind::Status5xx);
+                } else {
+                    report(upstream, instance, permit.success());
+                }
+                let (mut parts, body) = resp.into_parts();
+                remove_hop_by_hop(&mut parts.headers, false);
+                let body = UpstreamBody::new(body, checkin, in_flight);
+                return Ok(Response::from_parts(parts, ResponseBody::Upstream(body)));
+            }
+            // Never reached the instance: the request is intact.
+            Ok(Err(SendError::Connect { req: back, error })) => {
+                fail(upstream, instance, permit, UpstreamErrorKind::Connect);
+                tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "connect failed");
+                let retry = (!retried && !back.body().was_polled())
+                    .then(|| balancer::pick(upstream, Some(index)))
+                    .flatten();
+                match retry {
+                    Some(p) => (p, back),
+                    None => return Err(ProxyError::Connect(error)),
+                }
+            }
+            Ok(Err(SendError::NotSent { req: back, error })) => {
+                fail(upstream, instance, permit, UpstreamErrorKind::Connect);
+                let retry = (!retried && !back.body().was_polled())
+                    .then(|| balancer::pick(upstream, Some(index)))
+                    .flatten();
+                match retry {
+                    Some(p) => (p, back),
+                    None => return Err(ProxyError::Upstream(error)),
+                }
+            }
+            Ok(Err(SendError::Failed { error, reused })) => {
+                match body_error(&error) {
+                    Some(RequestBodyError::TooLarge { limit }) => {
+                        return Err(ProxyError::BodyTooLarge { limit: *limit });
+                    }
+                    Some(RequestBodyError::Client(_)) => return Err(ProxyError::ClientBody(error)),
+                    None => {}
+                }
+                fail(upstream, instance, permit, UpstreamErrorKind::Protocol);
+                tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "upstream exchange failed");
+                // A stale keep-alive connection says little about the instance:
+                // with no other instance, the replay may go to the same one.
+                let retry = match &replay {
+                    Some(r) if !retried => balancer::pick(upstream, Some(index))
+                        .or_else(|| reused.then(|| balancer::pick(upstream, None)).flatten())
+                        .map(|p| (p, r.request())),
+                    _ => None,
+                };
+                match retry {
+                    Some(next) => next,
+                    None => return Err(ProxyError::Upstream(error)),
+                }
+            }
+        };
+        (pick, req) = next;
+        retried = true;
+    }
+}

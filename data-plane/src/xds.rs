@@ -1,0 +1,225 @@
+//! The configuration stream client (DESIGN §3, `ConfigDiscoveryService`).
+//!
+//! One long-lived `StreamConfig` call: the first request names the node and
+//! the version already served (from the cache, or empty); every pushed
+//! snapshot is applied through [`Runtime::apply`] and answered with an ACK
+//! (`version_info` = the new version) or a NACK (`version_info` = the version
+//! still served, `error_detail` = why). Both quote the response nonce.
+//!
+//! When the stream fails or ends, the client reconnects with jittered
+//! exponential backoff, 0.5 s doubling to 30 s, reset when a stream delivers its
+//! first message. Meanwhile the data plane keeps serving what it has.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use gateway_proto::v1::config_discovery_service_client::ConfigDiscoveryServiceClient;
+use gateway_proto::v1::{ConfigRequest, ConfigSnapshot, Node};
+use rand::Rng as _;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use crate::runtime::Runtime;
+
+/// First reconnect delay.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
+/// Longest reconnect delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Why a config stream ended.
+#[derive(Debug, thiserror::Error)]
+pub enum XdsError {
+    /// The control plane URL is not usable.
+    #[error("invalid control plane URL {url:?}: {source}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// Connecting failed.
+    #[error("cannot connect to the control plane: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    /// The stream failed.
+    #[error("config stream failed: {0}")]
+    Stream(#[from] tonic::Status),
+    /// The control plane closed the stream.
+    #[error("the control plane closed the config stream")]
+    Closed,
+}
+
+/// Reconnect delays: exponential from [`BACKOFF_INITIAL`] to [`BACKOFF_MAX`],
+/// each drawn uniformly from the upper half of the current step ("equal jitter"),
+/// so a fleet of data planes does not reconnect in lockstep.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    step: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            step: BACKOFF_INITIAL,
+        }
+    }
+}
+
+impl Backoff {
+    /// The next delay.
+    pub fn next_delay(&mut self) -> Duration {
+        let step = self.step;
+        self.step = (step * 2).min(BACKOFF_MAX);
+        step.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+
+    /// Back to the initial delay.
+    pub fn reset(&mut self) {
+        self.step = BACKOFF_INITIAL;
+    }
+}
+
+/// Where to connect and who we are.
+#[derive(Debug, Clone)]
+pub struct XdsSettings {
+    /// Control plane URL, e.g. `http://127.0.0.1:50051`.
+    pub url: String,
+    /// This data plane's identity.
+    pub node: Node,
+}
+
+/// Runs the config client until the task is aborted.
+pub async fn run(runtime: Arc<Runtime>, settings: XdsSettings) {
+    let mut backoff = Backoff::default();
+    let mut failures = 0u32;
+    loop {
+        let result = session(&runtime, &settings, &mut backoff).await;
+        let was_connected = runtime
+            .metrics
+            .control_plane_connected
+            .swap(false, Ordering::Relaxed);
+        if let Err(e) = result {
+            // Log the first failure loudly; repeats while the control plane stays down quietly.
+            if was_connected || failures == 0 {
+                tracing::warn!(error = %e, url = %settings.url, "control plane unavailable; serving the current configuration");
+            } else {
+                tracing::debug!(error = %e, "control plane still unavailable");
+            }
+        }
+        failures = failures.saturating_add(1);
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+fn served_version(runtime: &Runtime) -> String {
+    let current = runtime.config.load();
+    if current.loaded {
+        current.version.to_string()
+    } else {
+        String::new()
+    }
+}
+
+async fn session(
+    runtime: &Runtime,
+    settings: &XdsSettings,
+    backoff: &mut Backoff,
+) -> Result<(), XdsError> {
+    let endpoint = Endpoint::from_shared(settings.url.clone())
+        .map_err(|source| XdsError::Url {
+            url: settings.url.clone(),
+            source,
+        })?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        // Notice a control plane that vanished without closing the connection.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let channel = endpoint.connect().await.map_err(XdsError::Connect)?;
+    let mut client =
+        ConfigDiscoveryServiceClient::new(channel).max_decoding_message_size(256 * 1024 * 1024);
+    let (tx, rx) = mpsc::channel(4);
+    let hello = ConfigRequest {
+        node: Some(settings.node.clone()),
+        version_info: served_version(runtime),
+        ..Default::default()
+    };
+    tx.send(hello).await.map_err(|_| XdsError::Closed)?;
+    let mut inbound = client
+        .stream_config(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    runtime
+        .metrics
+        .control_plane_connected
+        .store(true, Ordering::Relaxed);
+    runtime
+        .metrics
+        .control_plane_connects
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::info!(url = %settings.url, node = %settings.node.id, "config stream open");
+    let mut first = true;
+    while let Some(resp) = inbound.message().await? {
+        if first {
+            backoff.reset();
+            first = false;
+        }
+        let version = resp.version;
+        let nonce = resp.nonce;
+        let snapshot = ConfigSnapshot {
+            version,
+            hash: resp.hash,
+            routes: resp.routes,
+            upstreams: resp.upstreams,
+            ..Default::default()
+        };
+        let reply = match runtime.apply(snapshot, true).await {
+            Ok(_) => {
+                runtime.metrics.config_acks.fetch_add(1, Ordering::Relaxed);
+                ConfigRequest {
+                    version_info: version.to_string(),
+                    response_nonce: nonce,
+                    ..Default::default()
+                }
+            }
+            Err(e) => {
+                runtime.metrics.config_nacks.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(version, error = %e, "configuration rejected; keeping the current one");
+                ConfigRequest {
+                    version_info: served_version(runtime),
+                    response_nonce: nonce,
+                    error_detail: e.to_string(),
+                    ..Default::default()
+                }
+            }
+        };
+        tx.send(reply).await.map_err(|_| XdsError::Closed)?;
+    }
+    Err(XdsError::Closed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_with_jitter_and_resets() {
+        let mut b = Backoff::default();
+        let mut step = BACKOFF_INITIAL;
+        for _ in 0..12 {
+            let d = b.next_delay();
+            assert!(
+                d >= step / 2 && d <= step,
+                "{d:?} not within [{:?}, {step:?}]",
+                step / 2
+            );
+            step = (step * 2).min(BACKOFF_MAX);
+        }
+        assert_eq!(step, BACKOFF_MAX);
+        b.reset();
+        assert!(b.next_delay() <= BACKOFF_INITIAL);
+    }
+}
