@@ -1,0 +1,165 @@
+//! The config stream end to end: a real data plane (in-process, through the
+//! library) against an in-test control plane. ACK of a good snapshot, NACK of a
+//! bad one while the good one stays in service, and a restart from the disk
+//! cache while the control plane is gone.
+
+mod common;
+
+use common::*;
+use gateway_proto::v1::ConfigRequest;
+use http::StatusCode;
+
+fn assert_ack(req: &ConfigRequest, version: &str, nonce: &str) {
+    assert_eq!(req.response_nonce, nonce, "{req:?}");
+    assert_eq!(req.version_info, version, "{req:?}");
+    assert!(req.error_detail.is_empty(), "expected an ACK, got {req:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ack_nack_and_restart_from_cache() {
+    let up_a = TestUpstream::start("a").await;
+    let up_b = TestUpstream::start("b").await;
+    let mut cp = FakeControlPlane::start().await;
+    let cache = tempfile::tempdir().unwrap();
+
+    let good = snapshot(
+        1,
+        vec![route("api", "/api", "svc")],
+        vec![upstream("svc", &[("a", up_a.url())])],
+    );
+    cp.push(&good, "nonce-1");
+
+    let dp = start_data_plane(&cp.url(), cache.path(), &[]).await;
+
+    // The stream opens with the node and no version (nothing cached yet).
+    let hello = cp.next_request().await;
+    let node = hello.node.as_ref().expect("node on the first message");
+    assert_eq!(node.id, "dp-test");
+    assert!(!node.hostname.is_empty());
+    assert_eq!(node.build_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(hello.version_info, "");
+    assert_eq!(hello.response_nonce, "");
+
+    assert_ack(&cp.next_request().await, "1", "nonce-1");
+    let (status, _, _) = get(dp.proxy_addr(), "/api/x").await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, headers, _) = get(dp.proxy_addr(), "/api/x").await;
+    assert_eq!(headers["x-instance-id"], "a");
+    assert_eq!(ops(&dp, "/readyz").await.0, StatusCode::OK);
+    let (_, config) = ops(&dp, "/config").await;
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["version"], 1);
+    assert_eq!(config["hash"], "hash-1");
+
+    // A snapshot the data plane cannot apply: a route naming a missing upstream,
+    // and an instance with a URL it cannot connect to.
+    let mut bad = snapshot(
+        2,
+        vec![
+            route("api", "/api", "svc"),
+            route("ghost", "/ghost", "nowhere"),
+        ],
+        vec![upstream("svc", &[("b", "https://b.example:443".into())])],
+    );
+    bad.hash = "hash-2".into();
+    cp.push(&bad, "nonce-2");
+    let nack = cp.next_request().await;
+    assert_eq!(nack.response_nonce, "nonce-2", "{nack:?}");
+    assert_eq!(
+        nack.version_info, "1",
+        "a NACK names the version still served"
+    );
+    assert!(
+        nack.error_detail
+            .contains("upstream \"nowhere\" does not exist"),
+        "{}",
+        nack.error_detail
+    );
+    assert!(nack.error_detail.contains("url"), "{}", nack.error_detail);
+
+    // The old configuration is still served.
+    let (status, headers, _) = get(dp.proxy_addr(), "/api/x").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-instance-id"], "a");
+    let (_, config) = ops(&dp, "/config").await;
+    assert!(config.contains("\"version\":1"), "{config}");
+    let (_, metrics) = ops(&dp, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "gateway_config_updates_total{result=\"nack\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&metrics, "gateway_control_plane_connected"),
+        Some(1.0)
+    );
+
+    // A later good snapshot is applied.
+    let v3 = snapshot(
+        3,
+        vec![route("api", "/api", "svc")],
+        vec![upstream("svc", &[("b", up_b.url())])],
+    );
+    cp.push(&v3, "nonce-3");
+    assert_ack(&cp.next_request().await, "3", "nonce-3");
+    let (_, headers, _) = get(dp.proxy_addr(), "/api/x").await;
+    assert_eq!(headers["x-instance-id"], "b");
+
+    // Restart with the control plane gone: the cache (version 3) is served.
+    dp.shutdown().await;
+    let cp_url = cp.url();
+    cp.kill().await;
+    let dp = start_data_plane(&cp_url, cache.path(), &[]).await;
+    assert_eq!(
+        ops(&dp, "/readyz").await.0,
+        StatusCode::OK,
+        "ready from the cache alone"
+    );
+    let (status, headers, _) = get(dp.proxy_addr(), "/api/x").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-instance-id"], "b");
+    let (_, config) = ops(&dp, "/config").await;
+    assert!(config.contains("\"version\":3"), "{config}");
+    let (_, metrics) = ops(&dp, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "gateway_control_plane_connected"),
+        Some(0.0)
+    );
+    dp.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reconnects_announce_the_cached_version_and_readyz_waits_for_config() {
+    let up = TestUpstream::start("a").await;
+    let cache = tempfile::tempdir().unwrap();
+    let mut cp = FakeControlPlane::start().await;
+
+    // Nothing pushed yet: not ready, requests get 503.
+    let dp = start_data_plane(&cp.url(), cache.path(), &[]).await;
+    let hello = cp.next_request().await;
+    assert_eq!(hello.version_info, "");
+    assert_eq!(ops(&dp, "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _, body) = get(dp.proxy_addr(), "/api").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("not-ready"), "{body}");
+
+    cp.push(
+        &snapshot(
+            5,
+            vec![route("api", "/api", "svc")],
+            vec![upstream("svc", &[("a", up.url())])],
+        ),
+        "n5",
+    );
+    assert_ack(&cp.next_request().await, "5", "n5");
+    eventually("readyz 200", || async {
+        (ops(&dp, "/readyz").await.0 == StatusCode::OK).then_some(())
+    })
+    .await;
+    dp.shutdown().await;
+
+    // A new data plane with the same cache announces version 5 when it connects.
+    let dp = start_data_plane(&cp.url(), cache.path(), &[]).await;
+    let hello = cp.next_request().await;
+    assert_eq!(hello.version_info, "5");
+    dp.shutdown().await;
+}
