@@ -1,1 +1,152 @@
-//! skeleton, replaced by the real crate
+//! Auth service: logins against SQLite users (Argon2id), Ed25519 access JWTs published as JWKS
+//! with automatic key rotation, and opaque refresh tokens in Redis that rotate on every use and
+//! burn their whole family when a consumed one is replayed (DESIGN §5).
+//!
+//! Modules, one concern each: [`args`] (CLI), [`users`], [`keys`] (signing keys and rotation),
+//! [`tokens`] (access JWTs), [`refresh`] (refresh families), [`service`] (the flows),
+//! [`http`] (the API), [`problem`] (error → HTTP mapping), [`clock`].
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod args;
+pub mod clock;
+pub mod http;
+pub mod keys;
+pub mod problem;
+pub mod refresh;
+pub mod service;
+pub mod tokens;
+pub mod users;
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::net::TcpListener;
+
+use crate::args::ServerConfig;
+use crate::clock::{Clock, SystemClock};
+use crate::keys::KeyRing;
+use crate::refresh::RefreshStore;
+use crate::service::AuthService;
+use crate::tokens::TokenIssuer;
+use crate::users::UserStore;
+
+/// Startup failure.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The user database could not be opened.
+    #[error(transparent)]
+    Users(#[from] users::UserError),
+    /// Keys could not be loaded or created.
+    #[error(transparent)]
+    Keys(#[from] keys::KeyError),
+    /// Bad Redis URL.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Binding or serving failed.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// The process's one Redis connection manager: connects lazily (the service starts even while
+/// Redis is down and answers 503 on token endpoints) and fails requests fast when Redis is slow.
+pub fn redis_connection(url: &str) -> Result<ConnectionManager, redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    ConnectionManager::new_lazy_with_config(client, config)
+}
+
+/// Binds `config.listen` and runs the service until `shutdown` resolves.
+pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: config.listen.to_string(),
+            source,
+        })?;
+    run_with_listener(listener, config, shutdown).await
+}
+
+/// Runs the service on an already bound listener until `shutdown` resolves.
+pub async fn run_with_listener(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let users = UserStore::open(&config.database).await?;
+    let ring = KeyRing::load_or_init(&config.key_dir, config.rotation, clock.now())?;
+    tracing::info!(
+        keys = ring.len(),
+        signing_kid = %ring.signing_key(clock.now()).kid(),
+        rotation_interval_secs = config.rotation.interval,
+        publish_lead_secs = config.rotation.publish_lead,
+        "signing keys loaded"
+    );
+    let keys = Arc::new(RwLock::new(ring));
+    let refresh = RefreshStore::new(redis_connection(&config.redis_url)?);
+    let issuer = TokenIssuer {
+        issuer: config.issuer.clone(),
+        audience: config.audience.clone(),
+    };
+    let service = Arc::new(AuthService::new(
+        users,
+        keys.clone(),
+        issuer,
+        refresh,
+        clock.clone(),
+    ));
+    let addr = listener.local_addr().map_err(|source| RunError::Listen {
+        addr: config.listen.to_string(),
+        source,
+    })?;
+    tracing::info!(%addr, "auth-service listening");
+    let rotation = tokio::spawn(rotate_keys(keys, clock));
+    let served = http::serve(listener, service, shutdown).await;
+    rotation.abort();
+    served.map_err(|source| RunError::Listen {
+        addr: addr.to_string(),
+        source,
+    })
+}
+
+/// Applies the rotation schedule whenever it has work to do.
+async fn rotate_keys(keys: Arc<RwLock<KeyRing>>, clock: Arc<dyn Clock>) {
+    loop {
+        let now = clock.now();
+        let next = keys.read().expect("key ring lock").next_maintenance(now);
+        let wait = Duration::from_secs(next.saturating_sub(now)).min(Duration::from_secs(60));
+        tokio::time::sleep(wait).await;
+        let now = clock.now();
+        let result = keys.write().expect("key ring lock").maintain(now);
+        match result {
+            Ok(m) => {
+                if let Some((kid, activates_at)) = m.generated {
+                    tracing::info!(%kid, activates_at, "new signing key published; it signs from activates_at");
+                }
+                for kid in m.deleted {
+                    tracing::info!(%kid, "retired key removed: every token it signed has expired");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "key rotation failed; retrying");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}

@@ -1,1 +1,39 @@
-//! skeleton
+//! Edge JWT verification for the data plane (DESIGN §4, "Authenticate").
+//!
+//! ```no_run
+//! # async fn demo(headers: http::HeaderMap) -> Result<(), Box<dyn std::error::Error>> {
+//! use gateway_jwt::{JwtConfig, JwtVerifier, bearer_token};
+//! let verifier = JwtVerifier::new(JwtConfig {
+//!     jwks_url: "http://127.0.0.1:4000/.well-known/jwks.json".into(),
+//!     ..JwtConfig::default()
+//! })?;
+//! let identity = verifier.verify(bearer_token(&headers).unwrap_or("")).await?;
+//! println!("{} ({})", identity.sub, identity.role);
+//! # Ok(()) }
+//! ```
+//!
+//! * Data planes hold public keys only, fetched from the auth service's JWKS and kept as
+//!   pre-built decoding keys per `kid`; an unknown `kid` triggers one refresh (single-flight,
+//!   cooldown), and a background task refreshes periodically so rotated keys appear.
+//! * The algorithm is pinned to EdDSA before any key is touched (no `none`, no HMAC with a public
+//!   key as secret); `exp`, `nbf`, `iss`, `aud` and `sub` are required; `exp`/`nbf` get a leeway.
+//! * Verified tokens are cached (bounded, keyed hash, full-token compare, `exp` checked on every
+//!   hit), so signature checks do not bound throughput.
+//!
+//! Every [`JwtError`] means 401 to the client, with [`JwtError::www_authenticate`] as the
+//! `WWW-Authenticate` value.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod bearer;
+mod cache;
+mod clock;
+mod error;
+mod jwks;
+mod verifier;
+
+pub use bearer::bearer_token;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{JwtConfigError, JwtError};
+pub use verifier::{Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES};

@@ -1,0 +1,71 @@
+//! `auth-service`: parses the command line, sets up logging, and hands over to the library.
+
+#![forbid(unsafe_code)]
+
+use anyhow::Context as _;
+use auth_service::args::{Cli, Command, LogFormat, UsersCommand};
+use clap::Parser as _;
+use std::io::IsTerminal as _;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match &cli.command {
+        None => auth_service::run(cli.server_config()?, shutdown_signal())
+            .await
+            .context("auth-service failed"),
+        Some(Command::Users {
+            command:
+                UsersCommand::Add {
+                    name,
+                    role,
+                    replace,
+                },
+        }) => {
+            let password = auth_service::users::read_password(std::io::stdin().lock())
+                .context("reading the password from stdin")?;
+            let db = auth_service::users::UserStore::open(&cli.database)
+                .await
+                .with_context(|| format!("opening user database {}", cli.database.display()))?;
+            let outcome = db.add_user(name, role, password, *replace).await?;
+            eprintln!("{outcome}");
+            Ok(())
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM so the server can drain and exit cleanly.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

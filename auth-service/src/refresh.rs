@@ -1,0 +1,428 @@
+//! Refresh tokens: opaque, 256-bit random, rotated on every use, grouped in families.
+//!
+//! Redis layout (only SHA-256 hashes of tokens are stored, never the tokens):
+//! * `auth:fam:<family>` — hash `{current, sub, role, expires_at, revoked}`; expires with the family.
+//! * `auth:rt:<sha256 hex>` — the family of every token ever issued in it, so a replayed
+//!   (already consumed) token can still be traced to its family and burn it.
+//!
+//! A family lives at most [`REFRESH_TOKEN_TTL_SECS`] from login; rotation never extends it.
+//! Consumption is one Lua script (`lua/rotate.lua`), so two concurrent refreshes of one token
+//! cannot both win.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use redis::Script;
+use redis::aio::ConnectionManager;
+use sha2::{Digest as _, Sha256};
+
+/// Absolute lifetime of a refresh-token family: 7 days from login.
+pub const REFRESH_TOKEN_TTL_SECS: u64 = 7 * 24 * 3600;
+
+const PREFIX: &str = "auth:";
+
+/// The user a family belongs to and when it ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Family id (random, 128 bits, hex).
+    pub family: String,
+    /// Token subject.
+    pub sub: String,
+    /// Role at login.
+    pub role: String,
+    /// Absolute expiry (Unix seconds).
+    pub expires_at: u64,
+}
+
+/// A freshly issued refresh token.
+#[derive(Debug, Clone)]
+pub struct IssuedRefresh {
+    /// The opaque token handed to the client.
+    pub token: String,
+    /// Its family.
+    pub session: Session,
+}
+
+/// Why a refresh was refused (all of them are a 401 to the client).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// Never issued, malformed, or its family expired and was purged.
+    Unknown,
+    /// An already consumed token: the family has now been revoked.
+    Reused {
+        /// The burnt family.
+        family: String,
+    },
+    /// The family was revoked earlier (logout or reuse).
+    Revoked {
+        /// The family.
+        family: String,
+    },
+    /// The family's absolute lifetime is over.
+    Expired {
+        /// The family.
+        family: String,
+    },
+}
+
+/// Result of presenting a refresh token.
+#[derive(Debug, Clone)]
+pub enum RotateOutcome {
+    /// The token was consumed and a successor issued in the same family.
+    Rotated(IssuedRefresh),
+    /// The token was refused.
+    Rejected(Rejection),
+}
+
+/// Redis failed or answered something unexpected.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    /// Redis command failed (down, timeout, ...).
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A script returned a shape this code does not know.
+    #[error("unexpected reply from refresh script: {0:?}")]
+    UnexpectedReply(Vec<String>),
+}
+
+/// Refresh-token families in Redis.
+#[derive(Clone)]
+pub struct RefreshStore {
+    conn: ConnectionManager,
+    create: Script,
+    rotate: Script,
+    revoke: Script,
+}
+
+impl std::fmt::Debug for RefreshStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefreshStore").finish_non_exhaustive()
+    }
+}
+
+/// Hex SHA-256 of a token: what Redis stores instead of the token.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+fn new_token() -> (String, String) {
+    let token = URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
+    let hash = token_hash(&token);
+    (token, hash)
+}
+
+/// True if `token` has the shape of one we issue (43 base64url characters = 32 bytes).
+fn well_formed(token: &str) -> bool {
+    token.len() == 43 && URL_SAFE_NO_PAD.decode(token).is_ok_and(|b| b.len() == 32)
+}
+
+fn family_key(family: &str) -> String {
+    format!("{PREFIX}fam:{family}")
+}
+
+fn token_key(hash: &str) -> String {
+    format!("{PREFIX}rt:{hash}")
+}
+
+impl RefreshStore {
+    /// Wraps the process's one Redis connection manager.
+    pub fn new(conn: ConnectionManager) -> Self {
+        Self {
+            conn,
+            create: Script::new(include_str!("lua/create_family.lua")),
+            rotate: Script::new(include_str!("lua/rotate.lua")),
+            revoke: Script::new(include_str!("lua/revoke_family.lua")),
+        }
+    }
+
+    /// Starts a new family at login and returns its first token.
+    pub async fn create(
+        &self,
+        sub: &str,
+        role: &str,
+        now: u64,
+    ) -> Result<IssuedRefresh, RefreshError> {
+        let family = hex::encode(rand::random::<[u8; 16]>());
+        let (token, hash) = new_token();
+        let expires_at = now + REFRESH_TOKEN_TTL_SECS;
+        let _: i64 = self
+            .create
+            .key(family_key(&family))
+            .key(token_key(&hash))
+            .arg(&hash)
+            .arg(sub)
+            .arg(role)
+            .arg(expires_at)
+            .arg(&family)
+            .arg(REFRESH_TOKEN_TTL_SECS)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(IssuedRefresh {
+            token,
+            session: Session {
+                family,
+                sub: sub.to_owned(),
+                role: role.to_owned(),
+                expires_at,
+            },
+        })
+    }
+
+    async fn family_of(&self, token: &str) -> Result<Option<String>, RefreshError> {
+        if !well_formed(token) {
+            return Ok(None);
+        }
+        let family: Option<String> = redis::cmd("GET")
+            .arg(token_key(&token_hash(token)))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(family)
+    }
+
+    /// Consumes `token` and issues its successor, or says why not. A consumed token presented
+    /// again revokes its whole family.
+    pub async fn rotate(&self, token: &str, now: u64) -> Result<RotateOutcome, RefreshError> {
+        // The token -> family mapping never changes once written, so reading it outside the
+        // script is safe; the decision itself happens atomically inside the script.
+        let Some(family) = self.family_of(token).await? else {
+            return Ok(RotateOutcome::Rejected(Rejection::Unknown));
+        };
+        let (new_token, new_hash) = new_token();
+        let reply: Vec<String> = self
+            .rotate
+            .key(family_key(&family))
+            .key(token_key(&new_hash))
+            .arg(token_hash(token))
+            .arg(&new_hash)
+            .arg(now)
+            .arg(&family)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let rejected = |r| Ok(RotateOutcome::Rejected(r));
+        match reply.first().map(String::as_str) {
+            Some("rotated") if reply.len() == 4 => {
+                let expires_at = reply[3]
+                    .parse()
+                    .map_err(|_| RefreshError::UnexpectedReply(reply.clone()))?;
+                Ok(RotateOutcome::Rotated(IssuedRefresh {
+                    token: new_token,
+                    session: Session {
+                        family,
+                        sub: reply[1].clone(),
+                        role: reply[2].clone(),
+                        expires_at,
+                    },
+                }))
+            }
+            Some("unknown") => rejected(Rejection::Unknown),
+            Some("revoked") => rejected(Rejection::Revoked { family }),
+            Some("expired") => rejected(Rejection::Expired { family }),
+            Some("reused") => rejected(Rejection::Reused { family }),
+            _ => Err(RefreshError::UnexpectedReply(reply)),
+        }
+    }
+
+    /// Revokes the family of `token` (logout). Returns the family if the token was known.
+    pub async fn revoke(&self, token: &str) -> Result<Option<String>, RefreshError> {
+        let Some(family) = self.family_of(token).await? else {
+            return Ok(None);
+        };
+        self.revoke_family(&family).await?;
+        Ok(Some(family))
+    }
+
+    /// Revokes a family by id.
+    pub async fn revoke_family(&self, family: &str) -> Result<bool, RefreshError> {
+        let existed: i64 = self
+            .revoke
+            .key(family_key(family))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(existed == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::RedisServer;
+
+    async fn store() -> (RedisServer, RefreshStore) {
+        let redis = RedisServer::start().await;
+        let conn = redis.connection_manager().await;
+        (redis, RefreshStore::new(conn))
+    }
+
+    fn rotated(o: RotateOutcome) -> IssuedRefresh {
+        match o {
+            RotateOutcome::Rotated(i) => i,
+            RotateOutcome::Rejected(r) => panic!("expected rotation, got {r:?}"),
+        }
+    }
+
+    fn rejected(o: RotateOutcome) -> Rejection {
+        match o {
+            RotateOutcome::Rejected(r) => r,
+            RotateOutcome::Rotated(i) => {
+                panic!("expected rejection, got rotation in {}", i.session.family)
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rotation_keeps_the_family_and_its_expiry() {
+        let (_r, s) = store().await;
+        let now = 1_700_000_000;
+        let first = s.create("alice", "user", now).await.unwrap();
+        assert_eq!(first.token.len(), 43);
+        let second = rotated(s.rotate(&first.token, now + 10).await.unwrap());
+        assert_eq!(
+            second.session, first.session,
+            "same family, sub, role and absolute expiry"
+        );
+        assert_ne!(second.token, first.token);
+        let third = rotated(s.rotate(&second.token, now + 20).await.unwrap());
+        assert_eq!(third.session.expires_at, now + REFRESH_TOKEN_TTL_SECS);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis_stores_only_hashes() {
+        let (r, s) = store().await;
+        let issued = s.create("alice", "user", 1_700_000_000).await.unwrap();
+        let mut conn = r.connection_manager().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut everything = keys.join(" ");
+        for k in &keys {
+            let t: String = redis::cmd("TYPE")
+                .arg(k)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if t == "hash" {
+                let v: Vec<String> = redis::cmd("HGETALL")
+                    .arg(k)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                everything.push_str(&v.join(" "));
+            } else {
+                let v: String = redis::cmd("GET")
+                    .arg(k)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                everything.push_str(&v);
+            }
+        }
+        assert!(
+            !everything.contains(&issued.token),
+            "plaintext token in redis"
+        );
+        assert!(everything.contains(&token_hash(&issued.token)));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn reuse_revokes_the_whole_family() {
+        let (_r, s) = store().await;
+        let now = 1_700_000_000;
+        let first = s.create("alice", "user", now).await.unwrap();
+        let second = rotated(s.rotate(&first.token, now).await.unwrap());
+        // Replaying the consumed token burns the family...
+        let family = first.session.family.clone();
+        assert_eq!(
+            rejected(s.rotate(&first.token, now).await.unwrap()),
+            Rejection::Reused {
+                family: family.clone()
+            }
+        );
+        // ...so the legitimate newest token is refused too.
+        assert_eq!(
+            rejected(s.rotate(&second.token, now).await.unwrap()),
+            Rejection::Revoked { family }
+        );
+        // Another login is unaffected.
+        let other = s.create("alice", "user", now).await.unwrap();
+        rotated(s.rotate(&other.token, now).await.unwrap());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn concurrent_refreshes_of_one_token_have_exactly_one_winner() {
+        let (_r, s) = store().await;
+        let now = 1_700_000_000;
+        for _ in 0..10 {
+            let t = s.create("alice", "user", now).await.unwrap().token;
+            let attempts = (0..8).map(|_| {
+                let (s, t) = (s.clone(), t.clone());
+                tokio::spawn(async move { s.rotate(&t, now).await.unwrap() })
+            });
+            let mut wins = 0;
+            for a in attempts {
+                if matches!(a.await.unwrap(), RotateOutcome::Rotated(_)) {
+                    wins += 1;
+                }
+            }
+            assert_eq!(wins, 1);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn family_expiry_is_absolute() {
+        let (_r, s) = store().await;
+        let now = 1_700_000_000;
+        let first = s.create("alice", "user", now).await.unwrap();
+        let late = now + REFRESH_TOKEN_TTL_SECS - 1;
+        let second = rotated(s.rotate(&first.token, late).await.unwrap());
+        assert_eq!(
+            rejected(
+                s.rotate(&second.token, now + REFRESH_TOKEN_TTL_SECS)
+                    .await
+                    .unwrap()
+            ),
+            Rejection::Expired {
+                family: first.session.family
+            }
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn logout_revokes_and_unknown_tokens_are_rejected() {
+        let (_r, s) = store().await;
+        let now = 1_700_000_000;
+        let first = s.create("alice", "user", now).await.unwrap();
+        let second = rotated(s.rotate(&first.token, now).await.unwrap());
+        assert_eq!(
+            s.revoke(&first.token).await.unwrap(),
+            Some(first.session.family.clone())
+        );
+        assert!(matches!(
+            rejected(s.rotate(&second.token, now).await.unwrap()),
+            Rejection::Revoked { .. }
+        ));
+
+        for bad in [
+            "",
+            "short",
+            &"A".repeat(43),
+            &"!".repeat(43),
+            &format!("{}x", second.token),
+        ] {
+            assert_eq!(
+                rejected(s.rotate(bad, now).await.unwrap()),
+                Rejection::Unknown,
+                "{bad:?}"
+            );
+            assert_eq!(s.revoke(bad).await.unwrap(), None);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis_down_is_an_error_not_a_rejection() {
+        let (mut r, s) = store().await;
+        r.kill().await;
+        let err = s.create("alice", "user", 1).await.unwrap_err();
+        assert!(matches!(err, RefreshError::Redis(_)), "{err}");
+    }
+}

@@ -1,0 +1,132 @@
+//! The auth flows (login, refresh, logout, JWKS) over users, keys and refresh families,
+//! independent of HTTP.
+
+use std::sync::{Arc, RwLock};
+
+use serde::Serialize;
+
+use crate::clock::Clock;
+use crate::keys::KeyRing;
+use crate::problem::ApiError;
+use crate::refresh::{RefreshStore, Rejection, RotateOutcome};
+use crate::tokens::{ACCESS_TOKEN_TTL_SECS, TokenIssuer};
+use crate::users::UserStore;
+
+/// Response body of login and refresh.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenPair {
+    /// EdDSA JWT, valid for `expires_in` seconds.
+    pub access_token: String,
+    /// Opaque refresh token, single use.
+    pub refresh_token: String,
+    /// Always `Bearer`.
+    pub token_type: &'static str,
+    /// Access-token lifetime in seconds.
+    pub expires_in: u64,
+    /// Seconds until the refresh-token family ends (it is not extended by refreshing).
+    pub refresh_expires_in: u64,
+}
+
+/// Everything the HTTP layer needs.
+#[derive(Debug)]
+pub struct AuthService {
+    users: UserStore,
+    keys: Arc<RwLock<KeyRing>>,
+    issuer: TokenIssuer,
+    refresh: RefreshStore,
+    clock: Arc<dyn Clock>,
+}
+
+impl AuthService {
+    /// Assembles the service.
+    pub fn new(
+        users: UserStore,
+        keys: Arc<RwLock<KeyRing>>,
+        issuer: TokenIssuer,
+        refresh: RefreshStore,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            users,
+            keys,
+            issuer,
+            refresh,
+            clock,
+        }
+    }
+
+    fn access_token(&self, sub: &str, role: &str, now: u64) -> Result<String, ApiError> {
+        // Clone the Arc out so the lock is not held while signing.
+        let key = self.keys.read().expect("key ring lock").signing_key(now);
+        Ok(self.issuer.issue(&key, sub, role, now)?)
+    }
+
+    /// Checks credentials and starts a refresh family.
+    pub async fn login(&self, username: &str, password: &str) -> Result<TokenPair, ApiError> {
+        let user = self
+            .users
+            .verify(username, password)
+            .await?
+            .ok_or(ApiError::InvalidCredentials)?;
+        let now = self.clock.now();
+        let access_token = self.access_token(&user.username, &user.role, now)?;
+        let refresh = self.refresh.create(&user.username, &user.role, now).await?;
+        Ok(TokenPair {
+            access_token,
+            refresh_token: refresh.token,
+            token_type: "Bearer",
+            expires_in: ACCESS_TOKEN_TTL_SECS,
+            refresh_expires_in: refresh.session.expires_at.saturating_sub(now),
+        })
+    }
+
+    /// Consumes a refresh token and issues a new pair in the same family.
+    pub async fn refresh(&self, refresh_token: &str) -> Result<TokenPair, ApiError> {
+        let now = self.clock.now();
+        let issued = match self.refresh.rotate(refresh_token, now).await? {
+            RotateOutcome::Rotated(issued) => issued,
+            RotateOutcome::Rejected(rejection) => {
+                match &rejection {
+                    Rejection::Reused { family } => tracing::warn!(
+                        %family,
+                        "refresh token reuse detected: the token was already consumed; whole family revoked"
+                    ),
+                    other => tracing::debug!(?other, "refresh refused"),
+                }
+                return Err(ApiError::InvalidRefreshToken);
+            }
+        };
+        let session = issued.session;
+        // The role may have changed (or the user been removed) since login.
+        let Some(user) = self.users.find(&session.sub).await? else {
+            self.refresh.revoke_family(&session.family).await?;
+            tracing::info!(family = %session.family, sub = %session.sub, "user no longer exists; family revoked");
+            return Err(ApiError::InvalidRefreshToken);
+        };
+        let access_token = self.access_token(&user.username, &user.role, now)?;
+        Ok(TokenPair {
+            access_token,
+            refresh_token: issued.token,
+            token_type: "Bearer",
+            expires_in: ACCESS_TOKEN_TTL_SECS,
+            refresh_expires_in: session.expires_at.saturating_sub(now),
+        })
+    }
+
+    /// Revokes the family of `refresh_token`. Unknown tokens are accepted silently (RFC 7009 §2.2).
+    pub async fn logout(&self, refresh_token: &str) -> Result<(), ApiError> {
+        if let Some(family) = self.refresh.revoke(refresh_token).await? {
+            tracing::debug!(%family, "family revoked by logout");
+        }
+        Ok(())
+    }
+
+    /// The JWKS document and its `max-age`.
+    pub fn jwks(&self) -> (String, u64) {
+        let ring = self.keys.read().expect("key ring lock");
+        (
+            ring.jwks_json(self.clock.now()),
+            ring.policy().jwks_max_age(),
+        )
+    }
+}

@@ -1,0 +1,404 @@
+//! Users in SQLite with Argon2id password hashes.
+//!
+//! Hashing and verification run on the blocking pool (they take tens of milliseconds and ~19 MiB
+//! each at the argon2 crate's default parameters), bounded by a semaphore so a login flood queues
+//! instead of exhausting memory. A login for a user that does not exist is verified against a
+//! dummy hash with the same parameters, so it costs the same time as a wrong password.
+
+use std::borrow::Cow;
+use std::io::Read;
+use std::path::Path;
+use std::str::FromStr as _;
+use std::sync::Arc;
+
+use argon2::Argon2;
+use argon2::password_hash::{PasswordHasher as _, PasswordVerifier as _};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{SqlSafeStr as _, SqlitePool};
+use tokio::sync::Semaphore;
+
+/// Longest accepted password (bytes); longer input is refused before hashing.
+pub const MAX_PASSWORD_BYTES: usize = 1024;
+
+/// A user as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// Login name, used as the token subject.
+    pub username: String,
+    /// Role forwarded to backends.
+    pub role: String,
+}
+
+/// What `users add` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddOutcome {
+    /// A new user was created.
+    Created(String),
+    /// An existing user got a new password and role (`--replace`).
+    Replaced(String),
+}
+
+impl std::fmt::Display for AddOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Created(n) => write!(f, "user {n:?} created"),
+            Self::Replaced(n) => write!(f, "user {n:?} updated (password and role replaced)"),
+        }
+    }
+}
+
+/// User store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    /// Database failure.
+    #[error("user database: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Migration failure.
+    #[error("migrating the user database: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Hashing failed or a stored hash is unreadable.
+    #[error("password hashing: {0}")]
+    Hash(String),
+    /// The blocking hashing task died.
+    #[error("password hashing task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    /// Invalid user name, role or password.
+    #[error("{0}")]
+    Invalid(String),
+    /// The user exists and `--replace` was not given.
+    #[error("user {0:?} already exists (use --replace to change its password and role)")]
+    Exists(String),
+    /// Reading the password failed.
+    #[error("reading the password: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// SQLite-backed users.
+#[derive(Debug, Clone)]
+pub struct UserStore {
+    pool: SqlitePool,
+    /// Same-parameter hash of a random password, verified when the user does not exist.
+    dummy_hash: Arc<str>,
+    hashing: Arc<Semaphore>,
+}
+
+fn migrator() -> Migrator {
+    Migrator::with_migrations(vec![Migration::new(
+        1,
+        Cow::Borrowed("users"),
+        MigrationType::Simple,
+        include_str!("../migrations/0001_users.sql").into_sql_str(),
+        false,
+    )])
+}
+
+impl UserStore {
+    /// Opens (creating if needed) the database and applies migrations.
+    pub async fn open(path: &Path) -> Result<Self, UserError> {
+        let options = SqliteConnectOptions::from_str("sqlite:")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
+        migrator().run(&pool).await?;
+        let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let dummy_password: [u8; 32] = rand::random();
+        let dummy_hash =
+            tokio::task::spawn_blocking(move || hash_password(&dummy_password)).await??;
+        Ok(Self {
+            pool,
+            dummy_hash: dummy_hash.into(),
+            hashing: Arc::new(Semaphore::new(permits)),
+        })
+    }
+
+    /// Adds a user (or replaces one with `replace`).
+    pub async fn add_user(
+        &self,
+        username: &str,
+        role: &str,
+        password: String,
+        replace: bool,
+    ) -> Result<AddOutcome, UserError> {
+        validate_username(username)?;
+        validate_role(role)?;
+        if password.is_empty() {
+            return Err(UserError::Invalid("the password must not be empty".into()));
+        }
+        if password.len() > MAX_PASSWORD_BYTES {
+            return Err(UserError::Invalid(format!(
+                "the password must be at most {MAX_PASSWORD_BYTES} bytes"
+            )));
+        }
+        let hash = self
+            .run_hashing(move || hash_password(password.as_bytes()))
+            .await??;
+        let existing = self.find(username).await?.is_some();
+        if existing && !replace {
+            return Err(UserError::Exists(username.to_owned()));
+        }
+        sqlx::query(
+            "INSERT INTO users (username, password_hash, role) VALUES (?1, ?2, ?3) \
+             ON CONFLICT(username) DO UPDATE SET password_hash = excluded.password_hash, role = excluded.role",
+        )
+        .bind(username)
+        .bind(&hash)
+        .bind(role)
+        .execute(&self.pool)
+        .await?;
+        Ok(if existing {
+            AddOutcome::Replaced(username.to_owned())
+        } else {
+            AddOutcome::Created(username.to_owned())
+        })
+    }
+
+    /// Looks a user up by name.
+    pub async fn find(&self, username: &str) -> Result<Option<User>, UserError> {
+        Ok(self.find_with_hash(username).await?.map(|(u, _)| u))
+    }
+
+    async fn find_with_hash(&self, username: &str) -> Result<Option<(User, String)>, UserError> {
+        let row: Option<(String, String, String)> =
+            sqlx::query_as("SELECT username, role, password_hash FROM users WHERE username = ?1")
+                .bind(username)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(username, role, hash)| (User { username, role }, hash)))
+    }
+
+    /// Checks a login. Unknown user and wrong password both give `Ok(None)` after the same work.
+    pub async fn verify(&self, username: &str, password: &str) -> Result<Option<User>, UserError> {
+        let found = if username.is_empty() || username.len() > 256 {
+            None
+        } else {
+            self.find_with_hash(username).await?
+        };
+        let (user, hash) = match found {
+            Some((user, hash)) => (Some(user), hash),
+            None => (None, self.dummy_hash.to_string()),
+        };
+        // Over-long passwords are still hashed (truncated) so their timing looks like any other.
+        let password = password.as_bytes()[..password.len().min(MAX_PASSWORD_BYTES)].to_vec();
+        let ok = self
+            .run_hashing(move || {
+                Argon2::default()
+                    .verify_password(&password, hash.as_str())
+                    .is_ok()
+            })
+            .await?;
+        Ok(if ok { user } else { None })
+    }
+
+    async fn run_hashing<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, UserError> {
+        let _permit = self
+            .hashing
+            .acquire()
+            .await
+            .expect("semaphore never closed");
+        Ok(tokio::task::spawn_blocking(f).await?)
+    }
+}
+
+fn hash_password(password: &[u8]) -> Result<String, UserError> {
+    Argon2::default()
+        .hash_password(password)
+        .map(|h| h.to_string())
+        .map_err(|e| UserError::Hash(e.to_string()))
+}
+
+fn validate_username(name: &str) -> Result<(), UserError> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(UserError::Invalid(format!(
+            "user name {name:?} must be 1-64 characters of A-Z a-z 0-9 . _ @ -"
+        )))
+    }
+}
+
+fn validate_role(role: &str) -> Result<(), UserError> {
+    let ok = (1..=32).contains(&role.len())
+        && role.starts_with(|c: char| c.is_ascii_lowercase())
+        && role
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(UserError::Invalid(format!(
+            "role {role:?} must be 1-32 characters of a-z 0-9 _ - starting with a letter"
+        )))
+    }
+}
+
+/// Reads a password from `input` (all of it), stripping one trailing `\n` or `\r\n`.
+pub fn read_password(mut input: impl Read) -> Result<String, UserError> {
+    let mut buf = Vec::new();
+    input
+        .by_ref()
+        .take(MAX_PASSWORD_BYTES as u64 + 3)
+        .read_to_end(&mut buf)?;
+    if buf.ends_with(b"\n") {
+        buf.pop();
+        if buf.ends_with(b"\r") {
+            buf.pop();
+        }
+    }
+    let password = String::from_utf8(buf)
+        .map_err(|_| UserError::Invalid("the password must be UTF-8".into()))?;
+    if password.is_empty() {
+        return Err(UserError::Invalid(
+            "no password on stdin (pipe it in, e.g. `echo -n secret | auth-service users add NAME --role user`)".into(),
+        ));
+    }
+    if password.len() > MAX_PASSWORD_BYTES {
+        return Err(UserError::Invalid(format!(
+            "the password must be at most {MAX_PASSWORD_BYTES} bytes"
+        )));
+    }
+    Ok(password)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    async fn store() -> (tempfile::TempDir, UserStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = UserStore::open(&dir.path().join("auth.db")).await.unwrap();
+        (dir, store)
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn add_then_verify() {
+        let (_dir, s) = store().await;
+        assert_eq!(
+            s.add_user("alice", "user", "wonderland".into(), false)
+                .await
+                .unwrap(),
+            AddOutcome::Created("alice".into())
+        );
+        let u = s.verify("alice", "wonderland").await.unwrap().unwrap();
+        assert_eq!(
+            u,
+            User {
+                username: "alice".into(),
+                role: "user".into()
+            }
+        );
+        assert!(s.verify("alice", "wrong").await.unwrap().is_none());
+        assert!(s.verify("nobody", "wonderland").await.unwrap().is_none());
+        assert!(s.verify("", "").await.unwrap().is_none());
+
+        let err = s
+            .add_user("alice", "admin", "x".into(), false)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, UserError::Exists(_)), "{err}");
+        assert_eq!(
+            s.add_user("alice", "admin", "new".into(), true)
+                .await
+                .unwrap(),
+            AddOutcome::Replaced("alice".into())
+        );
+        assert_eq!(
+            s.verify("alice", "new").await.unwrap().unwrap().role,
+            "admin"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn stored_hash_is_argon2id_with_default_params() {
+        let (_dir, s) = store().await;
+        s.add_user("bob", "admin", "builder".into(), false)
+            .await
+            .unwrap();
+        let (_, hash) = s.find_with_hash("bob").await.unwrap().unwrap();
+        let p = argon2::Params::default();
+        let expected = format!(
+            "$argon2id$v=19$m={},t={},p={}$",
+            p.m_cost(),
+            p.t_cost(),
+            p.p_cost()
+        );
+        assert!(hash.starts_with(&expected), "{hash}");
+        assert!(!hash.contains("builder"));
+        assert!(s.dummy_hash.starts_with(&expected));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn bad_names_roles_and_passwords_are_refused() {
+        let (_dir, s) = store().await;
+        for (name, role, pw) in [
+            ("", "user", "x"),
+            ("a b", "user", "x"),
+            ("alice", "User", "x"),
+            ("alice", "", "x"),
+            ("alice", "user", ""),
+        ] {
+            let err = s.add_user(name, role, pw.into(), false).await.unwrap_err();
+            assert!(
+                matches!(err, UserError::Invalid(_)),
+                "{name:?} {role:?}: {err}"
+            );
+        }
+        let long = "x".repeat(MAX_PASSWORD_BYTES + 1);
+        assert!(s.add_user("alice", "user", long, false).await.is_err());
+    }
+
+    #[test]
+    fn password_from_stdin_strips_one_newline() {
+        assert_eq!(read_password(&b"secret\n"[..]).unwrap(), "secret");
+        assert_eq!(read_password(&b"secret\r\n"[..]).unwrap(), "secret");
+        assert_eq!(read_password(&b"sec ret \n\n"[..]).unwrap(), "sec ret \n");
+        assert!(read_password(&b"\n"[..]).is_err());
+        assert!(read_password(&b""[..]).is_err());
+        assert!(read_password(&[0xff, 0xfe][..]).is_err());
+    }
+
+    /// Median of a few runs, so one scheduling hiccup does not decide the test.
+    async fn median_login(s: &UserStore, user: &str, pw: &str) -> Duration {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            assert!(s.verify(user, pw).await.unwrap().is_none());
+            v.push(t.elapsed());
+        }
+        v.sort();
+        v[2]
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn unknown_user_costs_about_the_same_as_a_wrong_password() {
+        let (_dir, s) = store().await;
+        s.add_user("alice", "user", "wonderland".into(), false)
+            .await
+            .unwrap();
+        let wrong_pw = median_login(&s, "alice", "nope").await;
+        let unknown = median_login(&s, "mallory", "nope").await;
+        let ratio = unknown.as_secs_f64() / wrong_pw.as_secs_f64();
+        // Without the dummy hash an unknown user would answer ~100x faster.
+        assert!(
+            (0.5..2.0).contains(&ratio),
+            "unknown user {unknown:?} vs wrong password {wrong_pw:?}"
+        );
+        assert!(
+            unknown > Duration::from_millis(2),
+            "no hashing on the unknown-user path: {unknown:?}"
+        );
+    }
+}

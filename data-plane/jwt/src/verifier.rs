@@ -1,0 +1,413 @@
+//! [`JwtVerifier`]: verifies access tokens against the auth service's JWKS.
+//!
+//! Order of checks on a request: verified-token cache (keyed hash, full compare, `exp`) →
+//! header (`alg` must be exactly `EdDSA`, `kid` required) → key lookup (refresh the JWKS once on
+//! an unknown `kid`, single-flight, with a cooldown) → signature and `iss`/`aud`/required claims
+//! (jsonwebtoken, algorithm pinned) → `exp`/`nbf` with leeway against the injectable clock.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::Uri;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+use crate::cache::TokenCache;
+use crate::clock::{Clock, SystemClock};
+use crate::error::{JwtConfigError, JwtError};
+use crate::jwks::{JwksClient, KeySet};
+
+/// Longest token considered at all; anything longer is refused before any work.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+
+/// Settings of a [`JwtVerifier`]. Defaults are written down in [`JwtConfig::default`].
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    /// `http://` URL of the auth service's `/.well-known/jwks.json`.
+    pub jwks_url: String,
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required member of `aud`.
+    pub audience: String,
+    /// Clock skew tolerated on `exp` and `nbf` (default 30 s).
+    pub leeway: Duration,
+    /// Verified tokens remembered (default 10 000; 0 disables the cache).
+    pub cache_capacity: usize,
+    /// Minimum time between two JWKS fetches triggered by unknown `kid`s (default 5 s), so a
+    /// flood of garbage `kid`s cannot hammer the auth service.
+    pub refresh_cooldown: Duration,
+    /// Background JWKS refresh period, so rotated keys appear (default 60 s). Zero disables the
+    /// periodic refresh; the initial fetch still happens.
+    pub refresh_interval: Duration,
+    /// Timeout of one JWKS fetch, connect included (default 2 s).
+    pub fetch_timeout: Duration,
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        Self {
+            jwks_url: "http://127.0.0.1:4000/.well-known/jwks.json".to_owned(),
+            issuer: "gateway-auth".to_owned(),
+            audience: "gateway".to_owned(),
+            leeway: Duration::from_secs(30),
+            cache_capacity: 10_000,
+            refresh_cooldown: Duration::from_secs(5),
+            refresh_interval: Duration::from_secs(60),
+            fetch_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Who a verified token speaks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// `sub`, forwarded as `X-User-Id`.
+    pub sub: String,
+    /// `role`, forwarded as `X-User-Role`.
+    pub role: String,
+    /// `exp` (Unix seconds).
+    pub exp: u64,
+}
+
+/// Counters for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JwtStats {
+    /// JWKS fetches attempted (background and on-demand).
+    pub jwks_fetches: u64,
+    /// JWKS fetches that failed.
+    pub jwks_fetch_failures: u64,
+    /// Keys currently known.
+    pub keys: usize,
+    /// Tokens currently cached.
+    pub cached_tokens: usize,
+}
+
+#[derive(Deserialize)]
+struct RawHeader {
+    alg: String,
+    kid: Option<String>,
+}
+
+/// Optional so that a missing claim is reported as missing (jsonwebtoken checks presence of
+/// `exp`, `nbf`, `iss`, `aud`, `sub` after deserialising); `role` is checked here.
+#[derive(Deserialize)]
+struct Claims {
+    sub: Option<String>,
+    role: Option<String>,
+    exp: Option<u64>,
+    nbf: Option<u64>,
+}
+
+struct RefreshState {
+    /// When the last fetch caused by an unknown `kid` started (clock time).
+    last_on_demand: Option<Duration>,
+    /// Error of the last fetch, reported while no key is known at all.
+    last_error: Option<String>,
+}
+
+struct Inner {
+    config: JwtConfig,
+    validation: Validation,
+    keys: RwLock<Arc<KeySet>>,
+    cache: TokenCache,
+    clock: Arc<dyn Clock>,
+    client: JwksClient,
+    /// Held for the duration of a fetch: concurrent callers wait for that one fetch
+    /// (single-flight) instead of starting their own. A tokio mutex on purpose: it is held
+    /// across the fetch's `.await`, and only on the rare unknown-`kid` path.
+    refresh: tokio::sync::Mutex<RefreshState>,
+    /// Bumped after every completed fetch, so a waiter can tell that a fetch happened.
+    generation: AtomicU64,
+    fetches: AtomicU64,
+    fetch_failures: AtomicU64,
+}
+
+/// Verifies EdDSA access tokens with the auth service's public keys. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct JwtVerifier {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for JwtVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtVerifier")
+            .field("jwks_url", &self.inner.config.jwks_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtVerifier {
+    /// Builds a verifier with the system clock. When called inside a Tokio runtime it starts a
+    /// background task on it that fetches the JWKS right away and then every
+    /// `refresh_interval`; the task ends when the last clone of the verifier is dropped.
+    pub fn new(config: JwtConfig) -> Result<Self, JwtConfigError> {
+        Self::with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// Like [`JwtVerifier::new`] with an injected clock (tests, benches).
+    pub fn with_clock(config: JwtConfig, clock: Arc<dyn Clock>) -> Result<Self, JwtConfigError> {
+        let uri = parse_jwks_url(&config.jwks_url)?;
+        if config.issuer.is_empty() {
+            return Err(JwtConfigError::Empty("issuer"));
+        }
+        if config.audience.is_empty() {
+            return Err(JwtConfigError::Empty("audience"));
+        }
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_issuer(&[&config.issuer]);
+        validation.set_audience(&[&config.audience]);
+        validation.required_spec_claims = ["exp", "nbf", "iss", "aud", "sub"]
+            .into_iter()
+            .map(String::from)
+            .collect::<HashSet<_>>();
+        // exp/nbf are checked below against the injectable clock (with the leeway).
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        let inner = Arc::new(Inner {
+            validation,
+            keys: RwLock::new(Arc::new(KeySet::new())),
+            cache: TokenCache::new(config.cache_capacity),
+            clock,
+            client: JwksClient::new(uri, config.fetch_timeout),
+            refresh: tokio::sync::Mutex::new(RefreshState {
+                last_on_demand: None,
+                last_error: None,
+            }),
+            generation: AtomicU64::new(0),
+            fetches: AtomicU64::new(0),
+            fetch_failures: AtomicU64::new(0),
+            config,
+        });
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(background_refresh(Arc::downgrade(&inner)));
+        }
+        Ok(Self { inner })
+    }
+
+    /// Verifies `token` (the bare token, without `Bearer `) and returns who it speaks for.
+    pub async fn verify(&self, token: &str) -> Result<Arc<Identity>, JwtError> {
+        let inner = &*self.inner;
+        if token.is_empty() {
+            return Err(JwtError::Missing);
+        }
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(JwtError::Malformed("token too long"));
+        }
+        let now = inner.clock.now().as_secs();
+        if let Some(identity) = inner.cache.get(token, now) {
+            return Ok(identity);
+        }
+
+        let kid = check_header(token)?;
+        let generation = inner.generation.load(Ordering::Acquire);
+        let (kid, key) = match inner.lookup(&kid) {
+            Some(found) => found,
+            None => inner.refresh_for_unknown_kid(kid, generation).await?,
+        };
+
+        let claims = jsonwebtoken::decode::<Claims>(token, &key, &inner.validation)
+            .map_err(map_decode_error)?
+            .claims;
+        let missing = |c: &str| JwtError::MissingClaim(c.to_owned());
+        let (Some(sub), Some(exp), Some(nbf)) = (claims.sub, claims.exp, claims.nbf) else {
+            // Unreachable in practice: jsonwebtoken already required them.
+            return Err(missing("sub/exp/nbf"));
+        };
+        let role = claims.role.ok_or_else(|| missing("role"))?;
+        let leeway = inner.config.leeway.as_secs();
+        if now >= exp.saturating_add(leeway) {
+            return Err(JwtError::Expired);
+        }
+        if nbf > now.saturating_add(leeway) {
+            return Err(JwtError::NotYetValid);
+        }
+        let identity = Arc::new(Identity { sub, role, exp });
+        inner.cache.insert(token, kid, identity.clone(), now);
+        Ok(identity)
+    }
+
+    /// Fetches the JWKS now (e.g. at startup, to be ready before the first request).
+    /// Returns the number of keys known afterwards.
+    pub async fn refresh_now(&self) -> Result<usize, JwtError> {
+        let mut state = self.inner.refresh.lock().await;
+        self.inner
+            .fetch_and_install(&mut state)
+            .await
+            .map_err(JwtError::KeysUnavailable)
+    }
+
+    /// Counters for metrics.
+    pub fn stats(&self) -> JwtStats {
+        JwtStats {
+            jwks_fetches: self.inner.fetches.load(Ordering::Relaxed),
+            jwks_fetch_failures: self.inner.fetch_failures.load(Ordering::Relaxed),
+            keys: self.inner.keys.read().expect("key set lock").len(),
+            cached_tokens: self.inner.cache.len(),
+        }
+    }
+}
+
+/// Validates the header before any key lookup: `alg` must be exactly `EdDSA` (so `none`, `HS*`
+/// with a public key as HMAC secret, `RS*`... never reach a verifier) and a `kid` is required.
+fn check_header(token: &str) -> Result<String, JwtError> {
+    let mut parts = token.split('.');
+    let (Some(header), Some(_payload), Some(signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(JwtError::Malformed("expected three dot-separated segments"));
+    };
+    if signature.is_empty() {
+        return Err(JwtError::Malformed("empty signature"));
+    }
+    let header = URL_SAFE_NO_PAD
+        .decode(header)
+        .map_err(|_| JwtError::Malformed("header is not base64url"))?;
+    let header: RawHeader = serde_json::from_slice(&header)
+        .map_err(|_| JwtError::Malformed("header is not a JSON object with alg"))?;
+    if header.alg != "EdDSA" {
+        return Err(JwtError::DisallowedAlgorithm(header.alg));
+    }
+    header.kid.ok_or(JwtError::MissingKid)
+}
+
+fn map_decode_error(e: jsonwebtoken::errors::Error) -> JwtError {
+    match e.into_kind() {
+        ErrorKind::InvalidSignature => JwtError::BadSignature,
+        ErrorKind::InvalidIssuer => JwtError::WrongIssuer,
+        ErrorKind::InvalidAudience => JwtError::WrongAudience,
+        ErrorKind::ExpiredSignature => JwtError::Expired,
+        ErrorKind::ImmatureSignature => JwtError::NotYetValid,
+        ErrorKind::MissingRequiredClaim(c) => JwtError::MissingClaim(c),
+        ErrorKind::InvalidClaimFormat(c) => {
+            JwtError::InvalidClaims(format!("{c} has the wrong type"))
+        }
+        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => {
+            JwtError::DisallowedAlgorithm("(mismatch)".to_owned())
+        }
+        ErrorKind::Json(e) => JwtError::InvalidClaims(e.to_string()),
+        ErrorKind::Base64(_) => JwtError::Malformed("segment is not base64url"),
+        ErrorKind::Utf8(_) => JwtError::Malformed("segment is not UTF-8"),
+        _ => JwtError::Malformed("not a verifiable JWS"),
+    }
+}
+
+fn parse_jwks_url(url: &str) -> Result<Uri, JwtConfigError> {
+    let err = |reason| JwtConfigError::JwksUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    let uri: Uri = url.parse().map_err(|_| err("not a valid URL"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(_) => return Err(err("only http:// is supported")),
+        None => {
+            return Err(err(
+                "must be absolute, e.g. http://127.0.0.1:4000/.well-known/jwks.json",
+            ));
+        }
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(err("has no host"));
+    }
+    Ok(uri)
+}
+
+impl Inner {
+    fn lookup(&self, kid: &str) -> Option<(Arc<str>, Arc<DecodingKey>)> {
+        let keys = self.keys.read().expect("key set lock");
+        keys.get_key_value(kid).map(|(k, v)| (k.clone(), v.clone()))
+    }
+
+    /// One JWKS fetch for an unknown `kid`, shared by every concurrent caller and at most one
+    /// per cooldown. `seen` is the fetch generation observed before the failed lookup.
+    async fn refresh_for_unknown_kid(
+        &self,
+        kid: String,
+        seen: u64,
+    ) -> Result<(Arc<str>, Arc<DecodingKey>), JwtError> {
+        let mut state = match self.refresh.try_lock() {
+            Ok(state) => state,
+            // A fetch is in flight: wait for it rather than start another.
+            Err(_) => self.refresh.lock().await,
+        };
+        if self.generation.load(Ordering::Acquire) == seen {
+            let now = self.clock.now();
+            let cooling = state
+                .last_on_demand
+                .is_some_and(|last| now.saturating_sub(last) < self.config.refresh_cooldown);
+            if !cooling {
+                state.last_on_demand = Some(now);
+                let _ = self.fetch_and_install(&mut state).await;
+            }
+        }
+        let last_error = state.last_error.clone();
+        drop(state);
+        match self.lookup(&kid) {
+            Some(found) => Ok(found),
+            None => match last_error {
+                Some(e) if self.keys.read().expect("key set lock").is_empty() => {
+                    Err(JwtError::KeysUnavailable(e))
+                }
+                _ => Err(JwtError::UnknownKid(kid)),
+            },
+        }
+    }
+
+    /// Fetches the JWKS and swaps the key set in; `state` proves the caller holds `refresh`.
+    async fn fetch_and_install(&self, state: &mut RefreshState) -> Result<usize, String> {
+        self.fetches.fetch_add(1, Ordering::Relaxed);
+        let result = self.client.fetch().await;
+        state.last_error = result.as_ref().err().cloned();
+        let outcome = match result {
+            Ok(keys) => {
+                let count = keys.len();
+                let changed = {
+                    let mut current = self.keys.write().expect("key set lock");
+                    let changed = current.len() != keys.len()
+                        || current.keys().any(|k| !keys.contains_key(k));
+                    *current = Arc::new(keys);
+                    changed
+                };
+                if changed {
+                    let current = self.keys.read().expect("key set lock").clone();
+                    // Tokens signed by a key that is no longer published are no longer trusted.
+                    self.cache.retain_kids(|kid| current.contains_key(kid));
+                    tracing::info!(keys = count, "JWKS updated");
+                }
+                Ok(count)
+            }
+            Err(e) => {
+                self.fetch_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "JWKS fetch failed; keeping the keys already known");
+                Err(e)
+            }
+        };
+        self.generation.fetch_add(1, Ordering::Release);
+        outcome
+    }
+}
+
+async fn background_refresh(inner: Weak<Inner>) {
+    loop {
+        let interval = {
+            let Some(inner) = inner.upgrade() else { return };
+            {
+                let mut state = inner.refresh.lock().await;
+                let _ = inner.fetch_and_install(&mut state).await;
+            }
+            inner.config.refresh_interval
+        };
+        if interval.is_zero() {
+            return;
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

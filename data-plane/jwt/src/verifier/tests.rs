@@ -1,0 +1,564 @@
+//! Verifier tests against an in-test hyper JWKS server that counts fetches.
+
+use super::*;
+use crate::clock::ManualClock;
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicUsize;
+
+use bytes::Bytes;
+use ed25519_dalek::SigningKey;
+use ed25519_dalek::pkcs8::EncodePrivateKey as _;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use jsonwebtoken::{EncodingKey, Header, encode};
+use serde_json::{Value, json};
+
+/// A test signing key with its JWK.
+struct TestKey {
+    kid: String,
+    encoding: EncodingKey,
+    x: String,
+    raw_public: [u8; 32],
+}
+
+impl TestKey {
+    fn new(kid: &str, seed: u8) -> Self {
+        let signing = SigningKey::from_bytes(&[seed; 32]);
+        let der = signing.to_pkcs8_der().unwrap();
+        let raw_public = signing.verifying_key().to_bytes();
+        Self {
+            kid: kid.to_owned(),
+            encoding: EncodingKey::from_ed_der(der.as_bytes()),
+            x: URL_SAFE_NO_PAD.encode(raw_public),
+            raw_public,
+        }
+    }
+
+    fn jwk(&self) -> Value {
+        json!({"kty": "OKP", "crv": "Ed25519", "x": self.x, "kid": self.kid, "alg": "EdDSA", "use": "sig"})
+    }
+
+    fn sign(&self, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(self.kid.clone());
+        encode(&header, claims, &self.encoding).unwrap()
+    }
+}
+
+/// JWKS server whose document can be swapped and whose fetches are counted.
+struct JwksServer {
+    url: String,
+    body: Arc<Mutex<String>>,
+    fetches: Arc<AtomicUsize>,
+    delay: Arc<Mutex<Duration>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for JwksServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl JwksServer {
+    async fn start(keys: &[&TestKey]) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let body = Arc::new(Mutex::new(String::new()));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let delay = Arc::new(Mutex::new(Duration::ZERO));
+        let (b, f, d) = (body.clone(), fetches.clone(), delay.clone());
+        let task = tokio::spawn(async move {
+            // Connection tasks live in this set, so aborting the server closes them too.
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (b, f, d) = (b.clone(), f.clone(), d.clone());
+                connections.spawn(async move {
+                    let svc = service_fn(move |_req| {
+                        let (b, f, d) = (b.clone(), f.clone(), d.clone());
+                        async move {
+                            f.fetch_add(1, Ordering::SeqCst);
+                            let delay = *d.lock().unwrap();
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            let body = b.lock().unwrap().clone();
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                                Bytes::from(body),
+                            )))
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        let server = Self {
+            url: format!("http://{addr}/.well-known/jwks.json"),
+            body,
+            fetches,
+            delay,
+            task,
+        };
+        server.publish(keys);
+        server
+    }
+
+    fn publish(&self, keys: &[&TestKey]) {
+        let doc = json!({"keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()});
+        *self.body.lock().unwrap() = doc.to_string();
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(Ordering::SeqCst)
+    }
+}
+
+const NOW: u64 = 1_800_000_000;
+
+fn config(url: &str) -> JwtConfig {
+    JwtConfig {
+        jwks_url: url.to_owned(),
+        leeway: Duration::from_secs(30),
+        refresh_cooldown: Duration::from_secs(5),
+        // Only the initial fetch; tests drive everything else.
+        refresh_interval: Duration::ZERO,
+        ..JwtConfig::default()
+    }
+}
+
+/// A verifier on a manual clock, after its initial background fetch completed.
+async fn verifier(server: &JwksServer, cfg: JwtConfig) -> (JwtVerifier, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(Duration::from_secs(NOW)));
+    let v = JwtVerifier::with_clock(cfg, clock.clone()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while v.stats().jwks_fetches < 1 || v.inner.generation.load(Ordering::Acquire) < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "initial JWKS fetch never happened"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(server.fetches(), 1);
+    (v, clock)
+}
+
+fn claims() -> Value {
+    json!({
+        "sub": "alice", "role": "user", "iss": "gateway-auth", "aud": "gateway",
+        "exp": NOW + 900, "iat": NOW, "nbf": NOW, "jti": "j1"
+    })
+}
+
+fn with(mut c: Value, key: &str, v: Value) -> Value {
+    c[key] = v;
+    c
+}
+
+fn without(mut c: Value, key: &str) -> Value {
+    c.as_object_mut().unwrap().remove(key);
+    c
+}
+
+fn b64(v: &Value) -> String {
+    URL_SAFE_NO_PAD.encode(v.to_string())
+}
+
+fn hs256(header: &Value, claims: &Value, secret: &[u8]) -> String {
+    let mut h = Header::new(Algorithm::HS256);
+    h.kid = header["kid"].as_str().map(String::from);
+    encode(&h, claims, &EncodingKey::from_secret(secret).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_validation_table() {
+    let key = TestKey::new("k1", 1);
+    let other = TestKey::new("k1", 2); // same kid, different key material
+    let server = JwksServer::start(&[&key]).await;
+    let (v, _clock) = verifier(&server, config(&server.url)).await;
+    let jwks_text = server.body.lock().unwrap().clone();
+
+    let good = key.sign(&claims());
+    let [h, p, s]: [&str; 3] = good.split('.').collect::<Vec<_>>().try_into().unwrap();
+    let evil_payload = b64(&with(claims(), "role", json!("admin")));
+    let kid_header = json!({"alg": "HS256", "kid": "k1", "typ": "JWT"});
+
+    let cases: Vec<(&str, String, Result<(), JwtError>)> = vec![
+        ("valid", good.clone(), Ok(())),
+        (
+            "expired within leeway",
+            key.sign(&with(claims(), "exp", json!(NOW - 10))),
+            Ok(()),
+        ),
+        (
+            "expired",
+            key.sign(&with(claims(), "exp", json!(NOW - 31))),
+            Err(JwtError::Expired),
+        ),
+        (
+            "nbf within leeway",
+            key.sign(&with(claims(), "nbf", json!(NOW + 30))),
+            Ok(()),
+        ),
+        (
+            "nbf in the future",
+            key.sign(&with(claims(), "nbf", json!(NOW + 31))),
+            Err(JwtError::NotYetValid),
+        ),
+        (
+            "wrong iss",
+            key.sign(&with(claims(), "iss", json!("evil"))),
+            Err(JwtError::WrongIssuer),
+        ),
+        (
+            "wrong aud",
+            key.sign(&with(claims(), "aud", json!("other"))),
+            Err(JwtError::WrongAudience),
+        ),
+        (
+            "aud list with ours",
+            key.sign(&with(claims(), "aud", json!(["x", "gateway"]))),
+            Ok(()),
+        ),
+        (
+            "no exp",
+            key.sign(&without(claims(), "exp")),
+            Err(JwtError::MissingClaim("exp".into())),
+        ),
+        (
+            "no nbf",
+            key.sign(&without(claims(), "nbf")),
+            Err(JwtError::MissingClaim("nbf".into())),
+        ),
+        (
+            "no iss",
+            key.sign(&without(claims(), "iss")),
+            Err(JwtError::MissingClaim("iss".into())),
+        ),
+        (
+            "no aud",
+            key.sign(&without(claims(), "aud")),
+            Err(JwtError::MissingClaim("aud".into())),
+        ),
+        (
+            "no sub",
+            key.sign(&without(claims(), "sub")),
+            Err(JwtError::MissingClaim("sub".into())),
+        ),
+        (
+            "alg none",
+            format!(
+                "{}.{}.",
+                b64(&json!({"alg": "none", "kid": "k1"})),
+                b64(&claims())
+            ),
+            Err(JwtError::Malformed("empty signature")),
+        ),
+        (
+            "alg none with junk signature",
+            format!(
+                "{}.{}.{s}",
+                b64(&json!({"alg": "none", "kid": "k1"})),
+                b64(&claims())
+            ),
+            Err(JwtError::DisallowedAlgorithm("none".into())),
+        ),
+        (
+            "HS256 keyed with the raw public key",
+            hs256(&kid_header, &claims(), &key.raw_public),
+            Err(JwtError::DisallowedAlgorithm("HS256".into())),
+        ),
+        (
+            "HS256 keyed with x",
+            hs256(&kid_header, &claims(), key.x.as_bytes()),
+            Err(JwtError::DisallowedAlgorithm("HS256".into())),
+        ),
+        (
+            "HS256 keyed with the JWKS text",
+            hs256(&kid_header, &claims(), jwks_text.as_bytes()),
+            Err(JwtError::DisallowedAlgorithm("HS256".into())),
+        ),
+        (
+            "RS256 header",
+            format!("{}.{p}.{s}", b64(&json!({"alg": "RS256", "kid": "k1"}))),
+            Err(JwtError::DisallowedAlgorithm("RS256".into())),
+        ),
+        (
+            "tampered payload",
+            format!("{h}.{evil_payload}.{s}"),
+            Err(JwtError::BadSignature),
+        ),
+        (
+            "signed by another key with the same kid",
+            other.sign(&claims()),
+            Err(JwtError::BadSignature),
+        ),
+        (
+            "unknown kid",
+            TestKey::new("nope", 3).sign(&claims()),
+            Err(JwtError::UnknownKid("nope".into())),
+        ),
+        (
+            "no kid",
+            format!("{}.{p}.{s}", b64(&json!({"alg": "EdDSA"}))),
+            Err(JwtError::MissingKid),
+        ),
+        (
+            "signature cut off",
+            format!("{h}.{p}"),
+            Err(JwtError::Malformed("expected three dot-separated segments")),
+        ),
+        (
+            "empty signature",
+            format!("{h}.{p}."),
+            Err(JwtError::Malformed("empty signature")),
+        ),
+        (
+            "four segments",
+            format!("{good}.x"),
+            Err(JwtError::Malformed("expected three dot-separated segments")),
+        ),
+        (
+            "non-base64 header",
+            format!("!!!.{p}.{s}"),
+            Err(JwtError::Malformed("header is not base64url")),
+        ),
+        (
+            "header not JSON",
+            format!("{}.{p}.{s}", URL_SAFE_NO_PAD.encode("hello")),
+            Err(JwtError::Malformed("header is not a JSON object with alg")),
+        ),
+        (
+            "garbage",
+            "abc".to_owned(),
+            Err(JwtError::Malformed("expected three dot-separated segments")),
+        ),
+        ("empty", String::new(), Err(JwtError::Missing)),
+        (
+            "huge",
+            "a".repeat(MAX_TOKEN_BYTES + 1),
+            Err(JwtError::Malformed("token too long")),
+        ),
+    ];
+    for (name, token, want) in cases {
+        let got = v.verify(&token).await.map(|_| ());
+        assert_eq!(got, want, "case {name:?}");
+    }
+    // Truncations: either the base64 or the signature length gives it away; never accepted.
+    for cut in 1..=8 {
+        let err = v.verify(&good[..good.len() - cut]).await.unwrap_err();
+        assert!(
+            matches!(err, JwtError::BadSignature | JwtError::Malformed(_)),
+            "cut {cut}: {err:?}"
+        );
+    }
+    let id = v.verify(&good).await.unwrap();
+    assert_eq!(
+        *id,
+        Identity {
+            sub: "alice".into(),
+            role: "user".into(),
+            exp: NOW + 900
+        }
+    );
+
+    assert_eq!(
+        v.verify(&key.sign(&without(claims(), "role"))).await,
+        Err(JwtError::MissingClaim("role".into()))
+    );
+    // Claims of the wrong shape are refused, not panicked on.
+    for (name, c) in [
+        ("exp as string", with(claims(), "exp", json!("soon"))),
+        ("sub as number", with(claims(), "sub", json!(7))),
+    ] {
+        let err = v.verify(&key.sign(&c)).await.unwrap_err();
+        assert!(
+            matches!(err, JwtError::InvalidClaims(_) | JwtError::MissingClaim(_)),
+            "{name}: {err:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_kid_triggers_one_refresh_and_finds_a_rotated_key() {
+    let k1 = TestKey::new("k1", 1);
+    let k2 = TestKey::new("k2", 2);
+    let server = JwksServer::start(&[&k1]).await;
+    let (v, _clock) = verifier(&server, config(&server.url)).await;
+
+    v.verify(&k1.sign(&claims())).await.unwrap();
+    assert_eq!(server.fetches(), 1, "known kid needs no fetch");
+
+    server.publish(&[&k1, &k2]);
+    let id = v.verify(&k2.sign(&claims())).await.unwrap();
+    assert_eq!(id.sub, "alice");
+    assert_eq!(server.fetches(), 2, "exactly one refresh for the new kid");
+    v.verify(&k2.sign(&with(claims(), "jti", json!("other"))))
+        .await
+        .unwrap();
+    assert_eq!(server.fetches(), 2, "the new key is cached");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn garbage_kids_cannot_hammer_the_auth_service() {
+    let k1 = TestKey::new("k1", 1);
+    let server = JwksServer::start(&[&k1]).await;
+    let (v, clock) = verifier(&server, config(&server.url)).await;
+    // Slow fetches make the concurrent callers overlap with the one in flight.
+    *server.delay.lock().unwrap() = Duration::from_millis(200);
+
+    let flood = (0..50).map(|i| {
+        let v = v.clone();
+        let token = TestKey::new(&format!("garbage-{i}"), 9).sign(&claims());
+        tokio::spawn(async move { v.verify(&token).await })
+    });
+    for r in futures_join(flood).await {
+        assert!(matches!(r, Err(JwtError::UnknownKid(_))), "{r:?}");
+    }
+    assert_eq!(
+        server.fetches(),
+        2,
+        "50 garbage kids at once: one shared fetch"
+    );
+
+    // Within the cooldown no further fetch happens at all.
+    clock.advance(Duration::from_secs(4));
+    for i in 0..20 {
+        let token = TestKey::new(&format!("more-{i}"), 9).sign(&claims());
+        assert!(matches!(
+            v.verify(&token).await,
+            Err(JwtError::UnknownKid(_))
+        ));
+    }
+    assert_eq!(server.fetches(), 2, "cooldown honoured");
+
+    // After the cooldown one more fetch is allowed, and a genuinely new key is found.
+    let k3 = TestKey::new("k3", 3);
+    server.publish(&[&k1, &k3]);
+    *server.delay.lock().unwrap() = Duration::ZERO;
+    clock.advance(Duration::from_secs(1));
+    v.verify(&k3.sign(&claims())).await.unwrap();
+    assert_eq!(server.fetches(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_requests_with_a_new_kid_share_one_fetch() {
+    let k1 = TestKey::new("k1", 1);
+    let k2 = TestKey::new("k2", 2);
+    let server = JwksServer::start(&[&k1]).await;
+    let (v, _clock) = verifier(&server, config(&server.url)).await;
+    server.publish(&[&k1, &k2]);
+    *server.delay.lock().unwrap() = Duration::from_millis(100);
+    let calls = (0..20).map(|i| {
+        let v = v.clone();
+        let token = k2.sign(&with(claims(), "jti", json!(i)));
+        tokio::spawn(async move { v.verify(&token).await })
+    });
+    for r in futures_join(calls).await {
+        assert_eq!(r.unwrap().sub, "alice");
+    }
+    assert_eq!(server.fetches(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn token_cache_never_serves_past_exp() {
+    let k1 = TestKey::new("k1", 1);
+    let server = JwksServer::start(&[&k1]).await;
+    let cfg = JwtConfig {
+        leeway: Duration::ZERO,
+        ..config(&server.url)
+    };
+    let (v, clock) = verifier(&server, cfg).await;
+    let token = k1.sign(&with(claims(), "exp", json!(NOW + 60)));
+
+    v.verify(&token).await.unwrap();
+    assert_eq!(v.stats().cached_tokens, 1);
+    clock.advance(Duration::from_secs(59));
+    assert!(v.verify(&token).await.is_ok(), "cached and still valid");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(v.verify(&token).await, Err(JwtError::Expired));
+    assert_eq!(v.stats().cached_tokens, 0, "the expired entry is gone");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn token_cache_is_dropped_for_keys_no_longer_published() {
+    let k1 = TestKey::new("k1", 1);
+    let k2 = TestKey::new("k2", 2);
+    let server = JwksServer::start(&[&k1, &k2]).await;
+    let (v, _clock) = verifier(&server, config(&server.url)).await;
+    let t1 = k1.sign(&claims());
+    let t2 = k2.sign(&claims());
+    v.verify(&t1).await.unwrap();
+    v.verify(&t2).await.unwrap();
+    assert_eq!(v.stats().cached_tokens, 2);
+
+    server.publish(&[&k2]);
+    assert_eq!(v.refresh_now().await.unwrap(), 1);
+    assert_eq!(v.stats().cached_tokens, 1);
+    assert_eq!(v.verify(&t1).await, Err(JwtError::UnknownKid("k1".into())));
+    v.verify(&t2).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_service_down_keeps_known_keys_and_reports_unavailable_when_none() {
+    let k1 = TestKey::new("k1", 1);
+    let server = JwksServer::start(&[&k1]).await;
+    let (v, _clock) = verifier(&server, config(&server.url)).await;
+    let url = server.url.clone();
+    drop(server);
+    // Known keys keep working while the JWKS endpoint is gone.
+    assert!(v.refresh_now().await.is_err());
+    v.verify(&k1.sign(&claims())).await.unwrap();
+
+    // A verifier that never got keys says so.
+    let clock = Arc::new(ManualClock::new(Duration::from_secs(NOW)));
+    let cold = JwtVerifier::with_clock(config(&url), clock).unwrap();
+    let err = cold.verify(&k1.sign(&claims())).await.unwrap_err();
+    assert!(matches!(err, JwtError::KeysUnavailable(_)), "{err:?}");
+    assert_eq!(err.www_authenticate(), r#"Bearer error="invalid_token""#);
+}
+
+#[test]
+fn config_is_validated() {
+    let bad = |url: &str| {
+        JwtVerifier::new(JwtConfig {
+            jwks_url: url.into(),
+            ..JwtConfig::default()
+        })
+        .unwrap_err()
+    };
+    assert!(
+        bad("https://auth/.well-known/jwks.json")
+            .to_string()
+            .contains("only http://")
+    );
+    assert!(
+        bad("/.well-known/jwks.json")
+            .to_string()
+            .contains("absolute")
+    );
+    assert!(bad("not a url at all").to_string().contains("jwks_url"));
+    let empty_iss = JwtVerifier::new(JwtConfig {
+        issuer: String::new(),
+        ..JwtConfig::default()
+    })
+    .unwrap_err();
+    assert_eq!(empty_iss, JwtConfigError::Empty("issuer"));
+}
+
+async fn futures_join<T: Send + 'static>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for h in handles.collect::<Vec<_>>() {
+        out.push(h.await.unwrap());
+    }
+    out
+}
