@@ -272,6 +272,8 @@ async fn metric_sum(http: &Client, admin: &str, needle: &str) -> Result<f64> {
 }
 
 const FALLBACK_METRIC: &str = "ratelimit_fallback";
+/// The data plane's `--ratelimit-timeout-ms` (decision deadline) from the environment.
+const RATELIMIT_TIMEOUT_ENV: &str = "DP_RATELIMIT_TIMEOUT_MS";
 
 /// Waits (at most `within`) until the current wall-clock minute has at least
 /// `room` left, so a fixed 60 s window (aligned to the minute, on Redis's
@@ -293,7 +295,18 @@ async fn wait_for_room_in_minute(room: Duration, within: Duration) -> Result<()>
 
 #[tokio::test(flavor = "multi_thread")]
 async fn limits_are_shared_exact_and_fully_described() -> Result<()> {
-    let stack = Stack::new().data_planes(3).start().await?;
+    // Exactness needs every decision to reach Redis. With the production
+    // deadline (5 ms), a debug build on a loaded 2-core CI box misses it for
+    // ~1-2% of decisions (the Redis process or the reader task is simply not
+    // scheduled in time), and a missed deadline is decided locally, which can
+    // admit one request too many. This test is about the shared budget, not
+    // latency (the outage test below keeps the default deadline), so it gives
+    // the limiter room. Unknown variables are ignored by processes.
+    let stack = Stack::new()
+        .data_planes(3)
+        .env("*", RATELIMIT_TIMEOUT_ENV, "250")
+        .start()
+        .await?;
     let http = client()?;
     let token = access_token(&http, &stack, "alice", "wonderland").await?;
 

@@ -1,18 +1,140 @@
-//! Cost of one rate-limit decision (filled in below).
-use criterion::{Criterion, criterion_group, criterion_main};
-use gateway_ratelimit::{Algorithm, LocalLimiter, Policy};
+//! Cost of one rate-limit decision: in-process plus the Redis round trip
+//! (against a `redis-server` spawned here on a free loopback port), and the
+//! local limiter alone.
+//!
+//! Run: `cargo bench -p gateway-ratelimit --bench decision`.
 
-fn local(c: &mut Criterion) {
-    let limiter = LocalLimiter::new(100_000);
-    let policy = Policy::new("api", Algorithm::TokenBucket, u32::MAX / 1_000_000, 1).unwrap();
-    let mut now = 0;
-    c.bench_function("local_check_at", |b| {
-        b.iter(|| {
-            now += 1;
-            limiter.check_at(&policy, "alice", now)
-        })
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use futures::future::join_all;
+use gateway_ratelimit::{
+    Algorithm, LocalLimiter, Policy, RateLimiter, RateLimiterOptions, write_headers,
+};
+use http::HeaderMap;
+
+/// Budgets so large that every benchmarked request is admitted (the common case).
+fn roomy(algorithm: Algorithm) -> Policy {
+    Policy::new("bench", algorithm, 1_000_000_000, 1).unwrap()
+}
+
+fn redis(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(support::RedisServer::start());
+    let limiter = rt.block_on(async {
+        let limiter = RateLimiter::new(
+            Some(server.url()),
+            RateLimiterOptions {
+                // Measure Redis, not fallbacks: a slow sample must not turn local.
+                decision_timeout: Duration::from_secs(1),
+                ..RateLimiterOptions::default()
+            },
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !limiter.is_shared() {
+            assert!(std::time::Instant::now() < deadline, "Redis unreachable");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        limiter
+    });
+
+    let mut group = c.benchmark_group("decision");
+    for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+        let policy = roomy(algorithm);
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("redis_{}", algorithm.as_str()), |b| {
+            b.to_async(&rt).iter(|| limiter.check(&policy, "alice"))
+        });
+        // 64 clients at once share the one multiplexed connection: the round
+        // trips overlap (pipelining), so the cost per decision drops.
+        group.throughput(Throughput::Elements(64));
+        group.bench_function(format!("redis_{}_64_concurrent", algorithm.as_str()), |b| {
+            b.to_async(&rt).iter(|| {
+                join_all((0..64).map(|i| {
+                    let policy = &policy;
+                    let limiter = &limiter;
+                    async move { limiter.check(policy, SUBJECTS[i % SUBJECTS.len()]).await }
+                }))
+            })
+        });
+    }
+
+    // A key over its limit: answered from the "denied until" cache, no Redis.
+    let tight = Policy::new("tight", Algorithm::FixedWindow, 1, 3600).unwrap();
+    rt.block_on(async {
+        limiter.check(&tight, "mallory").await;
+        assert!(!limiter.check(&tight, "mallory").await.allowed);
+    });
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("denied_from_cache", |b| {
+        b.to_async(&rt).iter(|| limiter.check(&tight, "mallory"))
+    });
+    group.finish();
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.fallbacks, 0,
+        "every measured decision reached Redis: {stats:?}"
+    );
+    drop(limiter);
+    rt.block_on(async move {
+        let mut server = server;
+        server.kill().await;
     });
 }
 
-criterion_group!(benches, local);
+const SUBJECTS: [&str; 8] = ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7"];
+
+fn local(c: &mut Criterion) {
+    let mut group = c.benchmark_group("local");
+    group.throughput(Throughput::Elements(1));
+
+    // The whole check() path without Redis (async wrapper, stats, local limiter).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter =
+        rt.block_on(async { RateLimiter::new(None, RateLimiterOptions::default()).unwrap() });
+    let policy = roomy(Algorithm::TokenBucket);
+    group.bench_function("limiter_check_without_redis", |b| {
+        b.to_async(&rt).iter(|| limiter.check(&policy, "alice"))
+    });
+
+    // The local limiter alone, clock injected.
+    let local = LocalLimiter::new(100_000);
+    for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+        let policy = roomy(algorithm);
+        let mut now = 0;
+        group.bench_function(format!("check_at_{}", algorithm.as_str()), |b| {
+            b.iter(|| {
+                now += 1;
+                local.check_at(&policy, "alice", now)
+            })
+        });
+    }
+
+    // Writing the five header fields of a denial.
+    let decision = rt.block_on(async {
+        let p = Policy::new("api", Algorithm::TokenBucket, 1, 60).unwrap();
+        limiter.check(&p, "bob").await;
+        (p.clone(), limiter.check(&p, "bob").await)
+    });
+    group.bench_function("write_headers_denied", |b| {
+        b.iter(|| {
+            let mut headers = HeaderMap::new();
+            write_headers(&mut headers, &decision.0, &decision.1);
+            headers
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, local, redis);
 criterion_main!(benches);

@@ -18,10 +18,14 @@
 //! timeout or error that decision is made by the replica's local limiter,
 //! which applies the same policy to budgets kept in that process, and
 //! `gateway_ratelimit_fallbacks_total` counts it. After
-//! `breaker_failure_threshold` consecutive failures (default 3) the breaker
-//! opens: requests stop waiting on Redis at all, and a background probe pings
-//! it every `breaker_open_for` (default 1 s). When it answers, shared limiting
-//! resumes on its own, without a restart.
+//! `breaker_failure_threshold` consecutive failures (default 3) spanning at
+//! least `breaker_min_failure_span` (default 50 ms, so one CPU stall that makes
+//! every in-flight decision late at once does not count as an outage) the
+//! breaker opens: requests stop waiting on Redis at all, and a background probe
+//! pings it every `breaker_open_for` (default 1 s). When it answers, shared
+//! limiting resumes on its own, without a restart. Until the first probe
+//! connects (at startup), decisions are local too: building the limiter never
+//! waits on Redis.
 //!
 //! What a client can get away with during an outage: each replica enforces
 //! the limit on its own, so a client whose requests reach N replicas can get
@@ -32,6 +36,12 @@
 //! and no request waits more than `decision_timeout` on it. When Redis comes
 //! back, its stored budgets resume where they were (they did not see the
 //! outage's traffic); if Redis restarted empty, every budget starts full.
+//!
+//! A single decision that misses its deadline while Redis is otherwise fine
+//! is decided locally too; if Redis then still applies the late script, that
+//! request was counted in both places, so the shared budget errs towards
+//! refusing, and the local decision towards admitting: at most one extra
+//! admission per missed deadline, each one counted in the metrics.
 //!
 //! # Never over-admitting shortcuts
 //! A key Redis has just denied is answered from a local "denied until" cache

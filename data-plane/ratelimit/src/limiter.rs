@@ -11,6 +11,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
@@ -30,6 +31,10 @@ pub struct RateLimiterOptions {
     pub decision_timeout: Duration,
     /// Consecutive Redis failures or timeouts that open the breaker. Default 3.
     pub breaker_failure_threshold: u32,
+    /// ... and how long that streak of failures must have lasted. Default 50 ms:
+    /// a momentary CPU stall that makes every in-flight decision miss its
+    /// deadline at once must not make the replica local for a whole second.
+    pub breaker_min_failure_span: Duration,
     /// While open, how often Redis is probed (so also the longest the breaker
     /// stays open after Redis is back). Default 1 s.
     pub breaker_open_for: Duration,
@@ -48,6 +53,7 @@ impl Default for RateLimiterOptions {
         Self {
             decision_timeout: Duration::from_millis(5),
             breaker_failure_threshold: 3,
+            breaker_min_failure_span: Duration::from_millis(50),
             breaker_open_for: Duration::from_secs(1),
             probe_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_millis(500),
@@ -118,7 +124,11 @@ impl RateLimiter {
                 Some(Shared {
                     store,
                     // Open until the first probe connects, so no request waits on the connect.
-                    breaker: Arc::new(Breaker::new(options.breaker_failure_threshold, true)),
+                    breaker: Arc::new(Breaker::new(
+                        options.breaker_failure_threshold,
+                        options.breaker_min_failure_span.as_millis() as u64,
+                        true,
+                    )),
                     deny_cache: (options.deny_cache_max_keys > 0)
                         .then(|| DenyCache::new(options.deny_cache_max_keys)),
                 })
@@ -165,7 +175,7 @@ impl RateLimiter {
             inner.stats.fallback();
             return inner.local(policy, subject);
         }
-        match timeout(
+        match within_deadline(
             inner.options.decision_timeout,
             shared.store.decide(policy, subject),
         )
@@ -246,7 +256,7 @@ impl Inner {
     }
 
     fn trip(&self, shared: &Shared) {
-        if shared.breaker.record_failure() {
+        if shared.breaker.record_failure(self.now_ms()) {
             self.stats.breaker_opened();
             tracing::warn!(
                 retry_every = ?self.options.breaker_open_for,
@@ -266,6 +276,33 @@ impl Inner {
         false
     }
 }
+
+/// Runs `future` for at most `deadline`, like [`tokio::time::timeout`], with
+/// one difference: when the timer fires, the future gets polled once more after
+/// yielding to the runtime.
+///
+/// On a busy host this task and the Redis connection's reader task are often
+/// woken together after a CPU stall (timer and socket share one driver). If
+/// this task runs first, the answer is already in the socket but not yet
+/// parsed; a plain timeout would call that a miss and decide locally, which
+/// over-admits. Yielding lets the reader deliver it, at no extra wall time.
+async fn within_deadline<F: Future>(deadline: Duration, future: F) -> Result<F::Output, Elapsed> {
+    let mut future = std::pin::pin!(future);
+    if let Ok(output) = timeout(deadline, future.as_mut()).await {
+        return Ok(output);
+    }
+    for _ in 0..2 {
+        tokio::task::yield_now().await;
+        if let Some(output) = future.as_mut().now_or_never() {
+            return Ok(output);
+        }
+    }
+    Err(Elapsed)
+}
+
+/// The decision deadline passed without an answer.
+#[derive(Debug)]
+struct Elapsed;
 
 /// Background task: while the breaker is open, probe Redis every
 /// `breaker_open_for` and close the breaker when it answers.

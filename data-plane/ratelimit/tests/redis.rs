@@ -312,3 +312,66 @@ async fn redis_killed_mid_traffic_stays_fast_falls_back_and_resumes_after_restar
     let check = limiter.check(&policy, "user-0").await;
     assert_eq!(check.source, Source::Shared);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_redis_costs_each_decision_at_most_the_deadline() {
+    let redis = RedisServer::start().await;
+    // Production defaults: a 5 ms decision deadline, a 1 s breaker.
+    let limiter =
+        Arc::new(RateLimiter::new(Some(redis.url()), RateLimiterOptions::default()).unwrap());
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+    let policy = Policy::new("frozen", Algorithm::FixedWindow, 1_000_000, 60).unwrap();
+    let bound = Duration::from_millis(50);
+
+    // SIGSTOP: connections stay open but nothing answers, the worst case for
+    // a client without deadlines (a killed Redis at least refuses at once).
+    redis.signal("-STOP");
+    let before = limiter.stats();
+    let mut slowest = Duration::ZERO;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let batch = (0..16).map(|i| {
+            let limiter = Arc::clone(&limiter);
+            let policy = policy.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let d = limiter.check(&policy, &format!("client-{i}")).await;
+                (started.elapsed(), d)
+            })
+        });
+        for task in futures::future::join_all(batch).await {
+            let (elapsed, decision) = task.unwrap();
+            assert!(decision.allowed, "{decision:?}");
+            slowest = slowest.max(elapsed);
+        }
+        let stats = limiter.stats();
+        if stats.breaker_open && stats.fallbacks >= before.fallbacks + 100 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "breaker never opened: {stats:?}");
+    }
+    assert!(
+        slowest < bound,
+        "a decision took {slowest:?} against a frozen Redis"
+    );
+    let frozen = limiter.stats();
+    assert!(frozen.redis_timeouts > before.redis_timeouts, "{frozen:?}");
+    assert!(frozen.breaker_opened > before.breaker_opened, "{frozen:?}");
+
+    // SIGCONT: the probe sees Redis again and decisions are shared once more.
+    redis.signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let d = limiter.check(&policy, "client-0").await;
+        if d.source == Source::Shared {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "did not resume: {:?}",
+            limiter.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(limiter.is_shared());
+}

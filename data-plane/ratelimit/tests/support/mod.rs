@@ -140,6 +140,21 @@ impl RedisServer {
         )
     }
 
+    /// Sends `signal` (e.g. `-STOP`, `-CONT`) to Redis with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(|c| c.id())
+            .expect("redis-server is running");
+        let status = std::process::Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill(1)");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// Kills Redis (SIGKILL: no goodbye to clients) and reaps it.
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
