@@ -9,7 +9,7 @@
 //!
 //! * A successor is generated `publish_lead` seconds before the current key's interval ends, so
 //!   every verifier that refreshes its JWKS at least that often knows the key before it sees a
-//!   token signed with it. The JWKS `max-age` never exceeds the publish lead.
+//!   token signed with it. The JWKS `max-age` is at most half the publish lead.
 //! * When a successor is generated, the current key gets `retires_at` = the successor's
 //!   activation + access-token TTL + a margin: it stays published until every token it could
 //!   have signed has expired, then its files are deleted.
@@ -67,10 +67,10 @@ impl RotationPolicy {
         }
     }
 
-    /// `Cache-Control: max-age` for the JWKS: never longer than the publish lead, so a cache
-    /// that honours it always sees a new key before that key signs.
+    /// `Cache-Control: max-age` for the JWKS: at most half the publish lead, so a cache that
+    /// honours it sees a new key well before that key signs.
     pub fn jwks_max_age(&self) -> u64 {
-        self.publish_lead.min(MAX_JWKS_MAX_AGE_SECS)
+        (self.publish_lead / 2).clamp(1, MAX_JWKS_MAX_AGE_SECS)
     }
 }
 
@@ -459,7 +459,7 @@ mod tests {
     fn publish_lead_is_capped_and_bounds_max_age() {
         let p = RotationPolicy::new(Duration::from_secs(4), Duration::from_secs(120));
         assert_eq!(p.publish_lead, 2);
-        assert_eq!(p.jwks_max_age(), 2);
+        assert_eq!(p.jwks_max_age(), 1);
         let p = RotationPolicy::new(Duration::from_secs(86_400), Duration::from_secs(120));
         assert_eq!(p.publish_lead, 120);
         assert_eq!(p.jwks_max_age(), MAX_JWKS_MAX_AGE_SECS);

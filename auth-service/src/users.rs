@@ -370,16 +370,23 @@ mod tests {
         assert!(read_password(&[0xff, 0xfe][..]).is_err());
     }
 
-    /// Median of a few runs, so one scheduling hiccup does not decide the test.
-    async fn median_login(s: &UserStore, user: &str, pw: &str) -> Duration {
-        let mut v = Vec::new();
-        for _ in 0..5 {
-            let t = Instant::now();
-            assert!(s.verify(user, pw).await.unwrap().is_none());
-            v.push(t.elapsed());
+    /// Medians of interleaved runs, so load on the machine hits both sides alike.
+    async fn median_logins(
+        s: &UserStore,
+        a: (&str, &str),
+        b: (&str, &str),
+    ) -> (Duration, Duration) {
+        let (mut ta, mut tb) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            for ((user, pw), times) in [(a, &mut ta), (b, &mut tb)] {
+                let t = Instant::now();
+                assert!(s.verify(user, pw).await.unwrap().is_none());
+                times.push(t.elapsed());
+            }
         }
-        v.sort();
-        v[2]
+        ta.sort();
+        tb.sort();
+        (ta[3], tb[3])
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -388,12 +395,12 @@ mod tests {
         s.add_user("alice", "user", "wonderland".into(), false)
             .await
             .unwrap();
-        let wrong_pw = median_login(&s, "alice", "nope").await;
-        let unknown = median_login(&s, "mallory", "nope").await;
+        let (wrong_pw, unknown) = median_logins(&s, ("alice", "nope"), ("mallory", "nope")).await;
         let ratio = unknown.as_secs_f64() / wrong_pw.as_secs_f64();
-        // Without the dummy hash an unknown user would answer ~100x faster.
+        // Without the dummy hash an unknown user would answer ~100x faster; the bounds are wide
+        // because the machine is shared.
         assert!(
-            (0.5..2.0).contains(&ratio),
+            (0.33..3.0).contains(&ratio),
             "unknown user {unknown:?} vs wrong password {wrong_pw:?}"
         );
         assert!(

@@ -88,14 +88,15 @@ impl JwksClient {
         }
     }
 
-    /// Fetches and parses the JWKS, within the configured timeout.
-    pub(crate) async fn fetch(&self) -> Result<KeySet, String> {
+    /// Fetches and parses the JWKS, within the configured timeout. Also returns the response's
+    /// `Cache-Control: max-age`, which paces the background refresh.
+    pub(crate) async fn fetch(&self) -> Result<(KeySet, Option<Duration>), String> {
         tokio::time::timeout(self.timeout, self.fetch_inner())
             .await
             .map_err(|_| format!("fetching {} timed out after {:?}", self.uri, self.timeout))?
     }
 
-    async fn fetch_inner(&self) -> Result<KeySet, String> {
+    async fn fetch_inner(&self) -> Result<(KeySet, Option<Duration>), String> {
         let req = Request::get(self.uri.clone())
             .header(header::ACCEPT, "application/jwk-set+json, application/json")
             .body(Empty::new())
@@ -108,13 +109,34 @@ impl JwksClient {
         if resp.status() != StatusCode::OK {
             return Err(format!("fetching {}: HTTP {}", self.uri, resp.status()));
         }
+        let max_age = resp
+            .headers()
+            .get(header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok())
+            .and_then(max_age);
         let body = Limited::new(resp.into_body(), MAX_JWKS_BYTES)
             .collect()
             .await
             .map_err(|e| format!("reading {}: {e}", self.uri))?
             .to_bytes();
-        parse_jwks(&body)
+        Ok((parse_jwks(&body)?, max_age))
     }
+}
+
+/// The `max-age` directive of a `Cache-Control` value.
+fn max_age(cache_control: &str) -> Option<Duration> {
+    cache_control.split(',').find_map(|directive| {
+        let (name, value) = directive.trim().split_once('=')?;
+        if !name.trim().eq_ignore_ascii_case("max-age") {
+            return None;
+        }
+        value
+            .trim()
+            .trim_matches('"')
+            .parse()
+            .ok()
+            .map(Duration::from_secs)
+    })
 }
 
 #[cfg(test)]
@@ -141,6 +163,14 @@ mod tests {
         let mut kids: Vec<&str> = keys.keys().map(|k| &**k).collect();
         kids.sort();
         assert_eq!(kids, vec!["good", "no-alg"]);
+    }
+
+    #[test]
+    fn max_age_is_read_from_cache_control() {
+        assert_eq!(max_age("public, max-age=60"), Some(Duration::from_secs(60)));
+        assert_eq!(max_age("MAX-AGE=\"5\""), Some(Duration::from_secs(5)));
+        assert_eq!(max_age("no-cache"), None);
+        assert_eq!(max_age("max-age=soon"), None);
     }
 
     #[test]

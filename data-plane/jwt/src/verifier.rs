@@ -41,8 +41,10 @@ pub struct JwtConfig {
     /// Minimum time between two JWKS fetches triggered by unknown `kid`s (default 5 s), so a
     /// flood of garbage `kid`s cannot hammer the auth service.
     pub refresh_cooldown: Duration,
-    /// Background JWKS refresh period, so rotated keys appear (default 60 s). Zero disables the
-    /// periodic refresh; the initial fetch still happens.
+    /// Longest background JWKS refresh period, so rotated keys appear (default 60 s). A shorter
+    /// `Cache-Control: max-age` on the JWKS response (at least 1 s) takes precedence, so keys
+    /// published ahead of use are known before they sign. Zero disables the periodic refresh;
+    /// the initial fetch still happens.
     pub refresh_interval: Duration,
     /// Timeout of one JWKS fetch, connect included (default 2 s).
     pub fetch_timeout: Duration,
@@ -123,6 +125,8 @@ struct Inner {
     refresh: tokio::sync::Mutex<RefreshState>,
     /// Bumped after every completed fetch, so a waiter can tell that a fetch happened.
     generation: AtomicU64,
+    /// `max-age` of the last JWKS response, in milliseconds (0: none).
+    max_age_ms: AtomicU64,
     fetches: AtomicU64,
     fetch_failures: AtomicU64,
 }
@@ -179,6 +183,7 @@ impl JwtVerifier {
                 last_error: None,
             }),
             generation: AtomicU64::new(0),
+            max_age_ms: AtomicU64::new(0),
             fetches: AtomicU64::new(0),
             fetch_failures: AtomicU64::new(0),
             config,
@@ -317,7 +322,24 @@ fn parse_jwks_url(url: &str) -> Result<Uri, JwtConfigError> {
     Ok(uri)
 }
 
+/// The background refresh never runs more often than this, whatever `max-age` says.
+const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
 impl Inner {
+    /// Delay until the next background fetch: `refresh_interval`, shortened to the JWKS
+    /// `max-age` when that is smaller; `None` when periodic refresh is disabled.
+    fn next_background_refresh(&self) -> Option<Duration> {
+        let configured = self.config.refresh_interval;
+        if configured.is_zero() {
+            return None;
+        }
+        let max_age = match self.max_age_ms.load(Ordering::Relaxed) {
+            0 => configured,
+            ms => Duration::from_millis(ms).max(MIN_REFRESH_INTERVAL),
+        };
+        Some(configured.min(max_age))
+    }
+
     fn lookup(&self, kid: &str) -> Option<(Arc<str>, Arc<DecodingKey>)> {
         let keys = self.keys.read().expect("key set lock");
         keys.get_key_value(kid).map(|(k, v)| (k.clone(), v.clone()))
@@ -364,7 +386,10 @@ impl Inner {
         let result = self.client.fetch().await;
         state.last_error = result.as_ref().err().cloned();
         let outcome = match result {
-            Ok(keys) => {
+            Ok((keys, max_age)) => {
+                let max_age_ms =
+                    max_age.map_or(0, |m| u64::try_from(m.as_millis()).unwrap_or(u64::MAX));
+                self.max_age_ms.store(max_age_ms, Ordering::Relaxed);
                 let count = keys.len();
                 let changed = {
                     let mut current = self.keys.write().expect("key set lock");
@@ -400,11 +425,9 @@ async fn background_refresh(inner: Weak<Inner>) {
                 let mut state = inner.refresh.lock().await;
                 let _ = inner.fetch_and_install(&mut state).await;
             }
-            inner.config.refresh_interval
+            inner.next_background_refresh()
         };
-        if interval.is_zero() {
-            return;
-        }
+        let Some(interval) = interval else { return };
         tokio::time::sleep(interval).await;
     }
 }

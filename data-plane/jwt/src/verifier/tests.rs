@@ -48,12 +48,19 @@ impl TestKey {
     }
 }
 
+/// What the test JWKS server serves, and how often it was asked.
+#[derive(Default)]
+struct ServerState {
+    body: Mutex<String>,
+    fetches: AtomicUsize,
+    delay: Mutex<Duration>,
+    cache_control: Mutex<Option<&'static str>>,
+}
+
 /// JWKS server whose document can be swapped and whose fetches are counted.
 struct JwksServer {
     url: String,
-    body: Arc<Mutex<String>>,
-    fetches: Arc<AtomicUsize>,
-    delay: Arc<Mutex<Duration>>,
+    state: Arc<ServerState>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -63,14 +70,31 @@ impl Drop for JwksServer {
     }
 }
 
+async fn serve_jwks(
+    state: Arc<ServerState>,
+) -> Result<hyper::Response<Full<Bytes>>, std::convert::Infallible> {
+    state.fetches.fetch_add(1, Ordering::SeqCst);
+    let delay = *state.delay.lock().unwrap();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let body = state.body.lock().unwrap().clone();
+    let mut resp = hyper::Response::new(Full::new(Bytes::from(body)));
+    if let Some(cc) = *state.cache_control.lock().unwrap() {
+        resp.headers_mut().insert(
+            http::header::CACHE_CONTROL,
+            http::HeaderValue::from_static(cc),
+        );
+    }
+    Ok(resp)
+}
+
 impl JwksServer {
     async fn start(keys: &[&TestKey]) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let body = Arc::new(Mutex::new(String::new()));
-        let fetches = Arc::new(AtomicUsize::new(0));
-        let delay = Arc::new(Mutex::new(Duration::ZERO));
-        let (b, f, d) = (body.clone(), fetches.clone(), delay.clone());
+        let state = Arc::new(ServerState::default());
+        let shared = state.clone();
         let task = tokio::spawn(async move {
             // Connection tasks live in this set, so aborting the server closes them too.
             let mut connections = tokio::task::JoinSet::new();
@@ -78,22 +102,9 @@ impl JwksServer {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (b, f, d) = (b.clone(), f.clone(), d.clone());
+                let state = shared.clone();
                 connections.spawn(async move {
-                    let svc = service_fn(move |_req| {
-                        let (b, f, d) = (b.clone(), f.clone(), d.clone());
-                        async move {
-                            f.fetch_add(1, Ordering::SeqCst);
-                            let delay = *d.lock().unwrap();
-                            if !delay.is_zero() {
-                                tokio::time::sleep(delay).await;
-                            }
-                            let body = b.lock().unwrap().clone();
-                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
-                                Bytes::from(body),
-                            )))
-                        }
-                    });
+                    let svc = service_fn(move |_req| serve_jwks(state.clone()));
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
@@ -102,9 +113,7 @@ impl JwksServer {
         });
         let server = Self {
             url: format!("http://{addr}/.well-known/jwks.json"),
-            body,
-            fetches,
-            delay,
+            state,
             task,
         };
         server.publish(keys);
@@ -113,11 +122,11 @@ impl JwksServer {
 
     fn publish(&self, keys: &[&TestKey]) {
         let doc = json!({"keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()});
-        *self.body.lock().unwrap() = doc.to_string();
+        *self.state.body.lock().unwrap() = doc.to_string();
     }
 
     fn fetches(&self) -> usize {
-        self.fetches.load(Ordering::SeqCst)
+        self.state.fetches.load(Ordering::SeqCst)
     }
 }
 
@@ -183,7 +192,7 @@ async fn claim_validation_table() {
     let other = TestKey::new("k1", 2); // same kid, different key material
     let server = JwksServer::start(&[&key]).await;
     let (v, _clock) = verifier(&server, config(&server.url)).await;
-    let jwks_text = server.body.lock().unwrap().clone();
+    let jwks_text = server.state.body.lock().unwrap().clone();
 
     let good = key.sign(&claims());
     let [h, p, s]: [&str; 3] = good.split('.').collect::<Vec<_>>().try_into().unwrap();
@@ -412,7 +421,7 @@ async fn garbage_kids_cannot_hammer_the_auth_service() {
     let server = JwksServer::start(&[&k1]).await;
     let (v, clock) = verifier(&server, config(&server.url)).await;
     // Slow fetches make the concurrent callers overlap with the one in flight.
-    *server.delay.lock().unwrap() = Duration::from_millis(200);
+    *server.state.delay.lock().unwrap() = Duration::from_millis(200);
 
     let flood = (0..50).map(|i| {
         let v = v.clone();
@@ -442,7 +451,7 @@ async fn garbage_kids_cannot_hammer_the_auth_service() {
     // After the cooldown one more fetch is allowed, and a genuinely new key is found.
     let k3 = TestKey::new("k3", 3);
     server.publish(&[&k1, &k3]);
-    *server.delay.lock().unwrap() = Duration::ZERO;
+    *server.state.delay.lock().unwrap() = Duration::ZERO;
     clock.advance(Duration::from_secs(1));
     v.verify(&k3.sign(&claims())).await.unwrap();
     assert_eq!(server.fetches(), 3);
@@ -455,7 +464,7 @@ async fn concurrent_requests_with_a_new_kid_share_one_fetch() {
     let server = JwksServer::start(&[&k1]).await;
     let (v, _clock) = verifier(&server, config(&server.url)).await;
     server.publish(&[&k1, &k2]);
-    *server.delay.lock().unwrap() = Duration::from_millis(100);
+    *server.state.delay.lock().unwrap() = Duration::from_millis(100);
     let calls = (0..20).map(|i| {
         let v = v.clone();
         let token = k2.sign(&with(claims(), "jti", json!(i)));
@@ -523,6 +532,33 @@ async fn auth_service_down_keeps_known_keys_and_reports_unavailable_when_none() 
     let err = cold.verify(&k1.sign(&claims())).await.unwrap_err();
     assert!(matches!(err, JwtError::KeysUnavailable(_)), "{err:?}");
     assert_eq!(err.www_authenticate(), r#"Bearer error="invalid_token""#);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn background_refresh_follows_a_short_max_age() {
+    let k1 = TestKey::new("k1", 1);
+    let k2 = TestKey::new("k2", 2);
+    let server = JwksServer::start(&[&k1]).await;
+    *server.state.cache_control.lock().unwrap() = Some("public, max-age=1");
+    let cfg = JwtConfig {
+        refresh_interval: Duration::from_secs(60),
+        ..config(&server.url)
+    };
+    let (v, _clock) = verifier(&server, cfg).await;
+    // A key published ahead of use is picked up by the periodic refresh (every max-age = 1 s,
+    // not every 60 s), without any request having to miss first.
+    server.publish(&[&k1, &k2]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while v.stats().keys < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "periodic refresh ignored max-age"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fetches = server.fetches();
+    v.verify(&k2.sign(&claims())).await.unwrap();
+    assert_eq!(server.fetches(), fetches, "k2 was already known");
 }
 
 #[test]
