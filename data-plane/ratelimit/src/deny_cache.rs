@@ -38,7 +38,7 @@ impl DenyCache {
     }
 
     /// A denial for `subject` if one is known at `now_ms`, with waits counted from now.
-    pub(crate) fn get(&self, policy: &Policy, subject: &str, now_ms: u64) -> Option<Outcome> {
+    pub(crate) fn get(&self, policy: &Policy, subject: &[u8], now_ms: u64) -> Option<Outcome> {
         self.map.update(
             policy.name_arc(),
             subject,
@@ -63,7 +63,7 @@ impl DenyCache {
     }
 
     /// Records a denial Redis reported; `now_ms` is when its answer arrived.
-    pub(crate) fn insert(&self, policy: &Policy, subject: &str, outcome: &Outcome, now_ms: u64) {
+    pub(crate) fn insert(&self, policy: &Policy, subject: &[u8], outcome: &Outcome, now_ms: u64) {
         debug_assert!(!outcome.allowed);
         let entry = Entry {
             algorithm: policy.algorithm(),
@@ -89,24 +89,24 @@ mod tests {
     fn a_denial_is_replayed_until_it_expires_with_shrinking_waits() {
         let cache = DenyCache::new(100);
         let p = Policy::new("api", Algorithm::TokenBucket, 20, 60).unwrap();
-        assert!(cache.get(&p, "alice", 0).is_none());
+        assert!(cache.get(&p, b"alice", 0).is_none());
         let denial = Outcome {
             allowed: false,
             remaining: 0,
             reset_after_ms: 60_000,
             retry_after_ms: 3_000,
         };
-        cache.insert(&p, "alice", &denial, 1_000);
-        let hit = cache.get(&p, "alice", 2_000).unwrap();
+        cache.insert(&p, b"alice", &denial, 1_000);
+        let hit = cache.get(&p, b"alice", 2_000).unwrap();
         assert!(!hit.allowed);
         assert_eq!(hit.retry_after_ms, 2_000);
         assert_eq!(hit.reset_after_ms, 59_000);
-        assert!(cache.get(&p, "bob", 2_000).is_none());
+        assert!(cache.get(&p, b"bob", 2_000).is_none());
         assert!(
-            cache.get(&p, "alice", 4_000).is_none(),
+            cache.get(&p, b"alice", 4_000).is_none(),
             "expired at 1000 + 3000"
         );
-        assert!(cache.get(&p, "alice", 2_000).is_none(), "and forgotten");
+        assert!(cache.get(&p, b"alice", 2_000).is_none(), "and forgotten");
     }
 
     #[test]
@@ -120,7 +120,7 @@ mod tests {
             reset_after_ms: 60_000,
             retry_after_ms: 3_000,
         };
-        cache.insert(&p, "alice", &denial, 0);
-        assert!(cache.get(&bigger, "alice", 1).is_none());
+        cache.insert(&p, b"alice", &denial, 0);
+        assert!(cache.get(&bigger, b"alice", 1).is_none());
     }
 }

@@ -95,7 +95,13 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// Writes the rate-limit fields of `decision` under `policy` into `headers`,
 /// replacing any previous values (e.g. from the upstream's own limiter).
 pub fn write_headers(headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
-    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(decision.limit));
+    // The decision's limit is the policy's; the prebuilt value saves an allocation.
+    let limit = if decision.limit == policy.limit() {
+        policy.limit_header().clone()
+    } else {
+        HeaderValue::from(decision.limit)
+    };
+    headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
     headers.insert(
         X_RATELIMIT_REMAINING.clone(),
         HeaderValue::from(decision.remaining),

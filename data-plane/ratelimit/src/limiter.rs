@@ -155,11 +155,16 @@ impl RateLimiter {
         Ok(Self { inner, prober })
     }
 
-    /// Decides one request of `subject` (a user id or client IP) under `policy`.
+    /// Decides one request of `subject` (a user id or client IP; any bytes)
+    /// under `policy`.
     ///
     /// Always returns within about `decision_timeout`; never fails: when Redis
     /// cannot decide, the local limiter does ([`Source::Local`]).
-    pub async fn check(&self, policy: &Policy, subject: &str) -> Decision {
+    pub async fn check(&self, policy: &Policy, subject: impl AsRef<[u8]>) -> Decision {
+        self.check_bytes(policy, subject.as_ref()).await
+    }
+
+    async fn check_bytes(&self, policy: &Policy, subject: &[u8]) -> Decision {
         let inner = &*self.inner;
         let Some(shared) = &inner.shared else {
             return inner.local(policy, subject);
@@ -249,7 +254,7 @@ impl Inner {
         self.started_epoch_ms + self.started.elapsed().as_millis() as u64
     }
 
-    fn local(&self, policy: &Policy, subject: &str) -> Decision {
+    fn local(&self, policy: &Policy, subject: &[u8]) -> Decision {
         let outcome = self.local.check_at(policy, subject, self.now_ms());
         self.stats.decision(Source::Local, outcome.allowed);
         Decision::from_outcome(policy, outcome, Source::Local)

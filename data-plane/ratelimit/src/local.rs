@@ -62,7 +62,8 @@ impl LocalLimiter {
     }
 
     /// Decides one request of `subject` under `policy` at `now_ms`.
-    pub fn check_at(&self, policy: &Policy, subject: &str, now_ms: u64) -> Outcome {
+    pub fn check_at(&self, policy: &Policy, subject: impl AsRef<[u8]>, now_ms: u64) -> Outcome {
+        let subject = subject.as_ref();
         let limit = policy.limit();
         let window_ms = policy.window_ms();
         self.map.update(
@@ -171,7 +172,7 @@ mod tests {
         let p = Policy::new("ip", Algorithm::FixedWindow, 1, 1).unwrap();
         for i in 0..10_000u64 {
             // Each second, a new crowd of clients; old windows are idle.
-            local.check_at(&p, &format!("10.0.{}.{}", i / 256, i % 256), i * 10);
+            local.check_at(&p, format!("10.0.{}.{}", i / 256, i % 256), i * 10);
         }
         assert!(local.len() <= 256 + 64, "{} entries", local.len());
         assert!(!local.is_empty());

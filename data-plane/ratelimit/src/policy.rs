@@ -88,6 +88,8 @@ struct Inner {
     window_seconds: u32,
     /// `RateLimit-Policy` field value, built once: it never changes for a policy.
     policy_header: HeaderValue,
+    /// `X-RateLimit-Limit` field value, built once (cloning it does not allocate).
+    limit_header: HeaderValue,
 }
 
 impl PartialEq for Policy {
@@ -138,6 +140,7 @@ impl Policy {
                 limit,
                 window_seconds,
                 policy_header,
+                limit_header: HeaderValue::from(limit),
             }),
         })
     }
@@ -182,17 +185,23 @@ impl Policy {
         &self.inner.policy_header
     }
 
+    /// The prebuilt `X-RateLimit-Limit` field value.
+    pub fn limit_header(&self) -> &HeaderValue {
+        &self.inner.limit_header
+    }
+
     /// The Redis key of `subject`'s budget: `rl:{<policy>:<subject>}`.
     ///
     /// The whole name is a hash tag, so on Redis Cluster every key of a budget
     /// maps to one slot (each script touches exactly this one key).
-    pub fn redis_key(&self, subject: &str) -> String {
-        let mut key = String::with_capacity(6 + self.inner.name.len() + subject.len());
-        key.push_str("rl:{");
-        key.push_str(&self.inner.name);
-        key.push(':');
-        key.push_str(subject);
-        key.push('}');
+    pub fn redis_key(&self, subject: impl AsRef<[u8]>) -> Vec<u8> {
+        let subject = subject.as_ref();
+        let mut key = Vec::with_capacity(6 + self.inner.name.len() + subject.len());
+        key.extend_from_slice(b"rl:{");
+        key.extend_from_slice(self.inner.name.as_bytes());
+        key.push(b':');
+        key.extend_from_slice(subject);
+        key.push(b'}');
         key
     }
 
@@ -228,8 +237,9 @@ mod tests {
         assert_eq!(p.window(), Duration::from_secs(60));
         assert_eq!(p.window_ms(), 60_000);
         assert_eq!(p.policy_header(), "\"api\";q=20;w=60");
-        assert_eq!(p.redis_key("alice"), "rl:{api:alice}");
-        assert_eq!(p.redis_key("127.0.0.1"), "rl:{api:127.0.0.1}");
+        assert_eq!(p.limit_header(), "20");
+        assert_eq!(p.redis_key("alice"), b"rl:{api:alice}");
+        assert_eq!(p.redis_key("127.0.0.1"), b"rl:{api:127.0.0.1}");
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl RedisStore {
     }
 
     /// Spends one unit of `subject`'s budget under `policy`, atomically in Redis.
-    pub(crate) async fn decide(&self, policy: &Policy, subject: &str) -> RedisResult<Outcome> {
+    pub(crate) async fn decide(&self, policy: &Policy, subject: &[u8]) -> RedisResult<Outcome> {
         let script = match policy.algorithm() {
             Algorithm::TokenBucket => &self.token_bucket,
             Algorithm::FixedWindow => &self.fixed_window,

@@ -22,7 +22,7 @@ pub(crate) enum Write<V> {
 
 struct Slot<V> {
     policy: Arc<str>,
-    subject: Box<str>,
+    subject: Box<[u8]>,
     value: V,
 }
 
@@ -66,11 +66,11 @@ impl<V> ShardedMap<V> {
         }
     }
 
-    fn hash(&self, policy: &str, subject: &str) -> u64 {
+    fn hash(&self, policy: &str, subject: &[u8]) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write(policy.as_bytes());
         h.write_u8(0xff); // not valid UTF-8, so no (policy, subject) split is ambiguous
-        h.write(subject.as_bytes());
+        h.write(subject);
         h.finish()
     }
 
@@ -90,7 +90,7 @@ impl<V> ShardedMap<V> {
     pub(crate) fn update<R>(
         &self,
         policy: &Arc<str>,
-        subject: &str,
+        subject: &[u8],
         f: impl FnOnce(Option<&V>) -> (R, Write<V>),
         is_stale: impl Fn(&V) -> bool,
     ) -> R {
@@ -162,7 +162,7 @@ mod tests {
     fn bump(map: &ShardedMap<u32>, policy: &Arc<str>, subject: &str) -> u32 {
         map.update(
             policy,
-            subject,
+            subject.as_bytes(),
             |v| {
                 let n = v.copied().unwrap_or(0) + 1;
                 (n, Write::Set(n))
@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(bump(&map, &b, "x"), 1);
         assert_eq!(bump(&map, &a, "y"), 1);
         assert_eq!(map.len(), 3);
-        map.update(&a, "x", |_| ((), Write::Remove), |_| false);
+        map.update(&a, b"x", |_| ((), Write::Remove), |_| false);
         assert_eq!(map.len(), 2);
         assert_eq!(bump(&map, &a, "x"), 1);
     }
@@ -194,7 +194,7 @@ mod tests {
         for i in 0..64 {
             map.update(
                 &p,
-                &format!("stale-{i}"),
+                format!("stale-{i}").as_bytes(),
                 |_| ((), Write::Set(0)),
                 |v| *v == 0,
             );
@@ -202,7 +202,7 @@ mod tests {
         for i in 0..1_000 {
             map.update(
                 &p,
-                &format!("live-{i}"),
+                format!("live-{i}").as_bytes(),
                 |_| ((), Write::Set(1)),
                 |v| *v == 0,
             );
@@ -210,7 +210,7 @@ mod tests {
         }
         // The newest key is always present right after its insert.
         assert_eq!(
-            map.update(&p, "live-999", |v| (v.copied(), Write::Keep), |_| false),
+            map.update(&p, b"live-999", |v| (v.copied(), Write::Keep), |_| false),
             Some(1)
         );
     }
