@@ -2,6 +2,7 @@
 //! makes sure Redis is installed, starts the stack, prints how to use it,
 //! and stops everything on SIGINT/SIGTERM.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -62,6 +63,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("devstack=info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 

@@ -1,1 +1,223 @@
-//! skeleton
+//! Small helpers shared by the black-box suites in `tests/tests/*.rs`.
+//! Stacks themselves come from the `devstack` library
+//! (`devstack::Stack::new().data_planes(3).start().await?`); this crate only
+//! adds what several suites need to talk to one:
+//!
+//! * [`client`]: a `reqwest` client for loopback targets (no proxy, timeouts);
+//! * [`login`]: an access token from the auth service (or a gateway's `/auth/login`);
+//! * [`poll`]: retry a check until it passes or a deadline expires (never sleep-and-hope);
+//! * [`raw_request`]: send bytes exactly as written, for requests `reqwest`
+//!   would normalise (`%2e%2e` paths, hop-by-hop headers);
+//! * [`open_route`]: an `AUTH_NONE` route for tests that are not about auth;
+//! * [`rss_kib`]: a process's resident memory, from `/proc`.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use gateway_proto::v1::{AuthMode, Route};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A client for the stack's loopback addresses: never uses a proxy from the
+/// environment, 30 s overall timeout per request.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("a plain HTTP client always builds")
+}
+
+/// Logs in at `base` (the auth service URL, or a gateway URL: both serve
+/// `POST /auth/login`) and returns the access token.
+pub async fn login(base: &str, username: &str, password: &str) -> anyhow::Result<String> {
+    let response = client()
+        .post(format!("{base}/auth/login"))
+        .json(&serde_json::json!({"username": username, "password": password}))
+        .send()
+        .await
+        .with_context(|| format!("POST {base}/auth/login"))?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.context("login answer is not JSON")?;
+    if !status.is_success() {
+        bail!("login as {username} answered {status}: {body}");
+    }
+    body["access_token"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("login answer has no access_token: {body}"))
+}
+
+/// Runs `check` every 50 ms until it returns `Ok`, and returns that value;
+/// fails with the last error once `timeout` has passed.
+pub async fn poll<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return Ok(value),
+            Err(last) if tokio::time::Instant::now() >= deadline => {
+                bail!("timed out after {timeout:?} waiting for {what}; last: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// A response read by [`raw_request`].
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    /// Status code.
+    pub status: u16,
+    /// Headers in order, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// The body, de-chunked when it was chunked.
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    /// The first value of header `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON.
+    pub fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_slice(&self.body)
+            .with_context(|| format!("body is not JSON: {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// Sends `head` (request line and headers, each line ending in `\r\n`,
+/// WITHOUT the final empty line) to `base_url` ("http://127.0.0.1:P") on a
+/// new connection, adds `Connection: close` and the empty line, and reads
+/// the whole response. Nothing is normalised: the bytes go out as written.
+pub async fn raw_request(base_url: &str, head: &str) -> anyhow::Result<RawResponse> {
+    let addr = base_url
+        .strip_prefix("http://")
+        .with_context(|| format!("{base_url} is not an http:// URL"))?;
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connect {addr}"))?;
+    stream
+        .write_all(format!("{head}Connection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw))
+        .await
+        .context("response not complete within 30 s")??;
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> anyhow::Result<RawResponse> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .with_context(|| format!("no header end in {:?}", String::from_utf8_lossy(raw)))?;
+    let head = std::str::from_utf8(&raw[..split]).context("response head is not UTF-8")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    Ok(RawResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut data: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("truncated chunk size")?;
+        let size_text = std::str::from_utf8(&data[..line_end])?;
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .with_context(|| format!("bad chunk size {size_text:?}"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if data.len() < size + 2 {
+            bail!("truncated chunk");
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+/// A route without authentication or rate limit, for tests that are not
+/// about auth: `prefix` → `upstream`, the prefix replaced by `rewrite`
+/// (empty for none).
+pub fn open_route(name: &str, prefix: &str, upstream: &str, rewrite: &str) -> Route {
+    Route {
+        name: name.to_owned(),
+        path_prefix: prefix.to_owned(),
+        upstream: upstream.to_owned(),
+        rewrite_prefix: rewrite.to_owned(),
+        auth: AuthMode::AuthNone as i32,
+        ..Route::default()
+    }
+}
+
+/// Resident memory of process `pid` in KiB (`VmRSS` of `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_chunked_responses() {
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: b\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
+        let r = parse_response(raw).unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-a"), Some("b"));
+        assert_eq!(r.body, b"abcde");
+    }
+
+    #[test]
+    fn parses_plain_responses() {
+        let r = parse_response(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\nno").unwrap();
+        assert_eq!(r.status, 400);
+        assert_eq!(r.body, b"no");
+        assert!(parse_response(b"garbage").is_err());
+    }
+
+    #[test]
+    fn reads_own_rss() {
+        assert!(rss_kib(std::process::id()).unwrap() > 0);
+    }
+}
