@@ -10,6 +10,8 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
+use gateway_telemetry::Tracer;
+
 use crate::body::MockBody;
 use crate::config::MockConfig;
 use crate::hooks::Hooks;
@@ -19,16 +21,45 @@ use crate::records;
 pub const INSTANCE_HEADER: &str = "x-instance-id";
 
 /// Answers `req`. Never fails: every problem becomes an HTTP answer.
-pub async fn handle<B>(config: &MockConfig, req: Request<B>) -> Response<MockBody>
+///
+/// Every request but `/health` gets a SERVER span that continues the
+/// incoming `traceparent` (health checks would only add noise to traces);
+/// the response names it in `traceresponse`.
+pub async fn handle<B>(config: &MockConfig, tracer: &Tracer, req: Request<B>) -> Response<MockBody>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    let path = req.uri().path();
+    let mut span = (path != "/health").then(|| {
+        let mut span = tracer.http_server_span(req.headers(), req.method(), path);
+        if let Some(route) = route_template(config.service.name(), path) {
+            span.set_route(route);
+        }
+        span
+    });
     let mut response = answer(config, req).await;
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
     }
+    if let Some(span) = span.as_mut() {
+        let status = response.status().as_u16();
+        span.record_response(status, response.headers_mut());
+    }
     response
+}
+
+/// The low-cardinality route of `path`, for the span's `http.route`.
+fn route_template(service: &str, path: &str) -> Option<&'static str> {
+    let item = match service {
+        "users" => ("/users", "/users/{id}"),
+        _ => ("/orders", "/orders/{id}"),
+    };
+    match target(service, path)? {
+        Target::Collection => Some(item.0),
+        Target::Item(_) => Some(item.1),
+        Target::Deeper => None,
+    }
 }
 
 /// What the path asks for, relative to the service's prefix.
@@ -220,7 +251,7 @@ mod tests {
         config: &MockConfig,
         req: Request<Full<Bytes>>,
     ) -> (StatusCode, HeaderMap, Bytes) {
-        let response = handle(config, req).await;
+        let response = handle(config, &Tracer::disabled(), req).await;
         let (parts, body) = response.into_parts();
         (
             parts.status,

@@ -1,9 +1,11 @@
 //! `mock-service` binary: parses flags and runs the library's server.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use gateway_telemetry::{LogFormat, Tracer, init_logging};
 use mock_service::config::parse_fail_rate;
 use mock_service::{MockConfig, Service};
 
@@ -17,24 +19,26 @@ struct Args {
     /// Which service to play: users or orders.
     #[arg(long, env = "MOCK_SERVICE", default_value = "users")]
     service: Service,
-    /// Instance id, returned in X-Instance-Id and "instance".
+    /// Instance id, returned in X-Instance-Id and "instance" (default: SERVICE-PID).
     #[arg(long, env = "MOCK_INSTANCE_ID")]
     instance_id: Option<String>,
     /// Log format: text or json.
-    #[arg(long, env = "LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    #[arg(long, env = "MOCK_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(&args.log_format);
+    let _logs = init_logging(args.log_format, "info")?;
 
     let fail_rate = parse_fail_rate(std::env::var("FAIL_RATE").ok().as_deref())?;
     let instance_id = args
         .instance_id
         .unwrap_or_else(|| format!("{}-{}", args.service, std::process::id()));
     let config = MockConfig::new(args.service, instance_id, fail_rate)?;
+    // Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let tracer = Tracer::from_env(config.service.name(), Some(&config.instance_id))?;
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -46,22 +50,11 @@ async fn main() -> anyhow::Result<()> {
         fail_rate,
         "mock-service listening"
     );
-    mock_service::serve(listener, config, shutdown_signal()).await?;
+    mock_service::serve(listener, config, tracer.clone(), shutdown_signal()).await?;
+    // Flushing spans blocks; keep it off the async workers.
+    tokio::task::spawn_blocking(move || tracer.shutdown(Duration::from_secs(2))).await??;
     tracing::info!("mock-service stopped");
     Ok(())
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

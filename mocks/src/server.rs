@@ -10,6 +10,8 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use gateway_telemetry::Tracer;
+
 use crate::config::MockConfig;
 use crate::handler;
 
@@ -21,9 +23,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub async fn serve(
     listener: TcpListener,
     config: MockConfig,
+    tracer: Tracer,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let config = Arc::new(config);
+    let state = Arc::new((config, tracer));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A timer makes hyper enforce its header read timeout (slowloris).
     builder.http1().timer(TokioTimer::new());
@@ -45,10 +48,13 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let config = Arc::clone(&config);
+        let state = Arc::clone(&state);
         let service = service_fn(move |req| {
-            let config = Arc::clone(&config);
-            async move { Ok::<_, std::convert::Infallible>(handler::handle(&config, req).await) }
+            let state = Arc::clone(&state);
+            async move {
+                let (config, tracer) = &*state;
+                Ok::<_, std::convert::Infallible>(handler::handle(config, tracer, req).await)
+            }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)

@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use gateway_telemetry::receiver::{Kind, Receiver};
+use gateway_telemetry::{Sampler, Tracer, TracerOptions};
 use mock_service::{MockConfig, Service};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -19,9 +21,14 @@ async fn start(service: Service, id: &str) -> Running {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = oneshot::channel::<()>();
     let config = MockConfig::new(service, id, 0.0).unwrap();
-    let task = tokio::spawn(mock_service::serve(listener, config, async move {
-        let _ = rx.await;
-    }));
+    let task = tokio::spawn(mock_service::serve(
+        listener,
+        config,
+        Tracer::disabled(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
     Running {
         base,
         stop: Some(tx),
@@ -131,4 +138,70 @@ async fn shutdown_lets_in_flight_requests_finish() {
         .unwrap();
     // New connections are refused once it stopped.
     assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn continues_the_incoming_trace_and_exports_its_span() {
+    let receiver = Receiver::start().await.unwrap();
+    let mut options = TracerOptions::new("orders");
+    options.instance_id = Some("orders-1".into());
+    options.endpoint = Some(receiver.endpoint());
+    options.sampler = Sampler::from_values(Some("parentbased_always_on"), None).unwrap();
+    options.scheduled_delay = Duration::from_millis(100);
+    let tracer = Tracer::new(options).unwrap();
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let config = MockConfig::new(Service::Orders, "orders-1", 0.0).unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(mock_service::serve(
+        listener,
+        config,
+        tracer.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let resp = client()
+        .get(format!("{base}/orders/9"))
+        .header("traceparent", format!("00-{trace_id}-{parent}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let traceresponse = resp.headers()["traceresponse"].to_str().unwrap().to_owned();
+    assert!(traceresponse.contains(trace_id), "{traceresponse}");
+
+    let spans = receiver
+        .wait_for(
+            |spans| spans.iter().any(|s| s.trace_id == trace_id),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("no span exported: {e:?}"));
+    let span = spans.iter().find(|s| s.trace_id == trace_id).unwrap();
+    assert_eq!(span.parent_span_id, parent);
+    assert_eq!(span.kind, Kind::Server);
+    assert_eq!(span.service_name, "orders");
+    assert_eq!(span.service_instance_id.as_deref(), Some("orders-1"));
+    assert_eq!(span.attr("http.route"), Some("/orders/{id}"));
+    assert_eq!(span.attr("http.response.status_code"), Some("200"));
+    assert!(
+        traceresponse.contains(&span.span_id),
+        "{traceresponse} names the mock's span"
+    );
+
+    // Health checks are not traced.
+    let health = client().get(format!("{base}/health")).send().await.unwrap();
+    assert!(health.headers().get("traceresponse").is_none());
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    tokio::task::spawn_blocking(move || tracer.shutdown(Duration::from_secs(2)))
+        .await
+        .unwrap()
+        .unwrap();
 }
