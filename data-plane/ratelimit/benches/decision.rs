@@ -120,17 +120,20 @@ fn local(c: &mut Criterion) {
         });
     }
 
-    // Writing the five header fields of a denial.
+    // Writing the five header fields of a denial into a response's existing
+    // map (cleared each time, so its table is already allocated, as it is
+    // for a real response).
     let decision = rt.block_on(async {
         let p = Policy::new("api", Algorithm::TokenBucket, 1, 60).unwrap();
         limiter.check(&p, "bob").await;
         (p.clone(), limiter.check(&p, "bob").await)
     });
+    let mut headers = HeaderMap::with_capacity(16);
     group.bench_function("write_headers_denied", |b| {
         b.iter(|| {
-            let mut headers = HeaderMap::new();
+            headers.clear();
             write_headers(&mut headers, &decision.0, &decision.1);
-            headers
+            headers.len()
         })
     });
     group.finish();
