@@ -283,8 +283,8 @@ impl Inner {
 }
 
 /// Runs `future` for at most `deadline`, like [`tokio::time::timeout`], with
-/// one difference: when the timer fires, the future gets polled once more after
-/// yielding to the runtime.
+/// one difference: when the timer fires, the future is polled again after
+/// each of up to two yields to the runtime.
 ///
 /// On a busy host this task and the Redis connection's reader task are often
 /// woken together after a CPU stall (timer and socket share one driver). If
