@@ -5,6 +5,7 @@
 //! * [`otel`]: cheap request spans ([`Tracer`], [`ServerSpan`], [`ClientSpan`])
 //!   exported by OTLP/gRPC with the batch span processor when
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+//! * [`grpc`]: a tower layer giving tonic servers a SERVER span per call.
 //! * [`logging`]: text/JSON logs with `trace_id` / `span_id`, and the access log.
 //! * `receiver` (feature `receiver`): an in-test OTLP/gRPC trace collector.
 //!
@@ -22,6 +23,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod error;
+pub mod grpc;
 pub mod log_writer;
 pub mod logging;
 pub mod otel;

@@ -408,6 +408,19 @@ impl Tracer {
         ServerSpan(SpanCore { ctx, rec })
     }
 
+    /// [`server_span`](Self::server_span) continuing the trace in `headers`
+    /// (strictly parsed; invalid or absent: a new trace). Use
+    /// [`crate::propagation::extract`] instead when `tracestate` must be forwarded.
+    pub fn http_server_span(
+        &self,
+        headers: &http::HeaderMap,
+        method: &http::Method,
+        path: &str,
+    ) -> ServerSpan {
+        let parent = crate::propagation::extract(headers).parent;
+        self.server_span(parent.as_ref(), method, path)
+    }
+
     /// Starts a SERVER span with a given name and no HTTP attributes (e.g. a
     /// gRPC call, named `package.Service/Method`).
     pub fn server_span_named(&self, parent: Option<&TraceContext>, name: &str) -> ServerSpan {
@@ -746,6 +759,13 @@ impl ServerSpan {
     /// [`set_status_error`](Self::set_status_error) for gateway rejections).
     pub fn set_status_code(&mut self, status: u16) {
         self.0.set_status_code(status, 500);
+    }
+
+    /// Records the response status ([`set_status_code`](Self::set_status_code))
+    /// and sets `traceresponse` naming this span on the response headers.
+    pub fn record_response(&mut self, status: u16, headers: &mut http::HeaderMap) {
+        self.set_status_code(status);
+        crate::propagation::set_traceresponse(headers, &self.0.ctx);
     }
 
     /// Starts a CLIENT span for one upstream attempt; put its

@@ -161,3 +161,109 @@ async fn a_dead_collector_costs_nothing_and_is_counted() {
     }
     assert_eq!(tracer.stats().exported, 1);
 }
+
+mod grpc_layer {
+    use super::*;
+    use gateway_telemetry::grpc::GrpcTraceLayer;
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
+
+    /// Any gRPC service will do; this one fails with INTERNAL on an empty request.
+    struct Service;
+
+    #[tonic::async_trait]
+    impl TraceService for Service {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            if request.get_ref().resource_spans.is_empty() {
+                return Err(tonic::Status::internal("boom"));
+            }
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn grpc_calls_continue_the_trace_in_metadata() {
+        let collector = Receiver::start().await.unwrap();
+        let tracer = Tracer::new(options(collector.endpoint(), "control-plane")).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(GrpcTraceLayer::new(tracer))
+                .add_service(TraceServiceServer::new(Service))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut client = TraceServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+
+        let caller = TraceContext::new_root(true);
+        let mut ok = tonic::Request::new(ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans::default()],
+        });
+        ok.metadata_mut()
+            .insert("traceparent", caller.to_string().parse().unwrap());
+        let response = client.export(ok).await.unwrap();
+        let back: TraceContext = response
+            .metadata()
+            .get("traceresponse")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(back.trace_id, caller.trace_id);
+
+        let failing_caller = TraceContext::new_root(true);
+        let mut failing = tonic::Request::new(ExportTraceServiceRequest::default());
+        failing
+            .metadata_mut()
+            .insert("traceparent", failing_caller.to_string().parse().unwrap());
+        let status = client.export(failing).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal);
+
+        let (ok_trace, failing_trace) = (
+            caller.trace_id_hex().to_string(),
+            failing_caller.trace_id_hex().to_string(),
+        );
+        let spans = collector
+            .wait_for(
+                |spans| {
+                    [&ok_trace, &failing_trace]
+                        .iter()
+                        .all(|t| spans.iter().any(|s| &&s.trace_id == t))
+                },
+                WAIT,
+            )
+            .await
+            .unwrap();
+        let ok_span = spans.iter().find(|s| s.trace_id == ok_trace).unwrap();
+        assert_eq!(
+            ok_span.name,
+            "opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        );
+        assert_eq!(ok_span.kind, Kind::Server);
+        assert_eq!(ok_span.service_name, "control-plane");
+        assert_eq!(ok_span.parent_span_id, caller.span_id_hex().to_string());
+        assert_eq!(ok_span.span_id, back.span_id_hex().to_string());
+        assert_eq!(ok_span.attr("rpc.system"), Some("grpc"));
+        assert_eq!(ok_span.attr("rpc.method"), Some("Export"));
+        assert_eq!(ok_span.attr("rpc.grpc.status_code"), Some("0"));
+        assert_eq!(ok_span.status, StatusCode::Unset);
+        let failed = spans.iter().find(|s| s.trace_id == failing_trace).unwrap();
+        assert_eq!(failed.attr("rpc.grpc.status_code"), Some("13"));
+        assert_eq!(failed.status, StatusCode::Error);
+        assert_eq!(failed.status_message, "INTERNAL");
+        server.abort();
+        collector.shutdown().await;
+    }
+}

@@ -368,3 +368,37 @@ fn options_from_lookup() {
         .unwrap_err();
     assert!(err.to_string().contains("OTEL_BSP_MAX_QUEUE_SIZE"), "{err}");
 }
+
+#[test]
+fn tracer_and_spans_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Tracer>();
+    send::<ServerSpan>();
+    send::<ClientSpan>();
+}
+
+#[test]
+fn http_helpers_continue_the_trace_and_set_traceresponse() {
+    let collect = Collect::default();
+    let tracer = Tracer::with_exporter(options(Sampler::always_on()), collect.clone());
+    let mut headers = http::HeaderMap::new();
+    headers.insert("traceparent", http::HeaderValue::from_static(PARENT));
+    let mut span = tracer.http_server_span(&headers, &http::Method::GET, "/users/1");
+    let parent: TraceContext = PARENT.parse().unwrap();
+    assert_eq!(span.context().trace_id, parent.trace_id);
+    let mut response = http::HeaderMap::new();
+    span.record_response(200, &mut response);
+    assert_eq!(
+        response["traceresponse"],
+        span.context().to_string().as_str()
+    );
+    span.end();
+    tracer.force_flush().unwrap();
+    let spans = collect.spans.lock().unwrap();
+    assert_eq!(
+        attr_of(&spans[0], attr::HTTP_RESPONSE_STATUS_CODE),
+        Some(&Value::I64(200))
+    );
+    assert_eq!(spans[0].parent_span_id.to_bytes(), parent.span_id);
+}
