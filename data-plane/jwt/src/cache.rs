@@ -162,11 +162,7 @@ mod tests {
     use super::*;
 
     fn identity(sub: &str, exp: u64) -> Arc<Identity> {
-        Arc::new(Identity {
-            sub: sub.into(),
-            role: "user".into(),
-            exp,
-        })
+        Arc::new(Identity::new(sub.into(), "user".into(), exp).unwrap())
     }
 
     /// Every token hashes to the same value: a worst-case collision.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use http::Uri;
+use http::{HeaderValue, Uri};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -65,7 +65,8 @@ impl Default for JwtConfig {
     }
 }
 
-/// Who a verified token speaks for.
+/// Who a verified token speaks for. Cached per token, so the header values the data plane
+/// forwards are built once, not per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// `sub`, forwarded as `X-User-Id`.
@@ -74,6 +75,40 @@ pub struct Identity {
     pub role: String,
     /// `exp` (Unix seconds).
     pub exp: u64,
+    sub_header: HeaderValue,
+    role_header: HeaderValue,
+}
+
+impl Identity {
+    /// An identity; `sub` and `role` must be usable as header values (visible ASCII, no
+    /// control characters), since they are forwarded to backends.
+    pub fn new(sub: String, role: String, exp: u64) -> Result<Self, JwtError> {
+        let header = |v: &str, name: &str| {
+            HeaderValue::from_str(v)
+                .ok()
+                .filter(|_| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic() || b == b' '))
+                .ok_or_else(|| {
+                    JwtError::InvalidClaims(format!("{name} is not a forwardable header value"))
+                })
+        };
+        Ok(Self {
+            sub_header: header(&sub, "sub")?,
+            role_header: header(&role, "role")?,
+            sub,
+            role,
+            exp,
+        })
+    }
+
+    /// `sub` as the `X-User-Id` header value (cheap to clone).
+    pub fn sub_header(&self) -> &HeaderValue {
+        &self.sub_header
+    }
+
+    /// `role` as the `X-User-Role` header value (cheap to clone).
+    pub fn role_header(&self) -> &HeaderValue {
+        &self.role_header
+    }
 }
 
 /// Counters for metrics.
@@ -231,7 +266,7 @@ impl JwtVerifier {
         if nbf > now.saturating_add(leeway) {
             return Err(JwtError::NotYetValid);
         }
-        let identity = Arc::new(Identity { sub, role, exp });
+        let identity = Arc::new(Identity::new(sub, role, exp)?);
         inner.cache.insert(token, kid, identity.clone(), now);
         Ok(identity)
     }

@@ -371,12 +371,10 @@ async fn claim_validation_table() {
     let id = v.verify(&good).await.unwrap();
     assert_eq!(
         *id,
-        Identity {
-            sub: "alice".into(),
-            role: "user".into(),
-            exp: NOW + 900
-        }
+        Identity::new("alice".into(), "user".into(), NOW + 900).unwrap()
     );
+    assert_eq!(id.sub_header(), "alice");
+    assert_eq!(id.role_header(), "user");
 
     assert_eq!(
         v.verify(&key.sign(&without(claims(), "role"))).await,
@@ -386,6 +384,11 @@ async fn claim_validation_table() {
     for (name, c) in [
         ("exp as string", with(claims(), "exp", json!("soon"))),
         ("sub as number", with(claims(), "sub", json!(7))),
+        (
+            "sub with a line break",
+            with(claims(), "sub", json!("alice\r\nx-user-role: admin")),
+        ),
+        ("empty role", with(claims(), "role", json!(""))),
     ] {
         let err = v.verify(&key.sign(&c)).await.unwrap_err();
         assert!(
