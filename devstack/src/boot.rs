@@ -54,24 +54,26 @@ impl Stack {
             }
             Ok::<_, StackError>(())
         };
-        // Control plane, demo configuration, then the data planes.
+        // Control plane and demo configuration.
         let config_chain = async {
             self.wait_ready("control-plane").await?;
-            let version = self.seed_config().await?;
-            let names = self.data_plane_names();
-            for name in &names {
-                self.spawn(name)?;
-            }
-            try_join_all(names.iter().map(|n| self.wait_ready(n))).await?;
-            self.wait_synced(version).await?;
-            Ok::<_, StackError>(version)
+            self.seed_config().await
         };
         let mocks = try_join_all(
             ["users-1", "orders-1", "orders-2"]
                 .into_iter()
                 .map(|n| self.wait_ready(n)),
         );
-        let ((), version, _) = tokio::try_join!(auth_chain, config_chain, mocks)?;
+        let ((), version, ()) = tokio::try_join!(auth_chain, config_chain, mocks)?;
+
+        // Data planes last: every upstream already answers their first
+        // health checks, so none starts out marked unhealthy.
+        let names = self.data_plane_names();
+        for name in &names {
+            self.spawn(name)?;
+        }
+        try_join_all(names.iter().map(|n| self.wait_ready(n))).await?;
+        self.wait_synced(version).await?;
         Ok(version)
     }
 
