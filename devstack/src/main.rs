@@ -33,7 +33,8 @@ struct Cli {
     otlp_endpoint: Option<String>,
 
     /// Persistent control-plane database (default: a temporary one). A
-    /// database that already holds a configuration keeps it.
+    /// database that already holds a configuration keeps it; its instance
+    /// URLs name the fixed ports, so use it without --json.
     #[arg(long, env = "DEVSTACK_DATABASE")]
     database: Option<PathBuf>,
 

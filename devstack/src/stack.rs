@@ -59,6 +59,11 @@ pub struct Exited {
 /// ```
 ///
 /// Dropping it SIGKILLs every process; [`Stack::shutdown`] stops them gracefully.
+///
+/// Children get `PR_SET_PDEATHSIG(SIGKILL)`, which Linux ties to the *thread*
+/// that spawned them: start stacks (and call [`Stack::start_process`]) from
+/// async code on a runtime that outlives the stack, never from a short-lived
+/// thread such as `spawn_blocking`'s.
 pub struct Stack {
     pub(crate) options: Options,
     pub(crate) ports: Ports,
