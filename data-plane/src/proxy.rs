@@ -86,6 +86,9 @@ pub fn upstream_request(
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
         );
     }
+    // hyper already sent the client its "100 Continue" when the body was first
+    // read; the upstream gets the body without a second round of expectations.
+    parts.headers.remove(header::EXPECT);
     parts.version = Version::HTTP_11;
     Ok(Request::from_parts(parts, body))
 }

@@ -19,8 +19,47 @@
 //! Methods match exactly (a route listing `GET` does not answer `HEAD`).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use http::Method;
+
+/// A multiply-rotate hasher (the FxHash construction) for the router's maps.
+/// SipHash's flooding resistance buys nothing here: the keys (prefixes, hosts)
+/// come from the operator's configuration, and a client only ever looks keys
+/// up, so it cannot lengthen a probe sequence.
+#[derive(Debug, Default, Clone, Copy)]
+struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0xf135_7aea_2e62_a9c5;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            self.0 = self.0.wrapping_add(v).wrapping_mul(K);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut buf = [0u8; 8];
+            buf[..rest.len()].copy_from_slice(rest);
+            self.0 = self.0.wrapping_add(u64::from_le_bytes(buf)).wrapping_mul(K);
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.0 = self
+            .0
+            .wrapping_add(u64::from(i))
+            .wrapping_mul(0xf135_7aea_2e62_a9c5);
+    }
+
+    fn finish(&self) -> u64 {
+        // The product's best bits are the high ones; hash tables index by the low ones.
+        self.0.rotate_left(26)
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// Why a route could not be added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,7 +104,7 @@ impl MethodSet {
 
 #[derive(Debug, Default)]
 struct PrefixTable {
-    prefixes: HashMap<Box<str>, MethodSet>,
+    prefixes: FastMap<Box<str>, MethodSet>,
     /// Longest prefix in the table: longer candidates are skipped without hashing.
     max_len: usize,
 }
@@ -120,9 +159,9 @@ impl PrefixTable {
 #[derive(Debug)]
 pub struct Router<T> {
     routes: Vec<T>,
-    exact: HashMap<Box<str>, PrefixTable>,
+    exact: FastMap<Box<str>, PrefixTable>,
     /// Keyed by the suffix after `*.`.
-    wildcard: HashMap<Box<str>, PrefixTable>,
+    wildcard: FastMap<Box<str>, PrefixTable>,
     any_host: PrefixTable,
 }
 
@@ -130,8 +169,8 @@ impl<T> Default for Router<T> {
     fn default() -> Self {
         Self {
             routes: Vec::new(),
-            exact: HashMap::new(),
-            wildcard: HashMap::new(),
+            exact: FastMap::default(),
+            wildcard: FastMap::default(),
             any_host: PrefixTable::default(),
         }
     }

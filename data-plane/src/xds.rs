@@ -101,16 +101,34 @@ pub async fn run(runtime: Arc<Runtime>, settings: XdsSettings) {
             .control_plane_connected
             .swap(false, Ordering::Relaxed);
         if let Err(e) = result {
+            let error = error_chain(&e);
             // Log the first failure loudly; repeats while the control plane stays down quietly.
             if was_connected || failures == 0 {
-                tracing::warn!(error = %e, url = %settings.url, "control plane unavailable; serving the current configuration");
+                tracing::warn!(%error, url = %settings.url, serving = %served_version(&runtime),
+                    "control plane unavailable; serving the configuration already loaded (if any)");
             } else {
-                tracing::debug!(error = %e, "control plane still unavailable");
+                tracing::debug!(%error, "control plane still unavailable");
             }
         }
         failures = failures.saturating_add(1);
         tokio::time::sleep(backoff.next_delay()).await;
     }
+}
+
+/// `error: cause: cause` (tonic's transport errors say little without their sources).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        // Wrappers often repeat their inner error's text: say it once.
+        if !out.ends_with(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
 }
 
 fn served_version(runtime: &Runtime) -> String {

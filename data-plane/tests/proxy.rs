@@ -94,6 +94,42 @@ async fn forwards_with_rewrite_query_and_clean_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    let up = TestUpstream::start("o1").await;
+    let cfg = snapshot(
+        1,
+        vec![route("all", "/", "svc")],
+        vec![upstream("svc", &[("o1", up.url())])],
+    );
+    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    for path in [
+        "/a",
+        "/bytes?n=100000",
+        "/status/204",
+        "/b",
+        "/status/404",
+        "/c",
+    ] {
+        for _ in 0..5 {
+            let (status, _, _) = get(dp.proxy_addr(), path).await;
+            assert!(status.as_u16() < 500, "{path}: {status}");
+        }
+    }
+    // HEAD has no body to read to the end, yet its connection returns to the pool.
+    for _ in 0..3 {
+        let req = Request::head(format!("http://{}/a", dp.proxy_addr()))
+            .body(full(""))
+            .unwrap();
+        assert_eq!(send(dp.proxy_addr(), req).await.0, StatusCode::OK);
+    }
+    let n = up.connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(n, 1, "sequential requests share one upstream connection");
+    let (_, lb) = ops(&dp, "/health/load-balancer").await;
+    assert!(lb.contains("\"idle_connections\":1"), "{lb}");
+    dp.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn routing_errors_are_problem_json() {
     let up = TestUpstream::start("o1").await;
     let cfg = snapshot(

@@ -179,6 +179,8 @@ pub fn full(b: impl Into<Bytes>) -> TestBody {
 pub struct TestUpstream {
     pub addr: SocketAddr,
     pub gate: Arc<Notify>,
+    /// TCP connections accepted so far.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     server: JoinHandle<()>,
 }
 
@@ -189,11 +191,14 @@ impl TestUpstream {
         let gate = Arc::new(Notify::new());
         let id: Arc<str> = id.into();
         let g = gate.clone();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = connections.clone();
         let server = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let (id, gate) = (id.clone(), g.clone());
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| answer(req, id.clone(), gate.clone()));
@@ -203,7 +208,12 @@ impl TestUpstream {
                 });
             }
         });
-        Self { addr, gate, server }
+        Self {
+            addr,
+            gate,
+            connections,
+            server,
+        }
     }
 
     pub fn url(&self) -> String {
