@@ -91,10 +91,7 @@ pub fn ensure_redis() -> Result<(), StackError> {
     eprintln!(
         "devstack: redis-server is not installed; running `apt-get update && apt-get install -y redis-server`"
     );
-    for args in [
-        &["update"][..],
-        &["install", "-y", "--no-install-recommends", "redis-server"][..],
-    ] {
+    for args in [&["update"][..], &["install", "-y", "redis-server"][..]] {
         let shown = format!("apt-get {}", args.join(" "));
         let status = Command::new("apt-get")
             .args(args)
