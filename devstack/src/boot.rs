@@ -57,7 +57,14 @@ impl Stack {
         // Control plane and demo configuration.
         let config_chain = async {
             self.wait_ready("control-plane").await?;
-            self.seed_config().await
+            let timeout = self.options.startup_timeout;
+            tokio::time::timeout(timeout, self.seed_config())
+                .await
+                .map_err(|_| StackError::Timeout {
+                    what: "the control plane to take the demo configuration".into(),
+                    waited: timeout,
+                    last: "GetConfig/ApplyConfig did not answer".into(),
+                })?
         };
         let mocks = try_join_all(
             ["users-1", "orders-1", "orders-2"]

@@ -16,7 +16,7 @@ use crate::builder::{Options, StackBuilder};
 use crate::error::StackError;
 use crate::ports::Ports;
 use crate::process::{ProcessSpec, Readiness, log_tail};
-use crate::readiness::{grpc_serving, http_ok, redis_ping};
+use crate::readiness::{PROBE_TIMEOUT, grpc_serving, http_ok, redis_ping};
 use crate::summary::StackInfo;
 use crate::sys;
 
@@ -259,8 +259,11 @@ impl Stack {
             for name in &running {
                 self.check_alive(name)?;
             }
-            let last = match admin.list_data_planes(ListDataPlanesRequest {}).await {
-                Ok(response) => {
+            let call = admin.list_data_planes(ListDataPlanesRequest {});
+            let last = match tokio::time::timeout(PROBE_TIMEOUT, call).await {
+                Err(_) => "ListDataPlanes timed out".to_owned(),
+                Ok(Err(status)) => format!("ListDataPlanes: {}", status.message()),
+                Ok(Ok(response)) => {
                     let planes = response.into_inner().data_planes;
                     let lagging: Vec<String> = running
                         .iter()
@@ -289,7 +292,6 @@ impl Stack {
                     }
                     lagging.join("; ")
                 }
-                Err(status) => format!("ListDataPlanes: {}", status.message()),
             };
             if Instant::now() >= deadline {
                 return Err(StackError::Timeout {
