@@ -181,9 +181,12 @@ impl Pool {
         &self.inner.authority
     }
 
-    /// Idle connections now held.
+    /// Idle connections now held (closed ones awaiting cleanup are not counted).
     pub fn idle_count(&self) -> usize {
-        self.inner.idle.lock().map_or(0, |i| i.len())
+        self.inner
+            .idle
+            .lock()
+            .map_or(0, |i| i.iter().filter(|c| !c.sender.is_closed()).count())
     }
 
     fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {

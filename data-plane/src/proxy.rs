@@ -254,3 +254,71 @@ pub async fn forward<'a>(
         retried = true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::BreakerSettings;
+    use crate::config::{DEFAULT_ROUTE_TIMEOUT, UpstreamEntry};
+    use std::sync::Arc;
+
+    fn route(prefix: &str, rewrite: Option<&str>) -> RouteEntry {
+        RouteEntry {
+            name: "r".into(),
+            prefix: prefix.into(),
+            rewrite: rewrite.map(Into::into),
+            auth: gateway_proto::v1::AuthMode::AuthNone,
+            rate_limit: None,
+            timeout: DEFAULT_ROUTE_TIMEOUT,
+            upstream: Arc::new(UpstreamEntry::new(
+                "u",
+                vec![],
+                BreakerSettings::default(),
+                None,
+            )),
+            metrics: Default::default(),
+        }
+    }
+
+    fn build(
+        uri: &str,
+        host: Option<&str>,
+        route: &RouteEntry,
+        path: &str,
+    ) -> Request<RequestBody> {
+        let mut b = Request::get(uri).header("expect", "100-continue");
+        if let Some(h) = host {
+            b = b.header(header::HOST, h);
+        }
+        let (parts, ()) = b.body(()).unwrap().into_parts();
+        upstream_request(parts, route, path, RequestBody::empty()).unwrap()
+    }
+
+    #[test]
+    fn origin_form_with_rewrite_and_query() {
+        let r = route("/api/orders", Some("/orders"));
+        let req = build("/api/orders/7?a=1&b=%20", Some("gw"), &r, "/api/orders/7");
+        assert_eq!(req.uri(), "/orders/7?a=1&b=%20");
+        assert_eq!(req.headers()[header::HOST], "gw");
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert!(!req.headers().contains_key(header::EXPECT));
+    }
+
+    #[test]
+    fn normalised_path_is_what_is_forwarded() {
+        let r = route("/api", None);
+        let req = build("/api//x/./y?q", Some("gw"), &r, "/api/x/y");
+        assert_eq!(req.uri(), "/api/x/y?q");
+        // Unchanged canonical paths keep their URI as it came.
+        let req = build("/api/x?q=1", Some("gw"), &r, "/api/x");
+        assert_eq!(req.uri(), "/api/x?q=1");
+    }
+
+    #[test]
+    fn absolute_form_becomes_origin_form_with_host() {
+        let r = route("/", None);
+        let req = build("http://example.test:8080/a/b?c", None, &r, "/a/b");
+        assert_eq!(req.uri(), "/a/b?c");
+        assert_eq!(req.headers()[header::HOST], "example.test:8080");
+    }
+}

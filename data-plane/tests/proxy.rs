@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use data_plane::Running;
-use gateway_proto::v1::{CircuitBreaker, ConfigSnapshot};
+use gateway_proto::v1::{CircuitBreaker, ConfigSnapshot, HealthCheck};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
@@ -505,4 +505,82 @@ async fn h2c_and_graceful_shutdown() {
         tokio::net::TcpStream::connect(admin).await.is_err(),
         "ops listener closed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn active_health_checks_take_instances_out_and_back() {
+    let a = TestUpstream::start("a").await;
+    let b = TestUpstream::start("b").await;
+    let with_check = |version: u64, path: &str| {
+        let mut up = upstream("svc", &[("a", a.url()), ("b", b.url())]);
+        up.health_check = Some(HealthCheck {
+            path: path.into(),
+            interval_ms: 100,
+            timeout_ms: 100,
+            unhealthy_threshold: 2,
+            healthy_threshold: 1,
+        });
+        snapshot(version, vec![route("all", "/", "svc")], vec![up])
+    };
+    // Both instances answer the check path with 503: both become unhealthy.
+    let (dp, _cache) = data_plane_with(with_check(1, "/status/503"), &[]).await;
+    let addr = dp.proxy_addr();
+    eventually("both instances unhealthy", || async {
+        let (status, _, body) = get(addr, "/x").await;
+        (status == StatusCode::SERVICE_UNAVAILABLE && body.contains("no-healthy-upstream"))
+            .then_some(())
+    })
+    .await;
+    let (_, lb) = ops(&dp, "/health/load-balancer").await;
+    assert_eq!(lb.matches("\"healthy\":false").count(), 2, "{lb}");
+    let (_, metrics) = ops(&dp, "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "gateway_upstream_healthy{upstream=\"svc\",instance=\"a\"}"
+        ),
+        Some(0.0)
+    );
+
+    // A new version with a passing check path: the same instances (state kept)
+    // come back after one success.
+    dp.runtime()
+        .apply(with_check(2, "/ok"), false)
+        .await
+        .unwrap();
+    eventually("instances healthy again", || async {
+        let (status, _, _) = get(addr, "/x").await;
+        (status == StatusCode::OK).then_some(())
+    })
+    .await;
+    eventually("both serving", || async {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            let (_, headers, _) = get(addr, "/x").await;
+            seen.insert(headers.get("x-instance-id")?.to_str().ok()?.to_string());
+        }
+        (seen.len() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(dp.runtime().health.task_count(), 2);
+
+    // Without health_check the instances are always healthy and no checks run.
+    dp.runtime()
+        .apply(
+            snapshot(
+                3,
+                vec![route("all", "/", "svc")],
+                vec![upstream("svc", &[("a", a.url())])],
+            ),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(dp.runtime().health.task_count(), 0);
+    let (status, headers, _) = get(addr, "/x").await;
+    assert_eq!(
+        (status, headers["x-instance-id"].to_str().unwrap()),
+        (StatusCode::OK, "a")
+    );
+    dp.shutdown().await;
 }
