@@ -1,9 +1,9 @@
 //! What differs between two configurations: the `changes` list of
 //! `ApplyConfig` and the one-line summary stored with each version.
 
-use crate::config::Config;
+use crate::config::ConfigRef;
 use gateway_proto::v1::ResourceChange;
-use std::collections::HashMap;
+use std::cmp::Ordering;
 use std::fmt::Write as _;
 
 /// The kind of resource that changed.
@@ -57,40 +57,60 @@ impl From<&Change> for ResourceChange {
 }
 
 /// Every difference from `old` to `new`: routes first, then upstreams, each sorted by name.
-pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
-    let mut out = diff_kind(Kind::Route, &old.routes, &new.routes, |r| &r.name);
-    out.extend(diff_kind(
+///
+/// Both sides must be sorted by name with unique names (every stored or
+/// validated configuration is), so one merge pass finds everything.
+pub fn diff(old: ConfigRef<'_>, new: ConfigRef<'_>) -> Vec<Change> {
+    let mut out = Vec::new();
+    diff_kind(&mut out, Kind::Route, old.routes, new.routes, |r| &r.name);
+    diff_kind(
+        &mut out,
         Kind::Upstream,
-        &old.upstreams,
-        &new.upstreams,
+        old.upstreams,
+        new.upstreams,
         |u| &u.name,
-    ));
+    );
     out
 }
 
 fn diff_kind<T: PartialEq>(
+    out: &mut Vec<Change>,
     kind: Kind,
     old: &[T],
     new: &[T],
     name: impl Fn(&T) -> &String,
-) -> Vec<Change> {
-    let old_by_name: HashMap<&str, &T> = old.iter().map(|x| (name(x).as_str(), x)).collect();
-    let new_by_name: HashMap<&str, &T> = new.iter().map(|x| (name(x).as_str(), x)).collect();
-    let mut out = Vec::new();
-    for (n, x) in &new_by_name {
-        match old_by_name.get(n) {
-            None => out.push(change(kind, n, Action::Added)),
-            Some(o) if *o != *x => out.push(change(kind, n, Action::Updated)),
-            Some(_) => {}
+) {
+    let (mut i, mut j) = (0, 0);
+    loop {
+        match (old.get(i), new.get(j)) {
+            (Some(o), Some(n)) => match name(o).cmp(name(n)) {
+                Ordering::Less => {
+                    out.push(change(kind, name(o), Action::Removed));
+                    i += 1;
+                }
+                Ordering::Greater => {
+                    out.push(change(kind, name(n), Action::Added));
+                    j += 1;
+                }
+                Ordering::Equal => {
+                    if o != n {
+                        out.push(change(kind, name(n), Action::Updated));
+                    }
+                    i += 1;
+                    j += 1;
+                }
+            },
+            (Some(o), None) => {
+                out.push(change(kind, name(o), Action::Removed));
+                i += 1;
+            }
+            (None, Some(n)) => {
+                out.push(change(kind, name(n), Action::Added));
+                j += 1;
+            }
+            (None, None) => break,
         }
     }
-    for n in old_by_name.keys() {
-        if !new_by_name.contains_key(n) {
-            out.push(change(kind, n, Action::Removed));
-        }
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
 }
 
 fn change(kind: Kind, name: &str, action: Action) -> Change {
@@ -136,6 +156,7 @@ pub fn summarize(changes: &[Change]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use gateway_proto::v1::{Route, Upstream};
 
     fn route(name: &str, timeout_ms: u32) -> Route {
@@ -163,7 +184,7 @@ mod tests {
             vec![route("keep", 1), route("change", 2), route("add", 1)],
             vec![upstream("new-u")],
         );
-        let changes = diff(&old, &new);
+        let changes = diff(old.view(), new.view());
         let got: Vec<(Kind, &str, Action)> = changes
             .iter()
             .map(|c| (c.kind, c.name.as_str(), c.action))
@@ -190,9 +211,9 @@ mod tests {
             vec![upstream("u"), upstream("v")],
         );
         assert_eq!(
-            summarize(&diff(&old, &new)),
+            summarize(&diff(old.view(), new.view())),
             "+2 routes, -1 route, +1 upstream"
         );
-        assert_eq!(summarize(&diff(&old, &old)), "no changes");
+        assert_eq!(summarize(&diff(old.view(), old.view())), "no changes");
     }
 }

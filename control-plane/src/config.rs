@@ -26,9 +26,12 @@ impl Config {
         Config { routes, upstreams }
     }
 
-    /// The content of a snapshot (its metadata is dropped).
-    pub fn from_snapshot(s: &ConfigSnapshot) -> Self {
-        Config::new(s.routes.clone(), s.upstreams.clone())
+    /// A borrowed view of this configuration.
+    pub fn view(&self) -> ConfigRef<'_> {
+        ConfigRef {
+            routes: &self.routes,
+            upstreams: &self.upstreams,
+        }
     }
 
     /// The canonical encoding: a `ConfigSnapshot` holding only routes and upstreams.
@@ -83,6 +86,36 @@ impl Config {
     }
 }
 
+/// A borrowed configuration, e.g. the content of a stored snapshot, so a
+/// 10,000-route configuration need not be copied just to be compared.
+#[derive(Clone, Copy, Debug)]
+pub struct ConfigRef<'a> {
+    /// Every route, sorted by name.
+    pub routes: &'a [Route],
+    /// Every upstream, sorted by name.
+    pub upstreams: &'a [Upstream],
+}
+
+impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
+    /// The content of a snapshot the store produced (always sorted by name).
+    fn from(s: &'a ConfigSnapshot) -> Self {
+        ConfigRef {
+            routes: &s.routes,
+            upstreams: &s.upstreams,
+        }
+    }
+}
+
+impl ConfigRef<'_> {
+    /// An owned copy.
+    pub fn to_config(self) -> Config {
+        Config {
+            routes: self.routes.to_vec(),
+            upstreams: self.upstreams.to_vec(),
+        }
+    }
+}
+
 /// Hex SHA-256 of an already encoded configuration.
 pub fn hash_encoded(encoded: &[u8]) -> String {
     hex::encode(Sha256::digest(encoded))
@@ -115,32 +148,33 @@ impl Mutation {
     ///
     /// Fails with `NotFound` for a delete of a missing name and with `Invalid`
     /// when an upstream to delete is still used by routes.
-    pub fn apply(self, mut current: Config) -> Result<Config, StoreError> {
+    pub fn apply(self, current: ConfigRef<'_>) -> Result<Config, StoreError> {
+        // Edits work on a copy of the current configuration; replacing needs none.
         match self {
             Mutation::UpsertRoute(route) => {
-                match current.routes.binary_search_by(|r| r.name.cmp(&route.name)) {
-                    Ok(i) => current.routes[i] = route,
-                    Err(i) => current.routes.insert(i, route),
+                let mut c = current.to_config();
+                match c.routes.binary_search_by(|r| r.name.cmp(&route.name)) {
+                    Ok(i) => c.routes[i] = route,
+                    Err(i) => c.routes.insert(i, route),
                 }
-                Ok(current)
+                Ok(c)
             }
             Mutation::DeleteRoute(name) => {
                 let i = current
                     .routes
                     .binary_search_by(|r| r.name.cmp(&name))
                     .map_err(|_| StoreError::NotFound(format!("route \"{name}\" not found")))?;
-                current.routes.remove(i);
-                Ok(current)
+                let mut c = current.to_config();
+                c.routes.remove(i);
+                Ok(c)
             }
             Mutation::UpsertUpstream(upstream) => {
-                match current
-                    .upstreams
-                    .binary_search_by(|u| u.name.cmp(&upstream.name))
-                {
-                    Ok(i) => current.upstreams[i] = upstream,
-                    Err(i) => current.upstreams.insert(i, upstream),
+                let mut c = current.to_config();
+                match c.upstreams.binary_search_by(|u| u.name.cmp(&upstream.name)) {
+                    Ok(i) => c.upstreams[i] = upstream,
+                    Err(i) => c.upstreams.insert(i, upstream),
                 }
-                Ok(current)
+                Ok(c)
             }
             Mutation::DeleteUpstream(name) => {
                 let i = current
@@ -161,8 +195,9 @@ impl Mutation {
                         if users.len() == 1 { "it" } else { "them" },
                     )));
                 }
-                current.upstreams.remove(i);
-                Ok(current)
+                let mut c = current.to_config();
+                c.upstreams.remove(i);
+                Ok(c)
             }
             Mutation::Replace(config)
             | Mutation::Rollback {
@@ -232,13 +267,17 @@ mod tests {
     #[test]
     fn upsert_inserts_sorted_and_replaces_by_name() {
         let c = Config::new(vec![route("b", "u")], vec![upstream("u")]);
-        let c = Mutation::UpsertRoute(route("a", "u")).apply(c).unwrap();
-        let c = Mutation::UpsertRoute(route("c", "u")).apply(c).unwrap();
+        let c = Mutation::UpsertRoute(route("a", "u"))
+            .apply(c.view())
+            .unwrap();
+        let c = Mutation::UpsertRoute(route("c", "u"))
+            .apply(c.view())
+            .unwrap();
         let names: Vec<_> = c.routes.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c"]);
         let mut changed = route("b", "u");
         changed.timeout_ms = 5;
-        let c = Mutation::UpsertRoute(changed).apply(c).unwrap();
+        let c = Mutation::UpsertRoute(changed).apply(c.view()).unwrap();
         assert_eq!(c.routes.len(), 3);
         assert_eq!(c.route("b").unwrap().timeout_ms, 5);
     }
@@ -247,10 +286,12 @@ mod tests {
     fn delete_of_a_missing_name_is_not_found() {
         let c = Config::default();
         let e = Mutation::DeleteRoute("x".into())
-            .apply(c.clone())
+            .apply(c.view())
             .unwrap_err();
         assert!(matches!(e, StoreError::NotFound(ref m) if m == "route \"x\" not found"));
-        let e = Mutation::DeleteUpstream("y".into()).apply(c).unwrap_err();
+        let e = Mutation::DeleteUpstream("y".into())
+            .apply(c.view())
+            .unwrap_err();
         assert!(matches!(e, StoreError::NotFound(ref m) if m == "upstream \"y\" not found"));
     }
 
@@ -261,7 +302,7 @@ mod tests {
             vec![upstream("u"), upstream("v")],
         );
         let e = Mutation::DeleteUpstream("u".into())
-            .apply(c.clone())
+            .apply(c.view())
             .unwrap_err();
         match e {
             StoreError::Invalid(m) => {
@@ -270,8 +311,10 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
-        let c = Mutation::DeleteRoute("c".into()).apply(c).unwrap();
-        let c = Mutation::DeleteUpstream("v".into()).apply(c).unwrap();
+        let c = Mutation::DeleteRoute("c".into()).apply(c.view()).unwrap();
+        let c = Mutation::DeleteUpstream("v".into())
+            .apply(c.view())
+            .unwrap();
         assert!(c.upstream("v").is_none());
         assert!(c.upstream("u").is_some());
     }

@@ -21,7 +21,7 @@
 
 use crate::changes::{self, Change};
 use crate::clock::{Clock, rfc3339, system_clock};
-use crate::config::{Config, Mutation, hash_encoded};
+use crate::config::{Config, ConfigRef, Mutation, hash_encoded};
 use crate::error::StoreError;
 use gateway_proto::v1::{ConfigSnapshot, ConfigVersion};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -183,7 +183,7 @@ impl Store {
     ) -> Result<Outcome, StoreError> {
         if options.dry_run {
             let mut conn = self.pool.acquire().await?;
-            let current = load_latest(&mut conn).await?;
+            let current = self.latest_in(&mut conn).await?;
             drop(conn);
             let planned = plan(&current, mutation, options)?;
             let version = if planned.unchanged {
@@ -214,6 +214,27 @@ impl Store {
         self.commit(Pending::Rollback(version), options).await
     }
 
+    /// The current version as the database sees it on `conn`. The published
+    /// snapshot is used when it is that version (always, unless another process
+    /// writes the same file), which saves decoding it again.
+    async fn latest_in(
+        &self,
+        conn: &mut SqliteConnection,
+    ) -> Result<Arc<ConfigSnapshot>, StoreError> {
+        let latest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM config_versions")
+            .fetch_one(&mut *conn)
+            .await?;
+        let latest = latest.map_or(Ok(0), |v| {
+            u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative version {v}")))
+        })?;
+        let cached = self.current();
+        if cached.version == latest {
+            Ok(cached)
+        } else {
+            Ok(Arc::new(load_latest(conn).await?))
+        }
+    }
+
     /// The write path shared by every mutation.
     async fn commit(
         &self,
@@ -222,7 +243,7 @@ impl Store {
     ) -> Result<Outcome, StoreError> {
         let _writer = self.writer.lock().await;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let current = load_latest(&mut tx).await?;
+        let current = self.latest_in(&mut tx).await?;
         check_expected(options.expected_version, current.version)?;
         let mutation = match pending {
             Pending::Ready(m) => m,
@@ -313,12 +334,12 @@ fn plan(
 ) -> Result<Planned, StoreError> {
     check_expected(options.expected_version, current.version)?;
     let summary = mutation.fixed_summary();
-    let old = Config::from_snapshot(current);
-    let config = mutation.apply(old.clone())?;
+    let old = ConfigRef::from(current);
+    let config = mutation.apply(old)?;
     config.validate()?;
     let encoded = config.encode();
     let hash = hash_encoded(&encoded);
-    let changes = changes::diff(&old, &config);
+    let changes = changes::diff(old, config.view());
     let summary = summary.unwrap_or_else(|| format!("apply: {}", changes::summarize(&changes)));
     Ok(Planned {
         unchanged: hash == current.hash,
