@@ -5,16 +5,25 @@
 //! stderr, so under load thousands of lines cost one `write` syscall instead of
 //! one each. If stderr blocks (a full pipe) and the buffer reaches its bound,
 //! new lines are dropped and counted instead of stalling requests.
+//!
+//! Wake-ups are rare on purpose: an idle writer is woken by the first line,
+//! then collects for [`FLUSH_INTERVAL`] (or until [`HIGH_WATER`] bytes wait)
+//! before writing, so a busy request thread makes no syscall per line.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Default bound of unwritten log bytes.
 pub const DEFAULT_BUFFER_BYTES: usize = 4 << 20;
+/// Longest a line waits in the buffer once the writer is awake.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
+/// Buffered bytes that make the writer write at once.
+pub const HIGH_WATER: usize = 256 << 10;
 
 struct Shared {
     state: Mutex<State>,
@@ -26,6 +35,10 @@ struct Shared {
 struct State {
     buf: Vec<u8>,
     closed: bool,
+    /// The writer sleeps until notified (nothing was buffered).
+    idle: bool,
+    /// A high-water wake-up was already sent for the current batch.
+    urged: bool,
 }
 
 impl Shared {
@@ -60,6 +73,8 @@ impl NonBlocking {
             state: Mutex::new(State {
                 buf: Vec::with_capacity(64 << 10),
                 closed: false,
+                idle: false,
+                urged: false,
             }),
             wake: Condvar::new(),
             dropped: AtomicU64::new(0),
@@ -137,11 +152,19 @@ impl Write for NonBlocking {
             self.shared.dropped.fetch_add(1, Ordering::Relaxed);
             return Ok(line.len());
         }
-        let was_empty = state.buf.is_empty();
         state.buf.extend_from_slice(line);
+        // Wake the writer only when it sleeps for good, or once when the batch got big.
+        let wake = if state.idle {
+            state.idle = false;
+            true
+        } else if state.buf.len() >= HIGH_WATER && !state.urged {
+            state.urged = true;
+            true
+        } else {
+            false
+        };
         drop(state);
-        // Only an idle writer thread needs waking; a busy one will find the line.
-        if was_empty {
+        if wake {
             self.shared.wake.notify_one();
         }
         Ok(line.len())
