@@ -23,12 +23,25 @@ pub enum StoreError {
     /// A stored row cannot be decoded, or its hash does not match its content.
     #[error("corrupt stored configuration: {0}")]
     Corrupt(String),
-    /// SQLite failed (I/O, lock timeout, ...).
+    /// SQLite failed (I/O, lock timeout, ...). The text is the whole story (it
+    /// becomes the gRPC message), so the cause is not exposed again as `source`.
     #[error("storage error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// The schema migrations failed.
     #[error("database migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::Database(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Migrate(e)
+    }
 }
 
 impl From<gateway_proto::ValidationError> for StoreError {

@@ -14,7 +14,7 @@ pub const SEED_AUTHOR: &str = "seed";
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
     /// The file cannot be read.
-    #[error("seed file {path}: {source}")]
+    #[error("cannot read seed file {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -22,7 +22,7 @@ pub enum SeedError {
         source: std::io::Error,
     },
     /// The file is not an `ApplyConfigRequest` in proto3 JSON.
-    #[error("seed file {path}: not an ApplyConfigRequest in proto3 JSON: {source}")]
+    #[error("seed file {path} is not an ApplyConfigRequest in proto3 JSON")]
     Parse {
         /// The file.
         path: PathBuf,
@@ -38,7 +38,7 @@ pub enum SeedError {
         reason: &'static str,
     },
     /// The configuration is invalid, or could not be committed.
-    #[error("seed file {path}: {source}")]
+    #[error("seed file {path} was refused")]
     Config {
         /// The file.
         path: PathBuf,
@@ -102,6 +102,18 @@ pub async fn apply(store: &Store, path: &Path) -> Result<Option<u64>, SeedError>
 mod tests {
     use super::*;
 
+    /// The error and its causes, as an operator sees them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            cur = c.source();
+        }
+        out
+    }
+
     fn write(dir: &tempfile::TempDir, text: &str) -> PathBuf {
         let p = dir.path().join("seed.json");
         std::fs::write(&p, text).unwrap();
@@ -133,14 +145,15 @@ mod tests {
         assert!(matches!(missing, SeedError::Read { .. }), "{missing}");
 
         let e = load(&write(&dir, "{\"routes\": [{\"nmae\": \"x\"}]}")).unwrap_err();
-        assert!(e.to_string().contains("unknown field `nmae`"), "{e}");
+        assert!(e.to_string().contains("not an ApplyConfigRequest"), "{e}");
+        assert!(chain(&e).contains("unknown field `nmae`"), "{e:?}");
 
         let e = load(&write(
             &dir,
             r#"{"routes": [{"name": "a", "pathPrefix": "a", "upstream": "u"}]}"#,
         ))
         .unwrap_err();
-        let text = e.to_string();
+        let text = chain(&e);
         assert!(text.contains("path_prefix must start with"), "{text}");
         assert!(text.contains("upstream \"u\" does not exist"), "{text}");
 

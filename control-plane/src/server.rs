@@ -63,7 +63,7 @@ impl From<&Args> for Settings {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// A listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -71,8 +71,13 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The database could not be opened or migrated.
-    #[error("database: {0}")]
-    Store(#[from] StoreError),
+    #[error("cannot open database {path}")]
+    Database {
+        /// The database file.
+        path: PathBuf,
+        /// Why.
+        source: StoreError,
+    },
     /// The seed file was refused.
     #[error(transparent)]
     Seed(#[from] SeedError),
@@ -83,7 +88,7 @@ pub enum StartError {
     #[error("gRPC server task failed: {0}")]
     Crashed(String),
     /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
+    #[error("gRPC server failed")]
     Serve(#[from] tonic::transport::Error),
 }
 
@@ -120,7 +125,14 @@ impl ControlPlane {
             addr: settings.listen,
             source,
         })?;
-        let store = Arc::new(Store::open(&settings.database).await?);
+        let store =
+            Store::open(&settings.database)
+                .await
+                .map_err(|source| StartError::Database {
+                    path: settings.database.clone(),
+                    source,
+                })?;
+        let store = Arc::new(store);
         if let Some(path) = &settings.seed {
             seed::apply(&store, path).await?;
         }
