@@ -276,15 +276,18 @@ impl Tracer {
         let Some(endpoint) = options.endpoint.clone() else {
             return Ok(Self::without_export(options));
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("otlp-export")
-            .enable_all()
-            .build()
-            .map_err(TelemetryError::Runtime)?;
+        // Wrapped at once: a plain Runtime dropped on an error path inside async code would panic.
+        let runtime = ExportRuntime(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("otlp-export")
+                .enable_all()
+                .build()
+                .map_err(TelemetryError::Runtime)?,
+        ));
         let exporter = {
             // tonic's lazy channel spawns its worker on the entered runtime.
-            let _entered = runtime.enter();
+            let _entered = runtime.0.as_ref().map(|rt| rt.enter());
             opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(endpoint.clone())
@@ -294,12 +297,7 @@ impl Tracer {
                     source,
                 })?
         };
-        let tracer = Self::with_exporter_inner(
-            options,
-            endpoint,
-            exporter,
-            Some(ExportRuntime(Some(runtime))),
-        );
+        let tracer = Self::with_exporter_inner(options, endpoint, exporter, Some(runtime));
         tracing::info!(
             endpoint = %tracer.inner.export.as_ref().map_or("", |e| e.endpoint.as_str()),
             service.name = %tracer.inner.service_name,

@@ -402,3 +402,27 @@ fn http_helpers_continue_the_trace_and_set_traceresponse() {
     );
     assert_eq!(spans[0].parent_span_id.to_bytes(), parent.span_id);
 }
+
+#[tokio::test]
+async fn a_bad_endpoint_is_a_clear_error_even_inside_async_code() {
+    let err = Tracer::new(TracerOptions {
+        endpoint: Some("not a url".into()),
+        ..TracerOptions::new("data-plane")
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("OTLP exporter for not a url"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_tracer_may_be_dropped_inside_async_code() {
+    let tracer = Tracer::new(TracerOptions {
+        endpoint: Some("http://127.0.0.1:9".into()),
+        ..TracerOptions::new("data-plane")
+    })
+    .unwrap();
+    assert!(tracer.is_exporting());
+    drop(tracer);
+}
