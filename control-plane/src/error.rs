@@ -23,6 +23,9 @@ pub enum StoreError {
     /// A stored row cannot be decoded, or its hash does not match its content.
     #[error("corrupt stored configuration: {0}")]
     Corrupt(String),
+    /// A bug: a task panicked.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// SQLite failed (I/O, lock timeout, ...). The text is the whole story (it
     /// becomes the gRPC message), so the cause is not exposed again as `source`.
     #[error("storage error: {0}")]
@@ -56,9 +59,10 @@ impl From<StoreError> for Status {
             StoreError::Invalid(_) => Code::InvalidArgument,
             StoreError::NotFound(_) => Code::NotFound,
             StoreError::VersionMismatch { .. } => Code::FailedPrecondition,
-            StoreError::Corrupt(_) | StoreError::Database(_) | StoreError::Migrate(_) => {
-                Code::Internal
-            }
+            StoreError::Corrupt(_)
+            | StoreError::Internal(_)
+            | StoreError::Database(_)
+            | StoreError::Migrate(_) => Code::Internal,
         };
         if code == Code::Internal {
             tracing::error!(error = %e, "request failed");

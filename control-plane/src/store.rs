@@ -185,7 +185,7 @@ impl Store {
             let mut conn = self.pool.acquire().await?;
             let current = self.latest_in(&mut conn).await?;
             drop(conn);
-            let planned = plan(&current, mutation, options)?;
+            let planned = plan_off_runtime(current.clone(), mutation, options).await?;
             let version = if planned.unchanged {
                 current.version
             } else {
@@ -256,7 +256,7 @@ impl Store {
                 }
             }
         };
-        let planned = plan(&current, mutation, options)?;
+        let planned = plan_off_runtime(current.clone(), mutation, options).await?;
         if planned.unchanged {
             // Idempotent: re-applying the current content creates no version.
             tx.rollback().await?;
@@ -327,12 +327,25 @@ struct Planned {
     unchanged: bool,
 }
 
-fn plan(
-    current: &ConfigSnapshot,
+/// [`plan`] on the blocking pool: validating and diffing 10,000 routes takes
+/// tens of milliseconds, which must not stall the config streams sharing the runtime.
+async fn plan_off_runtime(
+    current: Arc<ConfigSnapshot>,
     mutation: Mutation,
     options: &MutateOptions,
 ) -> Result<Planned, StoreError> {
-    check_expected(options.expected_version, current.version)?;
+    let expected_version = options.expected_version;
+    tokio::task::spawn_blocking(move || plan(&current, mutation, expected_version))
+        .await
+        .map_err(|e| StoreError::Internal(format!("validation task failed: {e}")))?
+}
+
+fn plan(
+    current: &ConfigSnapshot,
+    mutation: Mutation,
+    expected_version: Option<u64>,
+) -> Result<Planned, StoreError> {
+    check_expected(expected_version, current.version)?;
     let summary = mutation.fixed_summary();
     let old = ConfigRef::from(current);
     let config = mutation.apply(old)?;
