@@ -24,6 +24,11 @@ const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
+/// `le` labels of [`BUCKETS`], then +Inf.
+const BUCKET_LABELS: [&str; 15] = [
+    "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
+    "2.5", "5", "10", "+Inf",
+];
 
 fn method_index(m: &Method) -> usize {
     match *m {
@@ -63,11 +68,14 @@ impl Histogram {
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 
+    fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
     fn write(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
-        for (i, b) in self.buckets.iter().enumerate() {
+        for (b, le) in self.buckets.iter().zip(BUCKET_LABELS) {
             cumulative += b.load(Ordering::Relaxed);
-            let le = BUCKETS.get(i).map_or("+Inf".to_string(), |v| v.to_string());
             let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
         }
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
@@ -219,7 +227,8 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
         "histogram",
         "Time from request to response head, by route.",
     );
-    for (route, rm) in routes() {
+    // Routes that have seen no request yet export no histogram (keeps large tables cheap to scrape).
+    for (route, rm) in routes().filter(|(_, rm)| rm.latency.count() > 0) {
         rm.latency.write(
             &mut out,
             "gateway_request_duration_seconds",
