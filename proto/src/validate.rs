@@ -138,9 +138,9 @@ pub fn check_path_prefix(p: &str) -> Result<(), &'static str> {
     if p.len() > 1 && p.ends_with('/') {
         return Err("must not end with \"/\" (prefixes match whole segments)");
     }
-    if p.bytes().any(|c| {
-        c <= b' ' || c == 0x7f || c == b'?' || c == b'#' || c == b'%' || c == b'\\'
-    }) {
+    if p.bytes()
+        .any(|c| c <= b' ' || c == 0x7f || c == b'?' || c == b'#' || c == b'%' || c == b'\\')
+    {
         return Err("must not contain spaces, control characters, '?', '#', '%' or '\\'");
     }
     if p.len() > 1
@@ -234,10 +234,10 @@ impl Validator {
         if r.upstream.is_empty() {
             self.push(format!("{who}: upstream is required"));
         }
-        if !r.rewrite_prefix.is_empty() {
-            if let Err(why) = check_path_prefix(&r.rewrite_prefix) {
-                self.push(format!("{who}: rewrite_prefix {why}"));
-            }
+        if !r.rewrite_prefix.is_empty()
+            && let Err(why) = check_path_prefix(&r.rewrite_prefix)
+        {
+            self.push(format!("{who}: rewrite_prefix {why}"));
         }
         let auth = AuthMode::try_from(r.auth);
         if auth.is_err() {
@@ -316,9 +316,7 @@ impl Validator {
 
     fn range(&mut self, who: &str, field: &str, value: u32, lo: u32, hi: u32) {
         if value < lo || value > hi {
-            self.push(format!(
-                "{who}: {field} must be {lo} to {hi} (got {value})"
-            ));
+            self.push(format!("{who}: {field} must be {lo} to {hi} (got {value})"));
         }
     }
 
@@ -326,7 +324,13 @@ impl Validator {
         if let Err(why) = check_path_prefix(&hc.path) {
             self.push(format!("{who}: health_check.path {why}"));
         }
-        self.range(who, "health_check.interval_ms", hc.interval_ms, 100, 3_600_000);
+        self.range(
+            who,
+            "health_check.interval_ms",
+            hc.interval_ms,
+            100,
+            3_600_000,
+        );
         self.range(who, "health_check.timeout_ms", hc.timeout_ms, 1, 60_000);
         if hc.timeout_ms > hc.interval_ms {
             self.push(format!(

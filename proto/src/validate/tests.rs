@@ -71,13 +71,19 @@ fn a_complete_valid_config_passes() {
     users.methods = vec!["GET".into(), "POST".into()];
     users.rewrite_prefix = "/users".into();
     users.timeout_ms = 2000;
-    assert_eq!(validate_config(&[users, route("root", "/")], &[upstream("users")]), Ok(()));
+    assert_eq!(
+        validate_config(&[users, route("root", "/")], &[upstream("users")]),
+        Ok(())
+    );
 }
 
 #[test]
 fn names() {
     assert!(check_route(route("orders-2", "/a")).is_ok());
-    fails_with(check_route(route("Orders", "/a")), "route \"Orders\": name must match");
+    fails_with(
+        check_route(route("Orders", "/a")),
+        "route \"Orders\": name must match",
+    );
     fails_with(check_route(route("-x", "/a")), "name must match");
     fails_with(check_route(route("", "/a")), "name must match");
     fails_with(check_route(route(&"a".repeat(64), "/a")), "at most 63");
@@ -87,9 +93,15 @@ fn names() {
 #[test]
 fn duplicate_names() {
     let err = validate_config(&[route("a", "/a"), route("a", "/b")], &[upstream("users")]);
-    fails_with(err.map_err(|e| e.to_string()), "route \"a\": duplicate name");
+    fails_with(
+        err.map_err(|e| e.to_string()),
+        "route \"a\": duplicate name",
+    );
     let err = validate_config(&[], &[upstream("u"), upstream("u")]);
-    fails_with(err.map_err(|e| e.to_string()), "upstream \"u\": duplicate name");
+    fails_with(
+        err.map_err(|e| e.to_string()),
+        "upstream \"u\": duplicate name",
+    );
 }
 
 #[test]
@@ -119,9 +131,21 @@ fn rewrite_prefix() {
 #[test]
 fn hosts() {
     let mut r = route("a", "/");
-    r.hosts = vec!["example.com".into(), "*.example.com".into(), "10.0.0.1".into()];
+    r.hosts = vec![
+        "example.com".into(),
+        "*.example.com".into(),
+        "10.0.0.1".into(),
+    ];
     assert!(check_route(r.clone()).is_ok());
-    for bad in ["Example.com", "exa mple.com", "*", "a.*.com", "-a.com", "a..com", ""] {
+    for bad in [
+        "Example.com",
+        "exa mple.com",
+        "*",
+        "a.*.com",
+        "-a.com",
+        "a..com",
+        "",
+    ] {
         r.hosts = vec![bad.into()];
         fails_with(check_route(r.clone()), "is not a lower-case host name");
     }
@@ -144,7 +168,10 @@ fn methods() {
 fn route_upstream_must_exist() {
     let mut r = route("a", "/");
     r.upstream = "nope".into();
-    fails_with(check_route(r.clone()), "route \"a\": upstream \"nope\" does not exist");
+    fails_with(
+        check_route(r.clone()),
+        "route \"a\": upstream \"nope\" does not exist",
+    );
     r.upstream = String::new();
     fails_with(check_route(r), "upstream is required");
 }
@@ -153,7 +180,10 @@ fn route_upstream_must_exist() {
 fn deleting_a_used_upstream_is_refused() {
     // Whole-config validation is what catches a delete of an upstream in use.
     let err = validate_config(&[route("a", "/")], &[]).unwrap_err();
-    assert!(err.to_string().contains("upstream \"users\" does not exist"));
+    assert!(
+        err.to_string()
+            .contains("upstream \"users\" does not exist")
+    );
 }
 
 #[test]
@@ -174,7 +204,10 @@ fn rate_limits() {
     r.rate_limit = Some(limit("login", 5));
     assert!(check_route(r.clone()).is_ok());
     r.rate_limit = Some(limit("login", 0));
-    fails_with(check_route(r.clone()), "rate_limit.limit must be greater than 0");
+    fails_with(
+        check_route(r.clone()),
+        "rate_limit.limit must be greater than 0",
+    );
     r.rate_limit = Some(RateLimit {
         window_seconds: 0,
         ..limit("login", 5)
@@ -186,7 +219,10 @@ fn rate_limits() {
         algorithm: 9,
         ..limit("login", 5)
     });
-    fails_with(check_route(r.clone()), "rate_limit.algorithm: unknown value 9");
+    fails_with(
+        check_route(r.clone()),
+        "rate_limit.algorithm: unknown value 9",
+    );
     // KEY_USER needs a verified user.
     r.rate_limit = Some(RateLimit {
         key: RateLimitKey::KeyUser as i32,
@@ -206,7 +242,10 @@ fn shared_policies_must_agree() {
     assert!(validate_config(&[a.clone(), b.clone()], &[upstream("users")]).is_ok());
     b.rate_limit = Some(limit("api", 21));
     let err = validate_config(&[a, b], &[upstream("users")]).unwrap_err();
-    assert!(err.to_string().contains("is already defined differently by route \"a\""));
+    assert!(
+        err.to_string()
+            .contains("is already defined differently by route \"a\"")
+    );
 }
 
 #[test]
@@ -214,7 +253,10 @@ fn identical_matchers_are_refused() {
     let a = route("a", "/x");
     let b = route("b", "/x");
     let err = validate_config(&[a.clone(), b.clone()], &[upstream("users")]).unwrap_err();
-    assert!(err.to_string().contains("same hosts, path_prefix and methods as route \"a\""));
+    assert!(
+        err.to_string()
+            .contains("same hosts, path_prefix and methods as route \"a\"")
+    );
     // Different methods, or a specific method next to "any", are fine.
     let mut get = b.clone();
     get.methods = vec!["GET".into()];
@@ -236,7 +278,11 @@ fn identical_matchers_are_refused() {
 fn instances() {
     let mut u = upstream("users");
     assert!(check_upstream(u.clone()).is_ok());
-    for good in ["http://localhost:80", "http://[::1]:8080", "http://orders-1:9000"] {
+    for good in [
+        "http://localhost:80",
+        "http://[::1]:8080",
+        "http://orders-1:9000",
+    ] {
         u.instances[0].url = good.into();
         assert!(check_upstream(u.clone()).is_ok(), "{good}");
     }
@@ -256,15 +302,27 @@ fn instances() {
         assert!(res.is_err(), "{bad} should be refused");
     }
     u.instances[0].url = "http://a:80/x".into();
-    fails_with(check_upstream(u.clone()), "upstream \"users\": instance \"i-1\": url");
+    fails_with(
+        check_upstream(u.clone()),
+        "upstream \"users\": instance \"i-1\": url",
+    );
     u.instances.clear();
     fails_with(check_upstream(u.clone()), "instances must not be empty");
     u.instances = vec![
-        Instance { id: "a".into(), url: "http://a:1".into() },
-        Instance { id: "a".into(), url: "http://b:1".into() },
+        Instance {
+            id: "a".into(),
+            url: "http://a:1".into(),
+        },
+        Instance {
+            id: "a".into(),
+            url: "http://b:1".into(),
+        },
     ];
     fails_with(check_upstream(u.clone()), "instance \"a\": duplicate id");
-    u.instances = vec![Instance { id: "A".into(), url: "http://a:1".into() }];
+    u.instances = vec![Instance {
+        id: "A".into(),
+        url: "http://a:1".into(),
+    }];
     fails_with(check_upstream(u), "id must match");
 }
 
@@ -272,30 +330,51 @@ fn instances() {
 fn health_check_ranges() {
     let ok = upstream("u");
     let hc = ok.health_check.clone().unwrap();
-    let with = |hc: HealthCheck| Upstream { health_check: Some(hc), ..ok.clone() };
+    let with = |hc: HealthCheck| Upstream {
+        health_check: Some(hc),
+        ..ok.clone()
+    };
     assert!(check_upstream(with(hc.clone())).is_ok());
     fails_with(
-        check_upstream(with(HealthCheck { interval_ms: 0, ..hc.clone() })),
+        check_upstream(with(HealthCheck {
+            interval_ms: 0,
+            ..hc.clone()
+        })),
         "health_check.interval_ms must be 100 to 3600000 (got 0)",
     );
     fails_with(
-        check_upstream(with(HealthCheck { timeout_ms: 0, ..hc.clone() })),
+        check_upstream(with(HealthCheck {
+            timeout_ms: 0,
+            ..hc.clone()
+        })),
         "health_check.timeout_ms must be",
     );
     fails_with(
-        check_upstream(with(HealthCheck { timeout_ms: 6000, ..hc.clone() })),
+        check_upstream(with(HealthCheck {
+            timeout_ms: 6000,
+            ..hc.clone()
+        })),
         "must not exceed interval_ms",
     );
     fails_with(
-        check_upstream(with(HealthCheck { unhealthy_threshold: 0, ..hc.clone() })),
+        check_upstream(with(HealthCheck {
+            unhealthy_threshold: 0,
+            ..hc.clone()
+        })),
         "health_check.unhealthy_threshold",
     );
     fails_with(
-        check_upstream(with(HealthCheck { healthy_threshold: 101, ..hc.clone() })),
+        check_upstream(with(HealthCheck {
+            healthy_threshold: 101,
+            ..hc.clone()
+        })),
         "health_check.healthy_threshold",
     );
     fails_with(
-        check_upstream(with(HealthCheck { path: "health".into(), ..hc })),
+        check_upstream(with(HealthCheck {
+            path: "health".into(),
+            ..hc
+        })),
         "health_check.path must start with",
     );
 }
@@ -304,18 +383,30 @@ fn health_check_ranges() {
 fn circuit_breaker_ranges() {
     let ok = upstream("u");
     let cb = ok.circuit_breaker.clone().unwrap();
-    let with = |cb: CircuitBreaker| Upstream { circuit_breaker: Some(cb), ..ok.clone() };
+    let with = |cb: CircuitBreaker| Upstream {
+        circuit_breaker: Some(cb),
+        ..ok.clone()
+    };
     assert!(check_upstream(with(cb.clone())).is_ok());
     fails_with(
-        check_upstream(with(CircuitBreaker { failure_threshold: 0, ..cb.clone() })),
+        check_upstream(with(CircuitBreaker {
+            failure_threshold: 0,
+            ..cb.clone()
+        })),
         "circuit_breaker.failure_threshold",
     );
     fails_with(
-        check_upstream(with(CircuitBreaker { reset_timeout_ms: 50, ..cb.clone() })),
+        check_upstream(with(CircuitBreaker {
+            reset_timeout_ms: 50,
+            ..cb.clone()
+        })),
         "circuit_breaker.reset_timeout_ms",
     );
     fails_with(
-        check_upstream(with(CircuitBreaker { half_open_max_requests: 0, ..cb })),
+        check_upstream(with(CircuitBreaker {
+            half_open_max_requests: 0,
+            ..cb
+        })),
         "circuit_breaker.half_open_max_requests",
     );
 }
