@@ -382,23 +382,23 @@ fn health_check_ranges() {
 #[test]
 fn circuit_breaker_ranges() {
     let ok = upstream("u");
-    let cb = ok.circuit_breaker.clone().unwrap();
+    let cb = ok.circuit_breaker.unwrap();
     let with = |cb: CircuitBreaker| Upstream {
         circuit_breaker: Some(cb),
         ..ok.clone()
     };
-    assert!(check_upstream(with(cb.clone())).is_ok());
+    assert!(check_upstream(with(cb)).is_ok());
     fails_with(
         check_upstream(with(CircuitBreaker {
             failure_threshold: 0,
-            ..cb.clone()
+            ..cb
         })),
         "circuit_breaker.failure_threshold",
     );
     fails_with(
         check_upstream(with(CircuitBreaker {
             reset_timeout_ms: 50,
-            ..cb.clone()
+            ..cb
         })),
         "circuit_breaker.reset_timeout_ms",
     );
