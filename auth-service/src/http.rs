@@ -23,6 +23,8 @@ use crate::service::AuthService;
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// A client must send its request headers within this time (slowloris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request body must arrive within this time (a trickled body cannot hold a task forever).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections get this long to finish after shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -141,9 +143,14 @@ where
             return Err(too_large());
         }
     }
-    let body = Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
+    let collect = Limited::new(req.into_body(), MAX_BODY_BYTES).collect();
+    let body = tokio::time::timeout(BODY_READ_TIMEOUT, collect)
         .await
+        .map_err(|_| {
+            ApiError::BadRequest(format!(
+                "request body not received within {BODY_READ_TIMEOUT:?}"
+            ))
+        })?
         .map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
                 too_large()

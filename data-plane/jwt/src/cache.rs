@@ -1,8 +1,9 @@
 //! Verified-token cache: skips the ~40 µs signature check for tokens seen before.
 //!
-//! * Keyed by a **keyed** hash of the token (SipHash with a random per-process key), so nobody can
-//!   precompute colliding tokens; the **full token** is stored and compared on every hit, so even
-//!   a collision can only cause a miss, never a wrong identity.
+//! * Keyed by a **keyed** hash of the token's signature segment (SipHash with a random
+//!   per-process key), so nobody can precompute colliding tokens; the **full token** is stored
+//!   and compared on every hit, so even a collision can only cause a miss, never a wrong
+//!   identity. Only verified tokens are ever inserted.
 //! * `exp` is checked on every hit: an entry is never returned at or after `exp`.
 //! * Bounded: sharded maps with a fixed capacity each; when a shard is full, expired entries are
 //!   purged first (only when one can have expired), then an arbitrary entry is evicted.
@@ -74,7 +75,11 @@ impl<S: BuildHasher> TokenCache<S> {
     }
 
     fn locate(&self, token: &str) -> (u64, &Mutex<Shard>) {
-        let h = self.hasher.hash_one(token);
+        // Only the signature segment is hashed: it is unique per token (Ed25519 signatures are
+        // deterministic per message) and ~7x shorter than the whole token. Tokens sharing a
+        // signature merely share a slot; the full-token comparison keeps lookups exact.
+        let signature = token.rsplit_once('.').map_or(token, |(_, s)| s);
+        let h = self.hasher.hash_one(signature);
         // High bits pick the shard; the map uses the whole hash.
         (h, &self.shards[(h >> 60) as usize % SHARDS])
     }
@@ -194,6 +199,14 @@ mod tests {
         cache.insert("token-b", "k".into(), identity("mallory", 100), 0);
         assert_eq!(cache.get("token-b", 1).unwrap().sub, "mallory");
         assert!(cache.get("token-a", 1).is_none());
+    }
+
+    #[test]
+    fn tokens_sharing_a_signature_segment_are_told_apart() {
+        let cache = TokenCache::new(100);
+        cache.insert("h.alice.sig", "k".into(), identity("alice", 100), 0);
+        assert!(cache.get("h.mallory.sig", 1).is_none());
+        assert_eq!(cache.get("h.alice.sig", 1).unwrap().sub, "alice");
     }
 
     #[test]
