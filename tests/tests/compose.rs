@@ -1,0 +1,573 @@
+//! The compose suite: issue 7's scenarios against the containerised stack (docker-compose.yml),
+//! driven through the real Docker engine.
+//!
+//! It runs only with `GATEWAY_COMPOSE_TESTS=1` (`scripts/compose-test` sets it after building the
+//! images); otherwise it prints why it skipped and passes. The test owns the stack: `down -v`,
+//! `up -d --scale data-plane=3`, the scenarios in order, and `down -v` again when it ends, even
+//! on failure (set `GATEWAY_COMPOSE_KEEP=1` to leave the stack up for a look).
+//!
+//! Fault injection goes through `docker compose kill/stop/start`, `docker restart` and
+//! `docker network disconnect/connect`. Traffic goes through the edge (HAProxy) on a free
+//! 127.0.0.1 port; the edge names the replica that answered in `X-Served-By`.
+//!
+//! Environment: `GATEWAY_COMPOSE` (compose command, default `docker compose` if it works,
+//! else `docker-compose`), `GATEWAY_COMPOSE_PROJECT` (default `gateway-compose-test`),
+//! `GATEWAY_COMPOSE_EDGE_NET` (first three octets of the edge subnet, default `10.213.81`),
+//! `GATEWAY_COMPOSE_OFFLINE` (1: use docker/compose.offline.yml; default: when the Jaeger
+//! image is not present).
+
+mod compose_support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use compose_support::{Stack, Traffic, json_u64, wait_for};
+
+/// Path the scenarios add (a route with no auth and no rate limit, so traffic is never refused).
+const PROBE_PREFIX: &str = "/compose/orders";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compose_stack_scenarios() -> Result<()> {
+    if std::env::var("GATEWAY_COMPOSE_TESTS").as_deref() != Ok("1") {
+        eprintln!(
+            "compose suite SKIPPED: set GATEWAY_COMPOSE_TESTS=1 to run it against Docker \
+             (scripts/compose-test builds the images and does that)"
+        );
+        return Ok(());
+    }
+    let started = Instant::now();
+    let stack = Stack::up(3).await?;
+    let outcome = run_scenarios(&stack).await;
+    match &outcome {
+        Ok(timings) => {
+            eprintln!("\ncompose suite timings:");
+            for (name, took) in timings {
+                eprintln!("  {took:>8.1?}  {name}");
+            }
+            eprintln!(
+                "  {:>8.1?}  total, with up (down follows)",
+                started.elapsed()
+            );
+        }
+        Err(_) => stack.dump_logs().await,
+    }
+    drop(stack);
+    outcome.map(|_| ())
+}
+
+/// The scenarios in order (each leaves the stack whole for the next); returns their durations.
+async fn run_scenarios(stack: &Stack) -> Result<Vec<(&'static str, Duration)>> {
+    let mut timings = Vec::new();
+    // GATEWAY_COMPOSE_ONLY=word,word runs only the scenarios whose names contain one of them
+    // (for working on one scenario); the default runs all.
+    let only = std::env::var("GATEWAY_COMPOSE_ONLY").unwrap_or_default();
+    let selected = |name: &str| only.is_empty() || only.split(',').any(|w| name.contains(w));
+    macro_rules! scenario {
+        ($name:expr, $body:expr) => {{
+            if selected($name) {
+                let t = Instant::now();
+                eprintln!("\n=== scenario: {}", $name);
+                let out = $body
+                    .await
+                    .with_context(|| format!("scenario '{}'", $name))?;
+                eprintln!("=== passed in {:.1?}: {}", t.elapsed(), $name);
+                timings.push(($name, t.elapsed()));
+                Some(out)
+            } else {
+                eprintln!(
+                    "\n=== scenario skipped (GATEWAY_COMPOSE_ONLY={only}): {}",
+                    $name
+                );
+                None
+            }
+        }};
+    }
+    scenario!("3 replicas SYNCED", three_replicas_synced(stack));
+    let token = scenario!("demo config: login, JWT routes", demo_config_works(stack));
+    scenario!(
+        "grpcurl route change served by every replica",
+        route_change(stack)
+    );
+    scenario!("client address survives the edge", forwarded_for(stack));
+    scenario!(
+        "scale 3 -> 5 -> 2 under traffic",
+        scale_under_traffic(stack)
+    );
+    scenario!("kill orders-1 under traffic", kill_orders_1(stack));
+    scenario!(
+        "control plane down, replica restart from cache",
+        control_plane_down(stack)
+    );
+    scenario!(
+        "replica cut off from the control plane",
+        partition_replica(stack)
+    );
+    scenario!("redis down", redis_down(stack, token));
+    scenario!("tracing through the edge", tracing(stack));
+    Ok(timings)
+}
+
+/// `ListDataPlanes` shows every running replica SYNCED, named by its container hostname.
+async fn three_replicas_synced(stack: &Stack) -> Result<()> {
+    let version = stack.config_version().await?;
+    let hosts = stack
+        .wait_all_synced(version, Duration::from_secs(60))
+        .await?;
+    ensure!(
+        hosts.len() == 3,
+        "expected 3 data-plane containers, found {hosts:?}"
+    );
+    let listed = stack.grpc("ListDataPlanes", "{}").await?;
+    let synced: BTreeSet<String> = listed["dataPlanes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["status"] == "SYNCED")
+        .filter_map(|d| d["nodeId"].as_str().map(str::to_owned))
+        .collect();
+    ensure!(
+        hosts.iter().all(|h| synced.contains(h)),
+        "node ids must be the container hostnames {hosts:?}; SYNCED: {synced:?}"
+    );
+    Ok(())
+}
+
+/// The seeded demo configuration works through the edge: login, JWT routes, 401 without a token.
+/// Returns alice's access token (valid 15 minutes) for later scenarios: the login route allows only
+/// 5 attempts per minute per client address, and the XFF scenario spends that budget.
+async fn demo_config_works(stack: &Stack) -> Result<String> {
+    let token = stack.login("alice", "wonderland").await?;
+    let resp = stack
+        .http()
+        .get(stack.edge_url("/api/users/7"))
+        .bearer_auth(&token)
+        .send()
+        .await?;
+    let status = resp.status().as_u16();
+    let body: serde_json::Value = resp.json().await?;
+    ensure!(
+        status == 200,
+        "GET /api/users/7 with a token: {status} {body}"
+    );
+    ensure!(
+        body["instance"] == "users-1",
+        "users route must reach users-1: {body}"
+    );
+    ensure!(
+        body["headers"]["x-user-id"] == "alice",
+        "X-User-Id must be forwarded: {body}"
+    );
+    ensure!(
+        body["headers"].get("authorization").is_none(),
+        "Authorization must not be forwarded: {body}"
+    );
+    let anon = stack
+        .http()
+        .get(stack.edge_url("/api/orders/1"))
+        .send()
+        .await?;
+    ensure!(
+        anon.status() == 401,
+        "no token must give 401, got {}",
+        anon.status()
+    );
+    Ok(token)
+}
+
+/// A route added with grpcurl reaches every replica, and each one serves it through the edge.
+async fn route_change(stack: &Stack) -> Result<()> {
+    let t = Instant::now();
+    let change = stack
+        .grpc(
+            "UpsertRoute",
+            &format!(
+                r#"{{"route": {{"name": "compose-probe", "pathPrefix": "{PROBE_PREFIX}",
+                    "rewritePrefix": "/orders", "upstream": "orders"}}}}"#
+            ),
+        )
+        .await?;
+    let version = json_u64(&change["version"]).context("UpsertRoute answer has no version")?;
+    let hosts = stack
+        .wait_all_synced(version, Duration::from_secs(30))
+        .await?;
+    eprintln!(
+        "route change v{version} ACKed by {} replicas in {:.0?}",
+        hosts.len(),
+        t.elapsed()
+    );
+    let servers = stack.edge_servers_up().await?;
+    let mut seen = BTreeSet::new();
+    for _ in 0..(10 * servers.len()) {
+        let (status, served_by, _) = stack.probe_get().await?;
+        ensure!(
+            status == 200,
+            "after every replica ACKed, {served_by} answered {status}"
+        );
+        seen.insert(served_by);
+        if seen.len() == hosts.len() {
+            break;
+        }
+    }
+    ensure!(
+        seen.len() == hosts.len(),
+        "new route served by {seen:?} only; replicas: {hosts:?}"
+    );
+    eprintln!("new route served through the edge by {seen:?}");
+    Ok(())
+}
+
+/// The edge adds X-Forwarded-For and the data planes trust it only from the edge: a client on the
+/// host cannot escape the per-IP login limit by spoofing the header, while another real client
+/// (a container on the edge network) still has its own budget.
+async fn forwarded_for(stack: &Stack) -> Result<()> {
+    let resp = stack
+        .http()
+        .get(stack.edge_url(&format!("{PROBE_PREFIX}/1")))
+        .header("x-forwarded-for", "203.0.113.9")
+        .send()
+        .await?;
+    let body: serde_json::Value = resp.json().await?;
+    let xff = body["headers"]["x-forwarded-for"]
+        .as_str()
+        .context("backend got no X-Forwarded-For")?
+        .to_owned();
+    let gateway_ip = format!("{}.1", stack.edge_net());
+    ensure!(
+        xff.contains(&gateway_ip),
+        "X-Forwarded-For must carry the client address as the edge saw it ({gateway_ip}): {xff}"
+    );
+    // Spoofed addresses: the login limit (5 per 60 s per IP) still counts the real client.
+    let mut codes = Vec::new();
+    for i in 0..7 {
+        let resp = stack
+            .http()
+            .post(stack.edge_url("/auth/login"))
+            .header("x-forwarded-for", format!("198.51.100.{i}"))
+            .json(&serde_json::json!({"username": "nobody", "password": "wrong"}))
+            .send()
+            .await?;
+        codes.push(resp.status().as_u16());
+    }
+    ensure!(
+        codes.contains(&429),
+        "spoofed X-Forwarded-For escaped the per-IP login limit: {codes:?}"
+    );
+    // Another real client, from inside the edge network, is not limited by the host's budget.
+    let other = stack.login_status_from_edge_network().await?;
+    ensure!(
+        other != 429,
+        "another client was limited by the host's budget: {other}"
+    );
+    eprintln!("login statuses from the host with spoofed XFF: {codes:?}; other client: {other}");
+    Ok(())
+}
+
+/// Scaling out and back in under traffic loses no request; new replicas sync and take traffic.
+async fn scale_under_traffic(stack: &Stack) -> Result<()> {
+    let traffic = Traffic::start(stack, PROBE_PREFIX);
+    traffic.wait_requests(50, Duration::from_secs(20)).await?;
+
+    let t = Instant::now();
+    stack.scale("data-plane", 5).await?;
+    let version = stack.config_version().await?;
+    let hosts = stack
+        .wait_all_synced(version, Duration::from_secs(90))
+        .await?;
+    ensure!(hosts.len() == 5, "expected 5 replicas, got {hosts:?}");
+    wait_for(
+        "traffic to reach 5 replicas",
+        Duration::from_secs(60),
+        || async { Ok(traffic.servers_since(t).len() >= 5) },
+    )
+    .await?;
+    eprintln!(
+        "scaled to 5: all SYNCED and taking traffic after {:.1?}",
+        t.elapsed()
+    );
+
+    let t = Instant::now();
+    stack.scale("data-plane", 2).await?;
+    let hosts = stack.data_plane_hostnames().await?;
+    ensure!(hosts.len() == 2, "expected 2 replicas, got {hosts:?}");
+    wait_for(
+        "the edge to drop removed replicas",
+        Duration::from_secs(30),
+        || async { Ok(stack.edge_servers_up().await?.len() == 2) },
+    )
+    .await?;
+    let mark = Instant::now();
+    traffic
+        .wait_requests_since(mark, 100, Duration::from_secs(30))
+        .await?;
+    eprintln!("scaled to 2 in {:.1?}", t.elapsed());
+    let report = traffic.stop().await;
+    eprintln!("{report}");
+    ensure!(
+        report.failed == 0,
+        "failed requests while scaling: {report}"
+    );
+    Ok(())
+}
+
+/// Killing one orders instance under traffic costs no request.
+async fn kill_orders_1(stack: &Stack) -> Result<()> {
+    let traffic = Traffic::start(stack, PROBE_PREFIX);
+    traffic.wait_requests(50, Duration::from_secs(20)).await?;
+    stack.compose(&["kill", "orders-1"]).await?;
+    let killed = Instant::now();
+    // Until every replica's active health check (every 5 s, 2 failures) has taken it out, and then
+    // some: all traffic lands on orders-2.
+    wait_for(
+        "traffic only on orders-2",
+        Duration::from_secs(60),
+        || async {
+            let recent = Instant::now() - Duration::from_secs(3);
+            Ok(killed.elapsed() > Duration::from_secs(12)
+                && recent > killed
+                && traffic.instances_since(recent) == BTreeSet::from(["orders-2".to_owned()]))
+        },
+    )
+    .await?;
+    stack.compose(&["start", "orders-1"]).await?;
+    let started = Instant::now();
+    wait_for(
+        "orders-1 back in rotation",
+        Duration::from_secs(60),
+        || async { Ok(traffic.instances_since(started).contains("orders-1")) },
+    )
+    .await?;
+    let report = traffic.stop().await;
+    eprintln!("{report}");
+    ensure!(
+        report.failed == 0,
+        "failed requests with orders-1 killed: {report}"
+    );
+    Ok(())
+}
+
+/// With the control plane stopped, traffic is unaffected, and a replica restarted meanwhile
+/// serves its cached configuration.
+async fn control_plane_down(stack: &Stack) -> Result<()> {
+    let version = stack.config_version().await?;
+    let traffic = Traffic::start(stack, PROBE_PREFIX);
+    traffic.wait_requests(50, Duration::from_secs(20)).await?;
+    stack.compose(&["stop", "control-plane"]).await?;
+    let stopped = Instant::now();
+    traffic
+        .wait_requests_since(stopped, 200, Duration::from_secs(30))
+        .await?;
+
+    let replica = stack.data_plane_ids().await?.remove(0);
+    eprintln!("restarting replica {replica} while the control plane is down");
+    stack.docker(&["restart", &replica]).await?;
+    let restarted = Instant::now();
+    stack
+        .wait_healthy(&replica, Duration::from_secs(60))
+        .await?;
+    let served = stack.replica_config(&replica).await?;
+    ensure!(
+        json_u64(&served["version"]) == Some(version),
+        "restarted replica should serve cached v{version}, serves {served}"
+    );
+    let slot = stack.edge_slot_of(&replica).await?;
+    wait_for(
+        "the restarted replica to take traffic",
+        Duration::from_secs(30),
+        || async { Ok(traffic.servers_since(restarted).contains(&slot)) },
+    )
+    .await?;
+
+    stack.compose(&["start", "control-plane"]).await?;
+    stack
+        .wait_all_synced(version, Duration::from_secs(90))
+        .await?;
+    let report = traffic.stop().await;
+    eprintln!("{report}");
+    ensure!(
+        report.failed == 0,
+        "failed requests with the control plane down: {report}"
+    );
+    Ok(())
+}
+
+/// A replica disconnected from the control plane's network keeps serving, misses a change, and
+/// catches up after it is reconnected.
+async fn partition_replica(stack: &Stack) -> Result<()> {
+    let traffic = Traffic::start(stack, PROBE_PREFIX);
+    traffic.wait_requests(50, Duration::from_secs(20)).await?;
+    let replica = stack.data_plane_ids().await?.remove(0);
+    let hostname = stack.hostname_of(&replica).await?;
+    let slot = stack.edge_slot_of(&replica).await?;
+    let network = stack.network("control");
+    stack
+        .docker(&["network", "disconnect", &network, &replica])
+        .await?;
+    let cut = Instant::now();
+
+    let change = stack
+        .grpc(
+            "UpsertRoute",
+            r#"{"route": {"name": "compose-partition", "pathPrefix": "/compose/partition",
+                "rewritePrefix": "/users", "upstream": "users"}}"#,
+        )
+        .await?;
+    let version = json_u64(&change["version"]).context("UpsertRoute answer has no version")?;
+    wait_for(
+        "the connected replicas to ACK",
+        Duration::from_secs(30),
+        || async {
+            let planes = stack.list_data_planes().await?;
+            let others_synced = planes
+                .iter()
+                .filter(|p| p.node_id != hostname)
+                .filter(|p| p.acked_version >= version)
+                .count();
+            Ok(others_synced + 1 >= stack.data_plane_ids().await?.len())
+        },
+    )
+    .await?;
+    let cut_off = stack.replica_config(&replica).await?;
+    ensure!(
+        json_u64(&cut_off["version"]) < Some(version),
+        "a replica cut off from the control plane cannot have v{version}: {cut_off}"
+    );
+    wait_for(
+        "the cut-off replica to keep serving",
+        Duration::from_secs(30),
+        || async { Ok(traffic.servers_since(cut).contains(&slot)) },
+    )
+    .await?;
+    let status = stack
+        .list_data_planes()
+        .await?
+        .into_iter()
+        .find(|p| p.node_id == hostname)
+        .map(|p| p.status)
+        .unwrap_or_default();
+    ensure!(
+        status != "SYNCED",
+        "cut-off replica listed as SYNCED at v{version}"
+    );
+
+    stack
+        .docker(&["network", "connect", &network, &replica])
+        .await?;
+    let t = Instant::now();
+    wait_for(
+        "the reconnected replica to resync",
+        Duration::from_secs(90),
+        || async {
+            let served = stack.replica_config(&replica).await?;
+            Ok(json_u64(&served["version"]) >= Some(version))
+        },
+    )
+    .await?;
+    eprintln!("reconnected replica resynced in {:.1?}", t.elapsed());
+    stack
+        .wait_all_synced(version, Duration::from_secs(30))
+        .await?;
+    let report = traffic.stop().await;
+    eprintln!("{report}");
+    ensure!(
+        report.failed == 0,
+        "failed requests during the partition: {report}"
+    );
+    Ok(())
+}
+
+/// With Redis stopped, rate-limited routes still answer (replica-local fallback).
+async fn redis_down(stack: &Stack, token: Option<String>) -> Result<()> {
+    let token = match token {
+        Some(t) => t,
+        None => stack.login("bob", "builder").await?,
+    };
+    stack.compose(&["stop", "redis"]).await?;
+    for i in 0..5 {
+        let t = Instant::now();
+        let resp = stack
+            .http()
+            .get(stack.edge_url(&format!("/api/orders/{i}")))
+            .bearer_auth(&token)
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        ensure!(
+            status == 200,
+            "with Redis down, GET /api/orders/{i} answered {status}"
+        );
+        ensure!(
+            t.elapsed() < Duration::from_secs(2),
+            "with Redis down a request took {:.1?}",
+            t.elapsed()
+        );
+    }
+    stack.compose(&["start", "redis"]).await?;
+    stack
+        .wait_healthy_service("redis", Duration::from_secs(30))
+        .await?;
+    Ok(())
+}
+
+/// A request with a known traceparent yields a trace whose gateway span is the caller's child and
+/// whose backend span is the gateway's child: in Jaeger when its image is there, otherwise in
+/// the in-test OTLP receiver behind the offline relay.
+async fn tracing(stack: &Stack) -> Result<()> {
+    let trace_id = format!("{:032x}", rand_u128());
+    let caller_span = format!("{:016x}", rand_u128() as u64 | 1);
+    let traceparent = format!("00-{trace_id}-{caller_span}-01");
+    let resp = stack
+        .http()
+        .get(stack.edge_url(&format!("{PROBE_PREFIX}/42")))
+        .header("traceparent", &traceparent)
+        .send()
+        .await?;
+    ensure!(resp.status() == 200, "traced request: {}", resp.status());
+    let traceresponse = resp
+        .headers()
+        .get("traceresponse")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    ensure!(
+        traceresponse
+            .as_deref()
+            .is_some_and(|t| t.starts_with(&format!("00-{trace_id}-"))),
+        "traceresponse must continue trace {trace_id}: {traceresponse:?}"
+    );
+    let spans = stack.collected_spans(&trace_id).await?;
+    let gateway = spans
+        .iter()
+        .find(|s| s.service == "data-plane" && s.parent == caller_span)
+        .with_context(|| format!("no data-plane span with parent {caller_span}: {spans:#?}"))?;
+    let backend = spans
+        .iter()
+        .find(|s| s.service == "orders")
+        .with_context(|| format!("no span from the orders backend: {spans:#?}"))?;
+    let gateway_ids: BTreeSet<&str> = spans
+        .iter()
+        .filter(|s| s.service == "data-plane")
+        .map(|s| s.span_id.as_str())
+        .collect();
+    ensure!(
+        gateway_ids.contains(backend.parent.as_str()),
+        "the backend span's parent must be a gateway span: {spans:#?}"
+    );
+    eprintln!(
+        "trace {trace_id}: gateway span {} {:?} (parent {caller_span}), backend span {} {:?} \
+         (parent {})",
+        gateway.span_id, gateway.name, backend.span_id, backend.name, backend.parent
+    );
+    Ok(())
+}
+
+/// Non-zero random bits for trace and span ids (std's randomly keyed hasher; no extra crate).
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = 0u128;
+    for i in 0..2u8 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(i);
+        out = (out << 64) | u128::from(h.finish());
+    }
+    out.max(1)
+}
