@@ -135,6 +135,7 @@ fn bench(c: &mut Criterion) {
             database: dir.path().join("grpc.db"),
             seed: None,
             metrics_listen: None,
+            tracer: gateway_telemetry::Tracer::disabled(),
         }))
         .unwrap();
     let mut client = rt

@@ -9,7 +9,13 @@ use control_plane::{Args, ControlPlane, Settings};
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     control_plane::logging::init(args.log_format);
-    let cp = ControlPlane::start(Settings::from(&args))
+    let tracer = gateway_telemetry::Tracer::from_env("control-plane", None)
+        .context("OpenTelemetry settings are invalid")?;
+    let settings = Settings {
+        tracer: tracer.clone(),
+        ..Settings::from(&args)
+    };
+    let cp = ControlPlane::start(settings)
         .await
         .context("control plane failed to start")?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -24,6 +30,10 @@ async fn main() -> anyhow::Result<()> {
     cp.run_until(signal)
         .await
         .context("control plane stopped with an error")?;
+    // Flush the spans still queued; a dead collector only costs the timeout.
+    if let Err(e) = tracer.shutdown(std::time::Duration::from_secs(2)) {
+        tracing::warn!(error = %e, "spans not flushed");
+    }
     tracing::info!("stopped");
     Ok(())
 }

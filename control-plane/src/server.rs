@@ -46,6 +46,8 @@ pub struct Settings {
     pub seed: Option<PathBuf>,
     /// Prometheus endpoint address.
     pub metrics_listen: Option<SocketAddr>,
+    /// Spans for every gRPC call (continuing the caller's `traceparent`); exported by OTLP when configured.
+    pub tracer: gateway_telemetry::Tracer,
 }
 
 impl From<&Args> for Settings {
@@ -55,6 +57,7 @@ impl From<&Args> for Settings {
             database: a.database.clone(),
             seed: a.seed.clone(),
             metrics_listen: a.metrics_listen,
+            tracer: gateway_telemetry::Tracer::disabled(),
         }
     }
 }
@@ -184,6 +187,10 @@ impl ControlPlane {
             Server::builder()
                 .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+                // One SERVER span per call, continuing the caller's trace.
+                .layer(gateway_telemetry::grpc::GrpcTraceLayer::new(
+                    settings.tracer.clone(),
+                ))
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)

@@ -18,6 +18,7 @@ async fn start(dir: &tempfile::TempDir) -> ControlPlane {
             database: dir.path().join("cp.db"),
             seed: None,
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            tracer: gateway_telemetry::Tracer::disabled(),
         },
     )
     .await
