@@ -19,8 +19,8 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && groupadd --system --gid 10001 gateway \
- && useradd --system --uid 10001 --gid gateway --home-dir /var/lib/gateway --shell /usr/sbin/nologin gateway \
+ && groupadd --gid 10001 gateway \
+ && useradd --uid 10001 --gid gateway --no-create-home --home-dir /var/lib/gateway --shell /usr/sbin/nologin gateway \
  && install -d -o gateway -g gateway -m 0750 /var/lib/gateway /var/cache/gateway
 COPY docker/entrypoint.sh /usr/local/bin/gateway-entrypoint
 COPY docker/http-probe /usr/local/bin/http-probe
