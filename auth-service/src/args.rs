@@ -114,6 +114,8 @@ pub struct ServerConfig {
     pub key_dir: PathBuf,
     /// Key rotation schedule.
     pub rotation: RotationPolicy,
+    /// Request spans (continuing the caller's trace); exported by OTLP when configured.
+    pub tracer: gateway_telemetry::Tracer,
 }
 
 /// A setting that cannot be used.
@@ -164,6 +166,7 @@ impl Cli {
                 Duration::from_secs(self.key_rotation_interval_secs),
                 Duration::from_secs(self.key_publish_lead_secs),
             ),
+            tracer: gateway_telemetry::Tracer::disabled(),
         })
     }
 }

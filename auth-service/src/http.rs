@@ -45,6 +45,7 @@ struct RefreshRequest {
 pub async fn serve(
     listener: TcpListener,
     service: Arc<AuthService>,
+    tracer: gateway_telemetry::Tracer,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -69,9 +70,17 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = service.clone();
-        let svc = service_fn(move |req| {
+        let tracer = tracer.clone();
+        let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
             let service = service.clone();
-            async move { Ok::<_, Infallible>(handle(&service, req).await) }
+            // One SERVER span per request, continuing the caller's traceparent; traceresponse on every answer.
+            let mut span = tracer.http_server_span(req.headers(), req.method(), req.uri().path());
+            async move {
+                let mut resp = handle(&service, req).await;
+                span.record_response(resp.status().as_u16(), resp.headers_mut());
+                span.end();
+                Ok::<_, Infallible>(resp)
+            }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)

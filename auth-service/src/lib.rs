@@ -117,7 +117,7 @@ pub async fn run_with_listener(
     })?;
     tracing::info!(%addr, "auth-service listening");
     let rotation = tokio::spawn(rotate_keys(keys, clock));
-    let served = http::serve(listener, service, shutdown).await;
+    let served = http::serve(listener, service, config.tracer.clone(), shutdown).await;
     rotation.abort();
     served.map_err(|source| RunError::Listen {
         addr: addr.to_string(),

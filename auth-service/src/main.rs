@@ -13,9 +13,22 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match &cli.command {
-        None => auth_service::run(cli.server_config()?, shutdown_signal())
-            .await
-            .context("auth-service failed"),
+        None => {
+            let tracer = gateway_telemetry::Tracer::from_env("auth-service", None)
+                .context("OpenTelemetry settings are invalid")?;
+            let config = auth_service::args::ServerConfig {
+                tracer: tracer.clone(),
+                ..cli.server_config()?
+            };
+            let result = auth_service::run(config, shutdown_signal())
+                .await
+                .context("auth-service failed");
+            // Flush queued spans; a dead collector only costs the timeout.
+            if let Err(e) = tracer.shutdown(std::time::Duration::from_secs(2)) {
+                tracing::warn!(error = %e, "spans not flushed");
+            }
+            result
+        }
         Some(Command::Users {
             command:
                 UsersCommand::Add {

@@ -333,9 +333,14 @@ async fn served_over_tcp_with_chunked_oversized_body() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, f.service.clone(), async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(serve(
+        listener,
+        f.service.clone(),
+        gateway_telemetry::Tracer::disabled(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
 
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let chunk = "a".repeat(4096);
