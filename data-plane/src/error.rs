@@ -71,7 +71,7 @@ pub enum ProxyError {
     #[error(transparent)]
     Unauthorized(#[from] AuthError),
     /// Rate limit exceeded (429).
-    #[error("rate limit {} exceeded", .0.policy)]
+    #[error("rate limit exceeded")]
     RateLimited(RateLimited),
     /// Every instance is unhealthy or breaker-open (503).
     #[error("no instance of the upstream is available")]
@@ -253,7 +253,11 @@ impl ProxyError {
             Self::Unauthorized(_) => {
                 h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            Self::RateLimited(rl) => rate_limit_headers(h, rl),
+            Self::RateLimited(rl) => {
+                for (name, value) in &rl.headers {
+                    h.append(name, value.clone());
+                }
+            }
             Self::HeadersTooLarge { .. } | Self::BodyTooLarge { .. } | Self::ClientBody(_) => {
                 // The connection may hold unread bytes of the refused request.
                 h.insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -261,26 +265,6 @@ impl ProxyError {
             _ => {}
         }
         resp
-    }
-}
-
-fn rate_limit_headers(h: &mut http::HeaderMap, rl: &RateLimited) {
-    let num = |n: u32| HeaderValue::from(n);
-    h.insert(header::RETRY_AFTER, num(rl.retry_after_seconds));
-    h.insert("x-ratelimit-limit", num(rl.limit));
-    h.insert("x-ratelimit-remaining", num(rl.remaining));
-    // IETF draft-ietf-httpapi-ratelimit-headers structured fields.
-    if let Ok(v) = HeaderValue::from_str(&format!(
-        "\"{}\";q={};w={}",
-        rl.policy, rl.limit, rl.window_seconds
-    )) {
-        h.insert("ratelimit-policy", v);
-    }
-    if let Ok(v) = HeaderValue::from_str(&format!(
-        "\"{}\";r={};t={}",
-        rl.policy, rl.remaining, rl.retry_after_seconds
-    )) {
-        h.insert("ratelimit", v);
     }
 }
 
@@ -311,13 +295,7 @@ mod tests {
             ProxyError::Unauthorized(AuthError::Missing),
             ProxyError::Unauthorized(AuthError::Invalid),
             ProxyError::Unauthorized(AuthError::NotConfigured),
-            ProxyError::RateLimited(RateLimited {
-                policy: "api".into(),
-                limit: 20,
-                window_seconds: 60,
-                remaining: 0,
-                retry_after_seconds: 7,
-            }),
+            ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)),
             ProxyError::NoInstance,
             ProxyError::Timeout(Duration::from_secs(1)),
         ]);
@@ -349,14 +327,7 @@ mod tests {
     fn auth_and_rate_limit_headers() {
         let r = ProxyError::Unauthorized(AuthError::Missing).into_response();
         assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
-        let r = ProxyError::RateLimited(RateLimited {
-            policy: "api".into(),
-            limit: 20,
-            window_seconds: 60,
-            remaining: 0,
-            retry_after_seconds: 7,
-        })
-        .into_response();
+        let r = ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)).into_response();
         let h = r.headers();
         assert_eq!(h[header::RETRY_AFTER], "7");
         assert_eq!(h["x-ratelimit-limit"], "20");

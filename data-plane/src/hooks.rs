@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use futures::future::BoxFuture;
 use gateway_proto::v1::RateLimit;
-use http::HeaderValue;
+use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 
 /// Who the caller is, after verification. Forwarded as `X-User-Id` / `X-User-Role`.
@@ -44,19 +44,41 @@ pub trait Authenticator: Send + Sync + 'static {
     fn authenticate<'a>(&'a self, req: &'a Parts) -> BoxFuture<'a, Result<Identity, AuthError>>;
 }
 
-/// A refused request, with what the client needs to back off.
+/// A request refused by the rate limiter (answered 429).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimited {
-    /// The budget (policy) name.
-    pub policy: String,
-    /// Its limit (`X-RateLimit-Limit`, `q` of `RateLimit-Policy`).
-    pub limit: u32,
-    /// Its window in seconds (`w` of `RateLimit-Policy`).
-    pub window_seconds: u32,
-    /// Remaining requests (`X-RateLimit-Remaining`, `r` of `RateLimit`); 0 when refused.
-    pub remaining: u32,
-    /// Seconds until a request may succeed (`Retry-After`, `t` of `RateLimit`).
-    pub retry_after_seconds: u32,
+    /// Response fields telling the client how to back off: `Retry-After`, and
+    /// usually `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `RateLimit-Policy`
+    /// and `RateLimit`. [`RateLimited::new`] builds them all.
+    pub headers: HeaderMap,
+}
+
+impl RateLimited {
+    /// A refusal with the standard fields: `Retry-After`, `X-RateLimit-Limit`,
+    /// `X-RateLimit-Remaining`, and the IETF `RateLimit-Policy: "p";q=LIMIT;w=WINDOW`
+    /// and `RateLimit: "p";r=REMAINING;t=RETRY_AFTER` (draft-ietf-httpapi-ratelimit-headers).
+    pub fn new(
+        policy: &str,
+        limit: u32,
+        window_seconds: u32,
+        remaining: u32,
+        retry_after_seconds: u32,
+    ) -> Self {
+        let mut h = HeaderMap::with_capacity(5);
+        h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_seconds));
+        h.insert("x-ratelimit-limit", HeaderValue::from(limit));
+        h.insert("x-ratelimit-remaining", HeaderValue::from(remaining));
+        // A validated policy name is [a-z0-9-]: always a valid field value.
+        if let Ok(v) = HeaderValue::try_from(format!("\"{policy}\";q={limit};w={window_seconds}")) {
+            h.insert("ratelimit-policy", v);
+        }
+        if let Ok(v) = HeaderValue::try_from(format!(
+            "\"{policy}\";r={remaining};t={retry_after_seconds}"
+        )) {
+            h.insert("ratelimit", v);
+        }
+        Self { headers: h }
+    }
 }
 
 /// What a rate limit is counted per.
@@ -70,10 +92,11 @@ pub enum LimitKey<'a> {
 
 /// Decides whether a request fits its route's rate limit.
 pub trait RateLimiter: Send + Sync + 'static {
-    /// `Ok` to let the request through; `Err` to answer 429.
+    /// `Ok` lets the request through; its headers, if any (e.g. `X-RateLimit-Remaining`),
+    /// are added to the response. `Err` answers 429 with the refusal's headers.
     fn check<'a>(
         &'a self,
         limit: &'a RateLimit,
         key: LimitKey<'a>,
-    ) -> BoxFuture<'a, Result<(), RateLimited>>;
+    ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>>;
 }

@@ -80,6 +80,8 @@ impl std::fmt::Debug for Pipeline {
 struct Seen<'c> {
     request_id: Option<HeaderValue>,
     route: Option<&'c RouteEntry>,
+    /// Fields a stage wants on the response (the rate limiter's budget report).
+    response_headers: Option<http::HeaderMap>,
 }
 
 impl Pipeline {
@@ -95,6 +97,9 @@ impl Pipeline {
         };
         if let Some(id) = seen.request_id {
             resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+        }
+        if let Some(extra) = seen.response_headers {
+            resp.headers_mut().extend(extra);
         }
         let metrics = seen.route.map_or(&self.metrics.unmatched, |r| &*r.metrics);
         metrics.record(&method, resp.status(), started.elapsed());
@@ -114,11 +119,7 @@ impl Pipeline {
 
         // Sanitise, before anything reads the request: hop-by-hop and client-forged identity headers go,
         // oversized requests stop here, the path gets its one canonical form for routing and forwarding.
-        let header_bytes = remove_hop_by_hop(&mut parts.headers, true);
-        self.check_limits(&parts, header_bytes)?;
-        seen.request_id = Some(ensure_request_id(&mut parts.headers));
-        set_forwarded(&mut parts.headers, peer.ip());
-        let path = normalize_path(uri.path())?;
+        let path = self.sanitise(&mut parts, &uri, peer, seen)?;
 
         // Route: host + longest whole-segment prefix + method; every later stage depends on the route.
         let route = route(cfg, &parts, &path)?;
@@ -128,7 +129,8 @@ impl Pipeline {
         let identity = self.authenticate(route, &mut parts).await?;
 
         // Rate-limit: before any upstream work, so refused requests cost the upstream nothing.
-        self.rate_limit(route, identity.as_ref(), &parts, peer)
+        seen.response_headers = self
+            .rate_limit(route, identity.as_ref(), &parts, peer)
             .await?;
 
         // Balance → breaker: round-robin over healthy instances whose breaker admits; none → 503 without a network call.
@@ -142,6 +144,21 @@ impl Pipeline {
             RequestBody::new(body, self.limits.max_body_bytes),
         )?;
         proxy::forward(&route.upstream, pick, req, route.timeout).await
+    }
+
+    /// The sanitise stage. Returns the normalised path.
+    fn sanitise<'u>(
+        &self,
+        parts: &mut Parts,
+        uri: &'u http::Uri,
+        peer: SocketAddr,
+        seen: &mut Seen<'_>,
+    ) -> Result<Cow<'u, str>, ProxyError> {
+        let header_bytes = remove_hop_by_hop(&mut parts.headers, true);
+        self.check_limits(parts, header_bytes)?;
+        seen.request_id = Some(ensure_request_id(&mut parts.headers));
+        set_forwarded(&mut parts.headers, peer.ip());
+        Ok(normalize_path(uri.path())?)
     }
 
     fn check_limits(&self, parts: &Parts, header_bytes: usize) -> Result<(), ProxyError> {
@@ -196,9 +213,9 @@ impl Pipeline {
         identity: Option<&Identity>,
         parts: &Parts,
         peer: SocketAddr,
-    ) -> Result<(), ProxyError> {
+    ) -> Result<Option<http::HeaderMap>, ProxyError> {
         let (Some(limit), Some(limiter)) = (&route.rate_limit, &self.rate_limiter) else {
-            return Ok(());
+            return Ok(None);
         };
         let key = match (RateLimitKey::try_from(limit.key), identity) {
             (Ok(RateLimitKey::KeyUser), Some(id)) => LimitKey::User(id.subject.as_bytes()),
