@@ -1,7 +1,7 @@
 //! Extension points for pipeline stages implemented outside this crate:
 //! token verification (the `jwt` crate) and rate limiting (the `ratelimit`
 //! crate). The pipeline calls them at their fixed place; plugging one in is one
-//! field on [`crate::pipeline::Pipeline`].
+//! call: `DataPlane::new(args).authenticator(Arc::new(..)).rate_limiter(Arc::new(..))`.
 //!
 //! Without an [`Authenticator`] an `AUTH_JWT` route refuses every request
 //! (fail closed: there is nothing to verify tokens with). Without a

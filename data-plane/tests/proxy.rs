@@ -584,3 +584,38 @@ async fn active_health_checks_take_instances_out_and_back() {
     );
     dp.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_header_senders_are_cut_off() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let up = TestUpstream::start("o1").await;
+    let cfg = snapshot(
+        1,
+        vec![route("all", "/", "svc")],
+        vec![upstream("svc", &[("o1", up.url())])],
+    );
+    let (dp, _cache) = data_plane_with(cfg, &["--header-read-timeout-ms", "300"]).await;
+    let mut s = tokio::net::TcpStream::connect(dp.proxy_addr())
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: gw\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    // The gateway closes the connection (possibly after a 408) without a complete head.
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, s.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "connection still open after {DEADLINE:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let text = String::from_utf8_lossy(&buf);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
+    assert_eq!(up.connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    dp.shutdown().await;
+}
