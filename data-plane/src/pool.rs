@@ -23,6 +23,9 @@ use tokio::time::Instant;
 
 use crate::body::RequestBody;
 
+/// Longest wait for a pooled connection to finish its previous exchange.
+const READY_WAIT: Duration = Duration::from_millis(50);
+
 /// Pool limits, the same for every instance.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolSettings {
@@ -246,8 +249,15 @@ impl Pool {
                     Err(error) => return Err(SendError::Connect { req, error }),
                 },
             };
-            if reused && sender.ready().await.is_err() {
-                continue;
+            // A connection checked in at the end of its response body is usually
+            // ready at once, or a moment later when its task catches up. One still
+            // busy (e.g. still sending a request body the upstream answered early)
+            // is not worth waiting for: drop it and take another.
+            if reused && !sender.is_ready() {
+                match tokio::time::timeout(READY_WAIT, sender.ready()).await {
+                    Ok(Ok(())) => {}
+                    _ => continue,
+                }
             }
             match sender.try_send_request(req).await {
                 Ok(resp) => {
