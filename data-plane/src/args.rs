@@ -60,6 +60,11 @@ pub struct Args {
     #[arg(long, env = "DP_REDIS_URL")]
     pub redis_url: Option<String>,
 
+    /// Longest a rate-limit decision waits for Redis before the replica-local
+    /// limiter decides, in milliseconds.
+    #[arg(long, env = "DP_RATELIMIT_TIMEOUT_MS", default_value_t = 5)]
+    pub ratelimit_timeout_ms: u64,
+
     /// Proxies (CIDRs, comma-separated) whose X-Forwarded-For is believed when
     /// finding the client address.
     #[arg(long, env = "DP_TRUSTED_PROXIES", value_delimiter = ',')]
@@ -126,6 +131,9 @@ impl Args {
         {
             return invalid("control-plane", "must be an http:// or https:// URL");
         }
+        if self.ratelimit_timeout_ms == 0 {
+            return invalid("ratelimit-timeout-ms", "must be greater than 0");
+        }
         if self.node_id.as_deref().is_some_and(str::is_empty) {
             return invalid("node-id", "must not be empty");
         }
@@ -153,6 +161,24 @@ impl Args {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             max_header_bytes: self.max_header_bytes,
             shutdown_grace: Duration::from_millis(self.shutdown_timeout_ms),
+        }
+    }
+
+    /// Token verifier settings, when `--jwks-url` is set.
+    pub fn jwt(&self) -> Option<gateway_jwt::JwtConfig> {
+        self.jwks_url.as_ref().map(|url| gateway_jwt::JwtConfig {
+            jwks_url: url.clone(),
+            issuer: self.jwt_issuer.clone(),
+            audience: self.jwt_audience.clone(),
+            ..gateway_jwt::JwtConfig::default()
+        })
+    }
+
+    /// Rate limiter settings.
+    pub fn ratelimit(&self) -> gateway_ratelimit::RateLimiterOptions {
+        gateway_ratelimit::RateLimiterOptions {
+            decision_timeout: Duration::from_millis(self.ratelimit_timeout_ms),
+            ..gateway_ratelimit::RateLimiterOptions::default()
         }
     }
 
@@ -197,6 +223,8 @@ mod tests {
         assert_eq!(a.jwt_issuer, "gateway-auth");
         assert_eq!(a.jwt_audience, "gateway");
         assert_eq!(a.trusted_proxies.len(), 2);
+        assert_eq!(a.ratelimit().decision_timeout, Duration::from_millis(5));
+        assert!(a.jwt().is_none());
         assert_eq!(a.node_id(), "dp-1");
         a.validate().unwrap();
     }

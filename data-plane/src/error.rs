@@ -103,6 +103,25 @@ impl ProxyError {
         }
     }
 
+    /// A short stable name of the failure, for the trace span's `error.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::BadPath(_) => "bad_path",
+            Self::BadRequest(_) => "bad_request",
+            Self::HeadersTooLarge { .. } => "headers_too_large",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::ClientBody(_) => "client_body",
+            Self::NotReady => "not_ready",
+            Self::NoRoute => "no_route",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::RateLimited(_) => "rate_limited",
+            Self::NoInstance => "no_instance",
+            Self::Connect(_) => "connect",
+            Self::Upstream(_) => "upstream",
+            Self::Timeout(_) => "timeout",
+        }
+    }
+
     /// The problem document (static).
     pub fn body(&self) -> &'static str {
         use NormalizeError as N;

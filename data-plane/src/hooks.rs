@@ -4,8 +4,10 @@
 //! call: `DataPlane::new(args).authenticator(Arc::new(..)).rate_limiter(Arc::new(..))`.
 //!
 //! Without an [`Authenticator`] an `AUTH_JWT` route refuses every request
-//! (fail closed: there is nothing to verify tokens with). Without a
-//! [`RateLimiter`] rate limits are not enforced.
+//! (fail closed: there is nothing to verify tokens with). When none is given,
+//! [`DataPlane::start`](crate::DataPlane::start) plugs in [`crate::jwt::JwtAuth`]
+//! if `--jwks-url` is set, and always a [`crate::ratelimit::RouteLimiter`]
+//! (shared through `--redis-url`, else replica-local), so limits are never off.
 
 use std::net::IpAddr;
 
@@ -42,6 +44,9 @@ pub trait Authenticator: Send + Sync + 'static {
     /// Checks the request's credentials (usually `Authorization: Bearer`).
     /// Called only for `AUTH_JWT` routes, after routing, before rate limiting.
     fn authenticate<'a>(&'a self, req: &'a Parts) -> BoxFuture<'a, Result<Identity, AuthError>>;
+
+    /// Appends this stage's counters to `/metrics` (Prometheus text). Default: none.
+    fn write_metrics(&self, _out: &mut String) {}
 }
 
 /// A request refused by the rate limiter (answered 429).
@@ -99,4 +104,7 @@ pub trait RateLimiter: Send + Sync + 'static {
         limit: &'a RateLimit,
         key: LimitKey<'a>,
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>>;
+
+    /// Appends this stage's counters to `/metrics` (Prometheus text). Default: none.
+    fn write_metrics(&self, _out: &mut String) {}
 }

@@ -11,7 +11,9 @@
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
 //! * [`server`]: listeners and graceful shutdown; [`ops`]: the ops listener;
 //!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
-//! * [`hooks`]: where token verification and rate limiting plug in.
+//! * [`hooks`]: where token verification and rate limiting plug in;
+//!   [`jwt`] and [`ratelimit`]: the implementations plugged in by default
+//!   (`gateway-jwt`, `gateway-ratelimit`); tracing comes from `gateway-telemetry`.
 //!
 //! [`DataPlane`] starts everything; `main.rs` only parses flags and logs.
 #![forbid(unsafe_code)]
@@ -26,12 +28,14 @@ pub mod config;
 pub mod error;
 pub mod health;
 pub mod hooks;
+pub mod jwt;
 pub mod metrics;
 pub mod normalize;
 pub mod ops;
 pub mod pipeline;
 pub mod pool;
 pub mod proxy;
+pub mod ratelimit;
 pub mod router;
 pub mod runtime;
 pub mod sanitize;
@@ -43,6 +47,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use gateway_proto::v1::Node;
+use gateway_telemetry::Tracer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -60,6 +65,12 @@ pub enum StartError {
     /// A setting is unusable.
     #[error(transparent)]
     Args(#[from] args::ArgsError),
+    /// The token verifier cannot be built (bad `--jwks-url`, empty issuer or audience).
+    #[error("token verification: {0}")]
+    Jwt(#[from] gateway_jwt::JwtConfigError),
+    /// The rate limiter cannot be built (bad `--redis-url`).
+    #[error(transparent)]
+    RateLimit(#[from] gateway_ratelimit::RateLimitError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -76,16 +87,27 @@ pub struct DataPlane {
     args: Args,
     authenticator: Option<Arc<dyn Authenticator>>,
     rate_limiter: Option<Arc<dyn RateLimiter>>,
+    tracer: Tracer,
 }
 
 impl DataPlane {
-    /// A data plane with these settings, no token verifier and no rate limiter.
+    /// A data plane with these settings. Unless replaced, [`start`](Self::start)
+    /// verifies tokens with [`jwt::JwtAuth`] when `--jwks-url` is set, limits
+    /// with [`ratelimit::RouteLimiter`] (Redis-shared with `--redis-url`, else
+    /// replica-local), and traces with a tracer that exports nothing.
     pub fn new(args: Args) -> Self {
         Self {
             args,
             authenticator: None,
             rate_limiter: None,
+            tracer: Tracer::disabled(),
         }
+    }
+
+    /// Creates the request spans (and exports them if it is exporting).
+    pub fn tracer(mut self, tracer: Tracer) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// Verifies callers of `AUTH_JWT` routes.
@@ -130,9 +152,30 @@ impl DataPlane {
                 "no --cache-dir: this data plane cannot start while the control plane is down"
             );
         }
-        if args.jwks_url.is_none() {
-            tracing::info!("no token verifier: AUTH_JWT routes answer 401");
-        }
+        // Built here, inside the runtime: both start background tasks on it.
+        let authenticator = match (self.authenticator, args.jwt()) {
+            (Some(a), _) => Some(a),
+            (None, Some(config)) => Some(Arc::new(jwt::JwtAuth(gateway_jwt::JwtVerifier::new(
+                config,
+            )?)) as Arc<dyn Authenticator>),
+            (None, None) => {
+                tracing::info!("no --jwks-url: AUTH_JWT routes answer 401");
+                None
+            }
+        };
+        let rate_limiter = match self.rate_limiter {
+            Some(r) => r,
+            None => {
+                if args.redis_url.is_none() {
+                    tracing::warn!(
+                        "no --redis-url: rate limits are enforced per replica, not shared"
+                    );
+                }
+                let limiter =
+                    gateway_ratelimit::RateLimiter::new(args.redis_url.clone(), args.ratelimit())?;
+                Arc::new(ratelimit::RouteLimiter::new(limiter))
+            }
+        };
         let runtime = Arc::new(Runtime::new(
             args.cache_dir.clone().map(SnapshotCache::new),
             args.pool(),
@@ -144,8 +187,9 @@ impl DataPlane {
             metrics: runtime.metrics.clone(),
             limits: args.limits(),
             trusted_proxies: args.trusted_proxies.clone().into(),
-            authenticator: self.authenticator,
-            rate_limiter: self.rate_limiter,
+            authenticator: authenticator.clone(),
+            rate_limiter: Some(rate_limiter.clone()),
+            tracer: self.tracer.clone(),
         });
         let (stop, stopped) = watch::channel(false);
         let http = args.http();
@@ -159,10 +203,19 @@ impl DataPlane {
             stopped.clone(),
         ));
         let ops_runtime = runtime.clone();
+        let tracer = self.tracer;
+        // What /metrics adds to the data plane's own counters.
+        let extra_metrics = move |out: &mut String| {
+            rate_limiter.write_metrics(out);
+            if let Some(a) = &authenticator {
+                a.write_metrics(out);
+            }
+            metrics::render_trace_stats(out, &tracer.stats());
+        };
         let ops = tokio::spawn(server::serve(
             ops_listener,
             http,
-            move |req, _peer| std::future::ready(ops::handle(&ops_runtime, &req)),
+            move |req, _peer| std::future::ready(ops::handle(&ops_runtime, &extra_metrics, &req)),
             stopped,
         ));
         let node = Node {

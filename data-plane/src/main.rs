@@ -1,31 +1,37 @@
-//! `data-plane`: parses the command line, sets up logging, and hands over to the library.
+//! `data-plane`: parses the command line, sets up logging and tracing, and hands over to the library.
 
 #![forbid(unsafe_code)]
+
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser as _;
 use data_plane::DataPlane;
 use data_plane::args::{Args, LogFormat};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(args.log_format);
-    data_plane::run(DataPlane::new(args), shutdown_signal())
-        .await
-        .context("data-plane failed")
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let format = match args.log_format {
+        LogFormat::Text => gateway_telemetry::LogFormat::Text,
+        LogFormat::Json => gateway_telemetry::LogFormat::Json,
+    };
+    let _logs = gateway_telemetry::init_logging(format, "info").context("logging")?;
+    let tracer = gateway_telemetry::Tracer::from_env("data-plane", Some(&args.node_id()))
+        .context("tracing")?;
+    let result = data_plane::run(
+        DataPlane::new(args).tracer(tracer.clone()),
+        shutdown_signal(),
+    )
+    .await
+    .context("data-plane failed");
+    // Flushes queued spans; blocks for at most 2 s, so off the async workers.
+    let flushed =
+        tokio::task::spawn_blocking(move || tracer.shutdown(Duration::from_secs(2))).await;
+    if let Ok(Err(e)) = flushed {
+        tracing::warn!(error = %e, "could not flush the last spans");
     }
+    result
 }
 
 /// Resolves on SIGINT or SIGTERM so the listeners can drain and the process exit 0.

@@ -193,6 +193,38 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// Appends the trace export counters: `gateway_trace_spans_exported_total`,
+/// `gateway_trace_spans_dropped_total{reason="queue_full"|"export_failed"}` and
+/// `gateway_trace_spans_queued`.
+pub fn render_trace_stats(out: &mut String, s: &gateway_telemetry::ExportStats) {
+    header(
+        out,
+        "gateway_trace_spans_exported_total",
+        "counter",
+        "Spans the OTLP collector accepted.",
+    );
+    let _ = writeln!(out, "gateway_trace_spans_exported_total {}", s.exported);
+    header(
+        out,
+        "gateway_trace_spans_dropped_total",
+        "counter",
+        "Spans dropped: export queue full (collector slow or down), or export failed.",
+    );
+    let _ = writeln!(
+        out,
+        "gateway_trace_spans_dropped_total{{reason=\"queue_full\"}} {}\n\
+         gateway_trace_spans_dropped_total{{reason=\"export_failed\"}} {}",
+        s.dropped_queue_full, s.dropped_export_failed
+    );
+    header(
+        out,
+        "gateway_trace_spans_queued",
+        "gauge",
+        "Spans waiting for export.",
+    );
+    let _ = writeln!(out, "gateway_trace_spans_queued {}", s.queued);
+}
+
 /// Renders every metric in the Prometheus text format (version 0.0.4).
 pub fn render(m: &Metrics, cfg: &Compiled) -> String {
     let mut out = String::with_capacity(4096);

@@ -44,8 +44,13 @@ fn json_response(status: StatusCode, v: &Value) -> Response<ResponseBody> {
     )
 }
 
-/// Answers one ops request.
-pub fn handle<B>(rt: &Runtime, req: &Request<B>) -> Response<ResponseBody> {
+/// Answers one ops request. `extra_metrics` appends the plugged-in stages'
+/// counters (rate limiter, token verifier, trace export) to `/metrics`.
+pub fn handle<B>(
+    rt: &Runtime,
+    extra_metrics: &dyn Fn(&mut String),
+    req: &Request<B>,
+) -> Response<ResponseBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = respond(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -79,7 +84,11 @@ pub fn handle<B>(rt: &Runtime, req: &Request<B>) -> Response<ResponseBody> {
         "/metrics" => respond(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            render(&rt.metrics, &cfg),
+            {
+                let mut out = render(&rt.metrics, &cfg);
+                extra_metrics(&mut out);
+                out
+            },
         ),
         "/health/circuit-breakers" => json_response(StatusCode::OK, &circuit_breakers(&cfg)),
         "/health/load-balancer" => json_response(StatusCode::OK, &load_balancer(&cfg)),

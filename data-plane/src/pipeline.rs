@@ -3,16 +3,19 @@
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
 //! reason it sits where it does. [`Pipeline::handle`] wraps it with what every
-//! request gets whatever happens: the error mapping, `X-Request-Id`, and metrics.
+//! request gets whatever happens: the error mapping, `X-Request-Id`, metrics,
+//! the SERVER span (`traceresponse` on every response) and the access-log line.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use gateway_proto::v1::{AuthMode, RateLimitKey};
+use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -60,8 +63,11 @@ pub struct Pipeline {
     pub trusted_proxies: Arc<[Cidr]>,
     /// Verifies callers of `AUTH_JWT` routes; `None`: those routes answer 401.
     pub authenticator: Option<Arc<dyn Authenticator>>,
-    /// Enforces route rate limits; `None`: limits are not enforced.
+    /// Enforces route rate limits; `None`: limits are not enforced
+    /// ([`crate::DataPlane::start`] always provides one).
     pub rate_limiter: Option<Arc<dyn RateLimiter>>,
+    /// Request spans (a disabled tracer still propagates trace context).
+    pub tracer: Tracer,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -82,6 +88,8 @@ struct Seen<'c> {
     route: Option<&'c RouteEntry>,
     /// Fields a stage wants on the response (the rate limiter's budget report).
     response_headers: Option<http::HeaderMap>,
+    /// The instance that answered (the last attempt), for the access log.
+    upstream: Option<&'c str>,
 }
 
 impl Pipeline {
@@ -89,11 +97,29 @@ impl Pipeline {
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
         let started = Instant::now();
         let method = req.method().clone();
+        // The caller's trace context (strictly parsed; invalid: a new trace).
+        let incoming = gateway_telemetry::extract(req.headers());
+        let mut span =
+            self.tracer
+                .server_span(incoming.parent.as_ref(), req.method(), req.uri().path());
         let cfg = self.config.load();
         let mut seen = Seen::default();
-        let mut resp = match self.run(&cfg, req, peer, &mut seen).await {
+        let mut resp = match self
+            .run(
+                &cfg,
+                req,
+                peer,
+                &mut seen,
+                &mut span,
+                incoming.tracestate.as_ref(),
+            )
+            .await
+        {
             Ok(resp) => resp,
-            Err(e) => e.into_response(),
+            Err(e) => {
+                span.set_status_error(e.kind());
+                e.into_response()
+            }
         };
         if let Some(id) = seen.request_id {
             resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
@@ -101,8 +127,22 @@ impl Pipeline {
         if let Some(extra) = seen.response_headers {
             resp.headers_mut().extend(extra);
         }
+        let status = resp.status();
+        let latency = started.elapsed();
         let metrics = seen.route.map_or(&self.metrics.unmatched, |r| &*r.metrics);
-        metrics.record(&method, resp.status(), started.elapsed());
+        metrics.record(&method, status, latency);
+        span.record_response(status.as_u16(), resp.headers_mut());
+        access_log(&AccessLog {
+            method: method.as_str(),
+            route: seen.route.map(|r| &*r.name),
+            status: status.as_u16(),
+            upstream: seen.upstream,
+            // Time to the response head; a streamed body's length is known only when exact.
+            latency,
+            bytes: resp.body().size_hint().exact().unwrap_or(0),
+            trace: span.context(),
+        });
+        span.end();
         resp
     }
 
@@ -113,6 +153,8 @@ impl Pipeline {
         req: Request<Incoming>,
         peer: SocketAddr,
         seen: &mut Seen<'c>,
+        span: &mut ServerSpan,
+        tracestate: Option<&HeaderValue>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let uri = parts.uri.clone();
@@ -124,26 +166,38 @@ impl Pipeline {
         // Route: host + longest whole-segment prefix + method; every later stage depends on the route.
         let route = route(cfg, &parts, &path)?;
         seen.route = Some(route);
+        span.set_route(&route.name);
 
         // Authenticate: after routing (the route says whether a token is needed), before rate limiting (KEY_USER counts per subject).
         let identity = self.authenticate(route, &mut parts).await?;
 
         // Rate-limit: before any upstream work, so refused requests cost the upstream nothing.
-        seen.response_headers = self
+        let limited = self
             .rate_limit(route, identity.as_ref(), &parts, peer)
-            .await?;
+            .await;
+        if route.rate_limit.is_some() {
+            let decision = if limited.is_ok() { "allowed" } else { "denied" };
+            span.set_attribute(attr::RATE_LIMIT_DECISION, decision);
+        }
+        seen.response_headers = limited?;
 
         // Balance → breaker: round-robin over healthy instances whose breaker admits; none → 503 without a network call.
         let pick = balancer::pick(&route.upstream, None).ok_or(ProxyError::NoInstance)?;
 
         // Proxy: stream to the instance within the route timeout; retry once elsewhere if it was never reached.
+        // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
         let req = upstream_request(
             parts,
             route,
             &path,
             RequestBody::new(body, self.limits.max_body_bytes),
         )?;
-        proxy::forward(&route.upstream, pick, req, route.timeout).await
+        let trace = proxy::Trace {
+            span,
+            tracestate,
+            served_by: &mut seen.upstream,
+        };
+        proxy::forward(&route.upstream, pick, req, route.timeout, trace).await
     }
 
     /// The sanitise stage. Returns the normalised path.

@@ -15,11 +15,16 @@
 //! Breaker outcomes: connect failure, timeout, broken exchange and 5xx count as
 //! failures; anything else is a success; a request that failed because of the
 //! client (body too large, client went away) reports nothing.
+//!
+//! Tracing: every attempt is a CLIENT span under the request's SERVER span;
+//! its context goes upstream as `traceparent` (replacing whatever the client
+//! sent) with the caller's validated `tracestate`.
 
 use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::{BufMut as _, BytesMut};
+use gateway_telemetry::{ServerSpan, inject};
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Method, Request, Response, Version};
@@ -157,6 +162,16 @@ fn body_error(e: &hyper::Error) -> Option<&RequestBodyError> {
     None
 }
 
+/// The request's trace, for the attempts' CLIENT spans.
+pub struct Trace<'s, 'a> {
+    /// The request's SERVER span (parent of every attempt).
+    pub span: &'s ServerSpan,
+    /// The caller's validated `tracestate`, forwarded as is.
+    pub tracestate: Option<&'s HeaderValue>,
+    /// Set to the id of each instance tried; the last one answered (or failed).
+    pub served_by: &'s mut Option<&'a str>,
+}
+
 /// Sends `req` to the instance in `first`, retrying once per the module rules.
 /// Returns the upstream's response (hop-by-hop headers removed, body streaming).
 pub async fn forward<'a>(
@@ -164,6 +179,7 @@ pub async fn forward<'a>(
     first: Pick<'a>,
     req: Request<RequestBody>,
     timeout: Duration,
+    trace: Trace<'_, 'a>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let deadline = Instant::now() + timeout;
     let replay = Replay::of(&req);
@@ -186,8 +202,24 @@ pub async fn forward<'a>(
                 .retries
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        *trace.served_by = Some(&instance.id);
+        let mut client = trace.span.client_span(req.method());
+        client.set_upstream_instance(&instance.id);
+        if retried {
+            client.set_attribute(gateway_telemetry::attr::ATTEMPT, 2u32);
+        }
+        inject(req.headers_mut(), &client.context(), trace.tracestate);
         let in_flight = instance.start_request();
         let sent = tokio::time::timeout_at(deadline, instance.pool.send(req)).await;
+        match &sent {
+            Err(_) => client.set_status_error("timeout"),
+            Ok(Ok((resp, _))) => client.set_status_code(resp.status().as_u16()),
+            Ok(Err(SendError::Connect { .. } | SendError::NotSent { .. })) => {
+                client.set_status_error("connect")
+            }
+            Ok(Err(SendError::Failed { .. })) => client.set_status_error("upstream"),
+        }
+        client.end();
         let next = match sent {
             Err(_elapsed) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Timeout);
