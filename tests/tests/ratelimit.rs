@@ -507,7 +507,20 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
     }
 
     // And the budget is shared again: bob (untouched so far) gets exactly 20 across the replicas.
+    // This stack runs the production deadline (5 ms), so on a loaded machine a
+    // decision may still miss Redis now and then; each such miss is decided
+    // locally, may admit one extra request, and is counted. So: exactly the
+    // limit, plus refills, plus at most one per counted fallback.
+    let mut fallbacks_before = 0.0;
+    for admin in &admins {
+        fallbacks_before += metric_sum(&http, admin, FALLBACK_METRIC).await?;
+    }
     let (seen, elapsed) = api_burst(&http, &stack, &bob, 60).await?;
+    let mut fallbacks_after = 0.0;
+    for admin in &admins {
+        fallbacks_after += metric_sum(&http, admin, FALLBACK_METRIC).await?;
+    }
+    let missed = (fallbacks_after - fallbacks_before).max(0.0) as u64;
     ensure!(
         seen.iter().all(|s| !s.status.is_server_error()),
         "{seen:#?}"
@@ -515,8 +528,12 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
     let admitted = seen.iter().filter(|s| s.status == StatusCode::OK).count() as u64;
     let refills = (elapsed.as_millis() / API_TOKEN_EVERY.as_millis()) as u64;
     ensure!(
-        (API_LIMIT..=API_LIMIT + refills).contains(&admitted),
-        "after Redis came back, bob got {admitted} of 60 in {elapsed:?}; expected exactly {API_LIMIT} (+{refills} refills)"
+        missed < 10,
+        "{missed} of 60 decisions fell back although Redis is up: shared limiting did not really resume"
+    );
+    ensure!(
+        (API_LIMIT..=API_LIMIT + refills + missed).contains(&admitted),
+        "after Redis came back, bob got {admitted} of 60 in {elapsed:?}; expected exactly {API_LIMIT} (+{refills} refills, +{missed} counted fallbacks)"
     );
     Ok(())
 }
