@@ -172,6 +172,8 @@ pub struct Metrics {
     pub config_acks: AtomicU64,
     /// Snapshots refused (NACKed).
     pub config_nacks: AtomicU64,
+    /// When the configuration being served was applied, in ms since the Unix epoch (0: never).
+    pub config_applied_unix_ms: AtomicU64,
     /// Whether the config stream to the control plane is open.
     pub control_plane_connected: AtomicBool,
     /// Config streams opened (first connection included).
@@ -413,6 +415,19 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
         "1 once a configuration is loaded.",
     );
     let _ = writeln!(out, "gateway_config_loaded {}", u8::from(cfg.loaded));
+    header(
+        &mut out,
+        "gateway_config_last_applied_timestamp_seconds",
+        "gauge",
+        "When the configuration being served was applied (Unix time; 0: never).",
+    );
+    let applied_ms = m.config_applied_unix_ms.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "gateway_config_last_applied_timestamp_seconds {}.{:03}",
+        applied_ms / 1000,
+        applied_ms % 1000
+    );
     header(
         &mut out,
         "gateway_config_updates_total",

@@ -89,6 +89,12 @@ impl Runtime {
         .map_err(|e| ApplyError::Internal(e.to_string()))?;
         let compiled = Arc::new(compiled?);
         self.config.publish(compiled.clone());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.metrics
+            .config_applied_unix_ms
+            .store(now_ms, Ordering::Relaxed);
         self.health.reconcile(&compiled);
         tracing::info!(version = compiled.version, hash = %compiled.hash,
             routes = compiled.router.len(), upstreams = compiled.upstreams.len(), "configuration applied");

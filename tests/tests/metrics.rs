@@ -137,6 +137,7 @@ async fn metrics_after_traffic_pass_promtool_and_cover_every_concern() {
             "gateway_ratelimit_decisions_total",
             "gateway_ratelimit_fallbacks_total",
             "gateway_config_version",
+            "gateway_config_last_applied_timestamp_seconds",
             "gateway_control_plane_connected",
             "gateway_trace_spans_dropped_total",
         ] {
