@@ -14,7 +14,8 @@
 //! else `docker-compose`), `GATEWAY_COMPOSE_PROJECT` (default `gateway-compose-test`),
 //! `GATEWAY_COMPOSE_EDGE_NET` (first three octets of the edge subnet, default `10.213.81`),
 //! `GATEWAY_COMPOSE_OFFLINE` (1: use docker/compose.offline.yml; default: when the Jaeger
-//! image is not present).
+//! image is not present), `GATEWAY_COMPOSE_ONLY` (comma-separated words: run only the scenarios
+//! whose names contain one).
 
 mod compose_support;
 
