@@ -48,6 +48,9 @@ pub struct Stack {
     http: reqwest::Client,
     spans: spans::Source,
     keep: bool,
+    /// Anonymous volumes (data-plane caches) seen on this project's containers: `down -v` removes
+    /// those of the containers still there, but replicas removed by a scale-down leave theirs.
+    volumes: Mutex<BTreeSet<String>>,
 }
 
 impl Stack {
@@ -119,6 +122,7 @@ impl Stack {
                 .build()?,
             spans,
             keep,
+            volumes: Mutex::new(BTreeSet::new()),
         };
         eprintln!(
             "compose: {} -p {} ({} files); edge 127.0.0.1:{edge_port}, control plane \
@@ -382,11 +386,42 @@ impl Stack {
 
     /// `up -d --no-recreate --scale SERVICE=N`: adds or removes replicas, touching nothing else.
     pub async fn scale(&self, service: &str, n: usize) -> Result<()> {
+        self.remember_volumes().await?;
         let scale = format!("{service}={n}");
         let t = Instant::now();
         self.compose(&["up", "-d", "--no-recreate", "--scale", &scale])
             .await?;
         eprintln!("`up -d --scale {scale}` returned after {:.1?}", t.elapsed());
+        Ok(())
+    }
+
+    /// Records the anonymous volumes of every container of the project (see `volumes`).
+    async fn remember_volumes(&self) -> Result<()> {
+        let ids = docker(&[
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("label=com.docker.compose.project={}", self.project),
+        ])
+        .await?;
+        for id in ids.lines() {
+            let names = docker(&[
+                "inspect",
+                "-f",
+                "{{range .Mounts}}{{if eq .Type \"volume\"}}{{.Name}} {{end}}{{end}}",
+                id,
+            ])
+            .await?;
+            let mut volumes = self.volumes.lock().expect("volumes");
+            // Named volumes carry the project prefix and go with `down -v`.
+            volumes.extend(
+                names
+                    .split_whitespace()
+                    .filter(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .map(str::to_owned),
+            );
+        }
         Ok(())
     }
 
@@ -509,6 +544,16 @@ impl Drop for Stack {
         match cmd.status() {
             Ok(s) if s.success() => eprintln!("compose project {} removed (down -v)", self.project),
             other => eprintln!("`down -v` of {} failed: {other:?}", self.project),
+        }
+        let volumes = std::mem::take(&mut *self.volumes.lock().unwrap_or_else(|e| e.into_inner()));
+        if !volumes.is_empty() {
+            // Those of scaled-down replicas; the ones `down -v` already removed are just absent.
+            let _ = std::process::Command::new("docker")
+                .args(["volume", "rm", "-f"])
+                .args(&volumes)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }
