@@ -136,6 +136,7 @@ fn bench(c: &mut Criterion) {
             seed: None,
             metrics_listen: None,
             tracer: gateway_telemetry::Tracer::disabled(),
+            ..Settings::default()
         }))
         .unwrap();
     let mut client = rt

@@ -1,6 +1,7 @@
 //! `AdminService`: the operator API. Reads are served from the published
 //! current snapshot; every mutation goes through [`Store`] as one transaction.
 
+use crate::auth;
 use crate::config::{Config, Mutation};
 use crate::error::StoreError;
 use crate::nodes::NodeRegistry;
@@ -26,9 +27,11 @@ impl Admin {
         &self,
         mutation: Mutation,
         expected_version: Option<u64>,
+        author: String,
     ) -> Result<Response<ConfigChange>, Status> {
         let options = MutateOptions {
             expected_version,
+            author: Some(author),
             ..Default::default()
         };
         let outcome = self.store.mutate(mutation, &options).await?;
@@ -75,11 +78,12 @@ impl AdminService for Admin {
         &self,
         req: Request<UpsertRouteRequest>,
     ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
         let req = req.into_inner();
         let route = req
             .route
             .ok_or_else(|| StoreError::Invalid("route: required".into()))?;
-        self.mutate(Mutation::UpsertRoute(route), req.expected_version)
+        self.mutate(Mutation::UpsertRoute(route), req.expected_version, author)
             .await
     }
 
@@ -87,10 +91,15 @@ impl AdminService for Admin {
         &self,
         req: Request<DeleteRouteRequest>,
     ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
         let req = req.into_inner();
         required_name(&req.name)?;
-        self.mutate(Mutation::DeleteRoute(req.name), req.expected_version)
-            .await
+        self.mutate(
+            Mutation::DeleteRoute(req.name),
+            req.expected_version,
+            author,
+        )
+        .await
     }
 
     async fn list_upstreams(
@@ -123,22 +132,32 @@ impl AdminService for Admin {
         &self,
         req: Request<UpsertUpstreamRequest>,
     ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
         let req = req.into_inner();
         let upstream = req
             .upstream
             .ok_or_else(|| StoreError::Invalid("upstream: required".into()))?;
-        self.mutate(Mutation::UpsertUpstream(upstream), req.expected_version)
-            .await
+        self.mutate(
+            Mutation::UpsertUpstream(upstream),
+            req.expected_version,
+            author,
+        )
+        .await
     }
 
     async fn delete_upstream(
         &self,
         req: Request<DeleteUpstreamRequest>,
     ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
         let req = req.into_inner();
         required_name(&req.name)?;
-        self.mutate(Mutation::DeleteUpstream(req.name), req.expected_version)
-            .await
+        self.mutate(
+            Mutation::DeleteUpstream(req.name),
+            req.expected_version,
+            author,
+        )
+        .await
     }
 
     async fn get_config(
@@ -156,11 +175,12 @@ impl AdminService for Admin {
         &self,
         req: Request<ApplyConfigRequest>,
     ) -> Result<Response<ApplyConfigResponse>, Status> {
+        let author = auth::author(&req);
         let req = req.into_inner();
         let options = MutateOptions {
             expected_version: req.expected_version,
             dry_run: req.dry_run,
-            author: None,
+            author: Some(author),
         };
         let mutation = Mutation::Replace(Config::new(req.routes, req.upstreams));
         let outcome = self.store.mutate(mutation, &options).await?;
@@ -184,9 +204,11 @@ impl AdminService for Admin {
         &self,
         req: Request<RollbackConfigRequest>,
     ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
         let req = req.into_inner();
         let options = MutateOptions {
             expected_version: req.expected_version,
+            author: Some(author),
             ..Default::default()
         };
         let outcome = self.store.rollback(req.version, &options).await?;

@@ -51,6 +51,17 @@ pub struct Args {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+
+    /// File of `NAME ROLE TOKEN` lines (roles admin, viewer, data-plane; TOKEN may be
+    /// `sha256:<hex>`). With it every AdminService and ConfigDiscoveryService call needs
+    /// `authorization: Bearer TOKEN`; without it only a loopback --listen is accepted.
+    #[arg(long, env = "CONTROL_PLANE_AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<PathBuf>,
+
+    /// Accept unauthenticated calls on a non-loopback --listen (no tokens file). Dangerous:
+    /// anyone reaching the port can rewrite every route.
+    #[arg(long, env = "CONTROL_PLANE_INSECURE")]
+    pub insecure: bool,
 }
 
 #[cfg(test)]
@@ -64,6 +75,8 @@ mod tests {
         assert_eq!(a.database, PathBuf::from("control-plane.db"));
         assert_eq!(a.seed, None);
         assert_eq!(a.log_format, LogFormat::Text);
+        assert_eq!(a.auth_tokens_file, None);
+        assert!(!a.insecure);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! stream to data planes (`gateway.v1.ConfigDiscoveryService`).
 //!
 //! One module per concern:
-//! * [`args`] command-line flags, [`logging`] stderr logs;
+//! * [`args`] command-line flags, [`logging`] stderr logs, [`auth`] tokens and roles;
 //! * [`config`] the content of a configuration and the mutations on it,
 //!   [`changes`] the diff between two configurations;
 //! * [`store`] the SQLite version history (one transaction per mutation);
@@ -15,6 +15,7 @@
 
 pub mod admin;
 pub mod args;
+pub mod auth;
 pub mod changes;
 pub mod clock;
 pub mod config;

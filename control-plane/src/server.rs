@@ -4,6 +4,7 @@
 
 use crate::admin::Admin;
 use crate::args::Args;
+use crate::auth::{AuthLayer, Policy, Tokens, TokensError};
 use crate::clock::system_clock;
 use crate::discovery::Discovery;
 use crate::error::StoreError;
@@ -48,6 +49,26 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     /// Spans for every gRPC call (continuing the caller's `traceparent`); exported by OTLP when configured.
     pub tracer: gateway_telemetry::Tracer,
+    /// `NAME ROLE TOKEN` file; `None` accepts unauthenticated calls (loopback only unless `insecure`).
+    pub auth_tokens_file: Option<PathBuf>,
+    /// Allow a non-loopback listen address without a tokens file.
+    pub insecure: bool,
+}
+
+impl Default for Settings {
+    /// The flags' defaults: `127.0.0.1:50051`, `control-plane.db`, no seed, no metrics,
+    /// no tracing, no tokens.
+    fn default() -> Self {
+        Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            database: PathBuf::from("control-plane.db"),
+            seed: None,
+            metrics_listen: None,
+            tracer: gateway_telemetry::Tracer::disabled(),
+            auth_tokens_file: None,
+            insecure: false,
+        }
+    }
 }
 
 impl From<&Args> for Settings {
@@ -58,6 +79,8 @@ impl From<&Args> for Settings {
             seed: a.seed.clone(),
             metrics_listen: a.metrics_listen,
             tracer: gateway_telemetry::Tracer::disabled(),
+            auth_tokens_file: a.auth_tokens_file.clone(),
+            insecure: a.insecure,
         }
     }
 }
@@ -90,6 +113,17 @@ pub enum StartError {
     /// The server task panicked.
     #[error("gRPC server task failed: {0}")]
     Crashed(String),
+    /// The tokens file was refused.
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
+    /// A non-loopback listen address without tokens and without `--insecure`.
+    #[error(
+        "refusing to listen on {0} without authentication: anyone reaching this address could \
+         rewrite every route and read the whole topology. Give --auth-tokens-file FILE \
+         (lines `NAME ROLE TOKEN`), listen on a loopback address, or pass --insecure to accept \
+         unauthenticated calls anyway"
+    )]
+    Unauthenticated(SocketAddr),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Serve(#[from] tonic::transport::Error),
@@ -128,6 +162,7 @@ impl ControlPlane {
             addr: settings.listen,
             source,
         })?;
+        let policy = auth_policy(&settings, addr)?;
         let store =
             Store::open(&settings.database)
                 .await
@@ -191,6 +226,8 @@ impl ControlPlane {
                 .layer(gateway_telemetry::grpc::GrpcTraceLayer::new(
                     settings.tracer.clone(),
                 ))
+                // Inside the trace layer, so refused calls still get a span.
+                .layer(AuthLayer::new(policy))
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
@@ -305,6 +342,29 @@ impl ControlPlane {
     pub async fn stop(self) -> Result<(), StartError> {
         self.run_until(async {}).await
     }
+}
+
+/// The authentication policy for a server bound to `addr`: tokens when a file
+/// is given; otherwise open, which is refused on a non-loopback address unless
+/// `settings.insecure`.
+fn auth_policy(settings: &Settings, addr: SocketAddr) -> Result<Policy, StartError> {
+    if let Some(path) = &settings.auth_tokens_file {
+        let tokens = Tokens::load(path)?;
+        tracing::info!(tokens = tokens.len(), file = %path.display(), "authentication required");
+        return Ok(Policy::Tokens(Arc::new(tokens)));
+    }
+    if addr.ip().is_loopback() {
+        tracing::info!("no --auth-tokens-file: accepting unauthenticated calls on loopback only");
+    } else if settings.insecure {
+        tracing::warn!(
+            %addr,
+            "INSECURE: --insecure without --auth-tokens-file: ANYONE who can reach {addr} can \
+             rewrite every route and read the whole configuration"
+        );
+    } else {
+        return Err(StartError::Unauthenticated(addr));
+    }
+    Ok(Policy::Open)
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -19,6 +19,7 @@ async fn start(dir: &tempfile::TempDir) -> ControlPlane {
             seed: None,
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             tracer: gateway_telemetry::Tracer::disabled(),
+            ..Settings::default()
         },
     )
     .await
