@@ -62,6 +62,19 @@ pub struct Args {
     /// anyone reaching the port can rewrite every route.
     #[arg(long, env = "CONTROL_PLANE_INSECURE")]
     pub insecure: bool,
+
+    /// PEM certificate chain: serve gRPC over TLS (needs --tls-key).
+    #[arg(long, env = "CONTROL_PLANE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "CONTROL_PLANE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle: require a client certificate signed by it on every connection. A
+    /// verified client certificate without a token is authenticated as role data-plane.
+    #[arg(long, env = "CONTROL_PLANE_CLIENT_CA", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -100,5 +113,18 @@ mod tests {
         assert_eq!(a.metrics_listen.unwrap().port(), 9100);
         assert_eq!(a.log_format, LogFormat::Json);
         assert!(Args::try_parse_from(["control-plane", "--listen", "nope"]).is_err());
+        assert!(Args::try_parse_from(["control-plane", "--tls-cert", "c.pem"]).is_err());
+        assert!(Args::try_parse_from(["control-plane", "--client-ca", "ca.pem"]).is_err());
+        let a = Args::try_parse_from([
+            "control-plane",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--client-ca",
+            "ca.pem",
+        ])
+        .unwrap();
+        assert_eq!(a.client_ca, Some(PathBuf::from("ca.pem")));
     }
 }

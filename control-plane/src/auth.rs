@@ -23,6 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tonic::Status;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -363,9 +364,21 @@ pub struct Auth<S> {
     policy: Policy,
 }
 
-/// Identity from a verified client certificate (set by the TLS acceptor).
-fn cert_caller<B>(_request: &http::Request<B>) -> Option<Caller> {
-    None
+/// The identity a verified client certificate gives: role `data-plane`, named
+/// `client-cert:` and the first 16 hex digits of the certificate's SHA-256.
+/// Certificates are only requested (and then required and verified against the
+/// CA) when the server runs with a client CA.
+fn cert_caller<B>(request: &http::Request<B>) -> Option<Caller> {
+    let info = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()?;
+    let certs = info.peer_certs()?;
+    let leaf = certs.first()?;
+    let fingerprint = hex::encode(&sha256(leaf.as_ref())[..8]);
+    Some(Caller {
+        name: format!("client-cert:{fingerprint}"),
+        role: Role::DataPlane,
+    })
 }
 
 impl<S, B, ResB> Service<http::Request<B>> for Auth<S>

@@ -31,5 +31,5 @@ pub mod store;
 
 pub use args::{Args, LogFormat};
 pub use error::StoreError;
-pub use server::{ControlPlane, Settings, StartError};
+pub use server::{ControlPlane, Settings, StartError, TlsFiles};
 pub use store::Store;

@@ -15,14 +15,14 @@ use crate::store::Store;
 use gateway_proto::v1::admin_service_server::AdminServiceServer;
 use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryServiceServer;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
 /// How long a graceful shutdown may take before open connections are dropped.
@@ -53,6 +53,19 @@ pub struct Settings {
     pub auth_tokens_file: Option<PathBuf>,
     /// Allow a non-loopback listen address without a tokens file.
     pub insecure: bool,
+    /// Serve TLS with this certificate and key (PEM files).
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files of the control plane's TLS listener.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+    /// When set, every client must present a certificate signed by this CA.
+    pub client_ca: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -67,6 +80,7 @@ impl Default for Settings {
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: None,
             insecure: false,
+            tls: None,
         }
     }
 }
@@ -81,6 +95,14 @@ impl From<&Args> for Settings {
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: a.auth_tokens_file.clone(),
             insecure: a.insecure,
+            tls: match (&a.tls_cert, &a.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: a.client_ca.clone(),
+                }),
+                _ => None,
+            },
         }
     }
 }
@@ -124,6 +146,17 @@ pub enum StartError {
          unauthenticated calls anyway"
     )]
     Unauthenticated(SocketAddr),
+    /// A TLS file could not be read.
+    #[error("cannot read TLS file {path}")]
+    TlsFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The TLS certificate, key or client CA was refused.
+    #[error("invalid TLS configuration: {0}")]
+    Tls(String),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Serve(#[from] tonic::transport::Error),
@@ -218,8 +251,14 @@ impl ControlPlane {
 
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let mut stop = shutdown_rx.clone();
+        let mut builder = Server::builder();
+        if let Some(tls) = &settings.tls {
+            builder = builder
+                .tls_config(tls_config(tls)?)
+                .map_err(|e| StartError::Tls(error_chain(&e)))?;
+        }
         let server = tokio::spawn(
-            Server::builder()
+            builder
                 .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
                 // One SERVER span per call, continuing the caller's trace.
@@ -255,6 +294,8 @@ impl ControlPlane {
         });
         tracing::info!(
             %addr,
+            tls = settings.tls.is_some(),
+            client_certificates = settings.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
             metrics = ?metrics_addr,
             database = %settings.database.display(),
             version = store.current().version,
@@ -365,6 +406,53 @@ fn auth_policy(settings: &Settings, addr: SocketAddr) -> Result<Policy, StartErr
         return Err(StartError::Unauthenticated(addr));
     }
     Ok(Policy::Open)
+}
+
+fn read_pem(path: &Path) -> Result<Vec<u8>, StartError> {
+    std::fs::read(path).map_err(|source| StartError::TlsFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The rustls server settings: our identity, and the CA client certificates must chain to.
+fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, StartError> {
+    let cert = read_pem(&files.cert)?;
+    let key = read_pem(&files.key)?;
+    for (path, pem, marker) in [
+        (&files.cert, &cert, "CERTIFICATE-----"),
+        (&files.key, &key, "PRIVATE KEY-----"),
+    ] {
+        if !String::from_utf8_lossy(pem).contains(marker) {
+            return Err(StartError::Tls(format!(
+                "{} holds no PEM \"{marker}\" block",
+                path.display()
+            )));
+        }
+    }
+    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    if let Some(ca) = &files.client_ca {
+        let pem = read_pem(ca)?;
+        if !String::from_utf8_lossy(&pem).contains("CERTIFICATE-----") {
+            return Err(StartError::Tls(format!(
+                "{} holds no PEM certificate",
+                ca.display()
+            )));
+        }
+        config = config.client_ca_root(Certificate::from_pem(pem));
+    }
+    Ok(config)
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
