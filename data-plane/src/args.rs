@@ -35,6 +35,24 @@ pub struct Args {
     #[arg(long, env = "DP_CONTROL_PLANE", default_value = DEFAULT_CONTROL_PLANE)]
     pub control_plane: String,
 
+    /// Token sent as `authorization: Bearer TOKEN` on the config stream (role
+    /// `data-plane` in the control plane's tokens file). Never logged.
+    #[arg(long, env = "DP_CONTROL_PLANE_TOKEN", hide_env_values = true)]
+    pub control_plane_token: Option<Secret>,
+
+    /// PEM CA certificate(s) the control plane's TLS certificate must chain to
+    /// (required for an https:// --control-plane).
+    #[arg(long, env = "DP_CONTROL_PLANE_CA")]
+    pub control_plane_ca: Option<PathBuf>,
+
+    /// PEM client certificate presented to the control plane (mTLS; needs --tls-key).
+    #[arg(long, env = "DP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "DP_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Node id announced to the control plane (default: hostname-pid).
     #[arg(long, env = "DP_NODE_ID")]
     pub node_id: Option<String>,
@@ -95,6 +113,41 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// A secret string (a token): `Debug` and `Display` print `<redacted>`, so it
+/// cannot leak through a logged `Args`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = &'static str;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() {
+            Err("must not be empty")
+        } else {
+            Ok(Secret(s.to_string()))
+        }
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -133,6 +186,19 @@ impl Args {
         }
         if self.ratelimit_timeout_ms == 0 {
             return invalid("ratelimit-timeout-ms", "must be greater than 0");
+        }
+        let https = self.control_plane.starts_with("https://");
+        if https && self.control_plane_ca.is_none() {
+            return invalid(
+                "control-plane-ca",
+                "is required for an https:// control plane (the CA its certificate chains to)",
+            );
+        }
+        if !https && (self.control_plane_ca.is_some() || self.tls_cert.is_some()) {
+            return invalid(
+                "control-plane",
+                "must be an https:// URL when --control-plane-ca or --tls-cert is given",
+            );
         }
         if self.node_id.as_deref().is_some_and(str::is_empty) {
             return invalid("node-id", "must not be empty");
@@ -230,6 +296,28 @@ mod tests {
     }
 
     #[test]
+    fn the_token_is_redacted_in_debug_output() {
+        let a = Args::try_parse_from([
+            "data-plane",
+            "--control-plane-token",
+            "very-secret-token-42",
+            "--control-plane",
+            "https://127.0.0.1:50051",
+            "--control-plane-ca",
+            "ca.pem",
+        ])
+        .unwrap();
+        a.validate().unwrap();
+        assert_eq!(
+            a.control_plane_token.as_ref().unwrap().expose(),
+            "very-secret-token-42"
+        );
+        let debug = format!("{a:?} {a:#?}");
+        assert!(!debug.contains("very-secret-token-42"), "{debug}");
+        assert!(debug.contains("<redacted>"), "{debug}");
+    }
+
+    #[test]
     fn bad_values_are_refused() {
         assert!(Args::try_parse_from(["data-plane", "--trusted-proxies", "nope"]).is_err());
         let a = Args::try_parse_from(["data-plane", "--control-plane", "127.0.0.1:1"]).unwrap();
@@ -239,6 +327,17 @@ mod tests {
                 .to_string()
                 .contains("--control-plane")
         );
+        let a = Args::try_parse_from(["data-plane", "--control-plane", "https://cp:1"]).unwrap();
+        assert!(
+            a.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--control-plane-ca")
+        );
+        let a = Args::try_parse_from(["data-plane", "--control-plane-ca", "ca.pem"]).unwrap();
+        assert!(a.validate().unwrap_err().to_string().contains("https://"));
+        assert!(Args::try_parse_from(["data-plane", "--tls-cert", "c.pem"]).is_err());
+        assert!(Args::try_parse_from(["data-plane", "--control-plane-token", ""]).is_err());
         let node = Args::try_parse_from(["data-plane"]).unwrap().node_id();
         assert!(
             node.ends_with(&format!("-{}", std::process::id())),

@@ -71,6 +71,9 @@ pub enum StartError {
     /// The rate limiter cannot be built (bad `--redis-url`).
     #[error(transparent)]
     RateLimit(#[from] gateway_ratelimit::RateLimitError),
+    /// The control plane TLS files are unusable.
+    #[error("control plane TLS: {0}")]
+    ControlPlaneTls(#[from] xds::TlsFilesError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -127,6 +130,13 @@ impl DataPlane {
     pub async fn start(self) -> Result<Running, StartError> {
         let args = self.args;
         args.validate()?;
+        let control_plane_tls = match &args.control_plane_ca {
+            Some(ca) => Some(xds::client_tls(
+                ca,
+                args.tls_cert.as_deref().zip(args.tls_key.as_deref()),
+            )?),
+            None => None,
+        };
         let bind = |addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -230,6 +240,8 @@ impl DataPlane {
             XdsSettings {
                 url: args.control_plane.clone(),
                 node,
+                token: args.control_plane_token.clone(),
+                tls: control_plane_tls,
             },
         ));
         Ok(Running {

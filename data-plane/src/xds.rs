@@ -17,10 +17,13 @@ use std::time::Duration;
 use gateway_proto::v1::config_discovery_service_client::ConfigDiscoveryServiceClient;
 use gateway_proto::v1::{ConfigRequest, ConfigSnapshot, Node};
 use rand::Rng as _;
+use std::path::{Path, PathBuf};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use crate::args::Secret;
 use crate::runtime::Runtime;
 
 /// First reconnect delay.
@@ -46,6 +49,9 @@ pub enum XdsError {
     /// The stream failed.
     #[error("config stream failed: {0}")]
     Stream(#[from] tonic::Status),
+    /// The token cannot be sent as gRPC metadata (not visible ASCII).
+    #[error("--control-plane-token holds characters that cannot be sent in a header")]
+    Token,
     /// The control plane closed the stream.
     #[error("the control plane closed the config stream")]
     Closed,
@@ -88,6 +94,63 @@ pub struct XdsSettings {
     pub url: String,
     /// This data plane's identity.
     pub node: Node,
+    /// Sent as `authorization: Bearer TOKEN` (redacted in `Debug`).
+    pub token: Option<Secret>,
+    /// TLS settings for an `https://` URL (CA, optional client certificate).
+    pub tls: Option<ClientTlsConfig>,
+}
+
+/// Why the TLS files could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFilesError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file holds no PEM block of the expected kind.
+    #[error("{path} holds no PEM {kind}")]
+    NotPem {
+        /// The file.
+        path: PathBuf,
+        /// What was expected.
+        kind: &'static str,
+    },
+}
+
+fn read_pem(path: &Path, kind: &'static str, marker: &str) -> Result<Vec<u8>, TlsFilesError> {
+    let bytes = std::fs::read(path).map_err(|source| TlsFilesError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !String::from_utf8_lossy(&bytes).contains(marker) {
+        return Err(TlsFilesError::NotPem {
+            path: path.to_owned(),
+            kind,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Client TLS settings from PEM files: the CA the control plane's certificate
+/// must chain to, and optionally our client certificate and key (mTLS). The
+/// server name checked is the URL's host.
+pub fn client_tls(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientTlsConfig, TlsFilesError> {
+    let ca = read_pem(ca, "certificate", "CERTIFICATE-----")?;
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    if let Some((cert, key)) = identity {
+        let cert = read_pem(cert, "certificate", "CERTIFICATE-----")?;
+        let key = read_pem(key, "private key", "PRIVATE KEY-----")?;
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Ok(tls)
 }
 
 /// Runs the config client until the task is aborted.
@@ -156,9 +219,34 @@ async fn session(
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true);
+    let endpoint = match &settings.tls {
+        Some(tls) => endpoint
+            .tls_config(tls.clone())
+            .map_err(XdsError::Connect)?,
+        None => endpoint,
+    };
     let channel = endpoint.connect().await.map_err(XdsError::Connect)?;
-    let mut client =
-        ConfigDiscoveryServiceClient::new(channel).max_decoding_message_size(256 * 1024 * 1024);
+    let authorization = match &settings.token {
+        Some(token) => {
+            let mut value = MetadataValue::try_from(format!("Bearer {}", token.expose()))
+                .map_err(|_| XdsError::Token)?;
+            value.set_sensitive(true);
+            Some(value)
+        }
+        None => None,
+    };
+    let mut client = ConfigDiscoveryServiceClient::with_interceptor(
+        channel,
+        move |mut request: tonic::Request<()>| {
+            if let Some(value) = &authorization {
+                request
+                    .metadata_mut()
+                    .insert("authorization", value.clone());
+            }
+            Ok(request)
+        },
+    )
+    .max_decoding_message_size(256 * 1024 * 1024);
     let (tx, rx) = mpsc::channel(4);
     let hello = ConfigRequest {
         node: Some(settings.node.clone()),
