@@ -230,6 +230,8 @@ impl Stack {
                 local(p.control_plane),
                 "--database".into(),
                 database.display().to_string(),
+                "--auth-tokens-file".into(),
+                self.tokens_file().display().to_string(),
             ],
             Readiness::GrpcHealth(self.control_plane_url()),
         );
@@ -305,6 +307,24 @@ impl Stack {
             args.extend(self.options.data_plane_args.iter().cloned());
             let readyz = format!("http://{}/readyz", local(p.gateway_admins[i]));
             self.register(&name, data_plane_bin.clone(), args, Readiness::Http(readyz));
+            // In the environment, not on the command line (which is logged and visible in ps).
+            self.set_env(
+                &name,
+                "DP_CONTROL_PLANE_TOKEN",
+                self.tokens.data_plane.clone(),
+            );
+        }
+    }
+
+    /// The control plane's tokens file, in the stack directory.
+    pub(crate) fn tokens_file(&self) -> PathBuf {
+        self.dir.join("control-plane-tokens")
+    }
+
+    /// Adds an environment variable to a registered process.
+    fn set_env(&mut self, name: &str, key: &str, value: String) {
+        if let Some(slot) = self.lock().get_mut(name) {
+            slot.spec.env.push((key.to_owned(), value));
         }
     }
 

@@ -10,6 +10,7 @@ use crate::error::StackError;
 use crate::ports::Ports;
 use crate::prereq::redis_install_hint;
 use crate::readiness::http_client;
+use crate::secrets::Tokens;
 use crate::stack::Stack;
 
 /// Builder options; defaults written down in [`StackBuilder::default`].
@@ -200,8 +201,10 @@ impl StackBuilder {
             seeded_version: 0,
             http: http_client(),
             auth_bin: auth_bin.clone(),
+            tokens: Tokens::generate()?,
             options: o,
         };
+        stack.tokens.write_file(&stack.tokens_file())?;
         stack.register_all(
             redis_bin,
             control_plane_bin,

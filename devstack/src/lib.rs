@@ -30,6 +30,7 @@ pub mod ports;
 pub mod prereq;
 mod process;
 mod readiness;
+pub mod secrets;
 pub mod stack;
 pub mod summary;
 mod sys;

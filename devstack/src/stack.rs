@@ -10,6 +10,9 @@ use gateway_proto::v1::admin_service_client::AdminServiceClient;
 use gateway_proto::v1::{DataPlaneState, ListDataPlanesRequest};
 use tokio::process::Child;
 use tokio::time::Instant;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::builder::{Options, StackBuilder};
@@ -17,6 +20,7 @@ use crate::error::StackError;
 use crate::ports::Ports;
 use crate::process::{ProcessSpec, Readiness, log_tail};
 use crate::readiness::{PROBE_TIMEOUT, grpc_serving, http_ok, redis_ping};
+use crate::secrets::Tokens;
 use crate::summary::StackInfo;
 use crate::sys;
 
@@ -74,6 +78,43 @@ pub struct Stack {
     pub(crate) seeded_version: u64,
     pub(crate) http: reqwest::Client,
     pub(crate) auth_bin: Option<PathBuf>,
+    pub(crate) tokens: Tokens,
+}
+
+/// The AdminService client of [`Stack::admin_client`]: every call carries the admin token.
+pub type AdminClient = AdminServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// A tonic interceptor adding `authorization: Bearer TOKEN` to every call.
+#[derive(Clone)]
+pub struct BearerToken(MetadataValue<Ascii>);
+
+impl BearerToken {
+    /// Sends `token` (hex, so always a valid header value).
+    pub fn new(token: &str) -> Self {
+        let mut value: MetadataValue<Ascii> = format!("Bearer {token}")
+            .parse()
+            .expect("a hex token is a valid header value");
+        value.set_sensitive(true);
+        BearerToken(value)
+    }
+}
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(<redacted>)")
+    }
+}
+
+impl Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
 }
 
 impl std::fmt::Debug for Stack {
@@ -175,14 +216,26 @@ impl Stack {
             .collect()
     }
 
-    /// A client of the control plane's AdminService. The channel connects
-    /// lazily and reconnects by itself, so it survives control-plane restarts.
-    pub async fn admin_client(&self) -> AdminServiceClient<Channel> {
+    /// A client of the control plane's AdminService, sending the stack's admin
+    /// token. The channel connects lazily and reconnects by itself, so it
+    /// survives control-plane restarts.
+    pub async fn admin_client(&self) -> AdminClient {
         let channel = Channel::from_shared(self.control_plane_url())
             .expect("a 127.0.0.1 URL is a valid URI")
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy();
-        AdminServiceClient::new(channel)
+        AdminServiceClient::with_interceptor(channel, BearerToken::new(&self.tokens.admin))
+    }
+
+    /// The control plane's admin token (role `admin`), for
+    /// `grpcurl -H "authorization: Bearer $TOKEN"`.
+    pub fn admin_token(&self) -> &str {
+        &self.tokens.admin
+    }
+
+    /// The data planes' control-plane token (role `data-plane`).
+    pub fn data_plane_token(&self) -> &str {
+        &self.tokens.data_plane
     }
 
     /// The one-line description printed by `devstack --json`.
@@ -202,6 +255,7 @@ impl Stack {
             pids,
             log_dir: self.log_dir().display().to_string(),
             config_version: self.seeded_version,
+            admin_token: self.tokens.admin.clone(),
         }
     }
 

@@ -25,6 +25,8 @@ pub struct StackInfo {
     pub log_dir: String,
     /// The configuration version the data planes synced to (extension).
     pub config_version: u64,
+    /// The control plane's admin token, for `grpcurl -H "authorization: Bearer …"`.
+    pub admin_token: String,
 }
 
 impl StackInfo {
@@ -72,11 +74,13 @@ Try it:
   curl -s {gw}/api/users/1 -H "Authorization: Bearer $TOKEN"
   curl -s {gw}/api/orders/7 -H "Authorization: Bearer $TOKEN"
 
-  # inspect and change the configuration
+  # inspect and change the configuration (the admin token of this stack)
+  ADMIN_TOKEN={admin_token}
   grpcurl -plaintext {cp} list
-  grpcurl -plaintext {cp} gateway.v1.AdminService/ListRoutes
-  grpcurl -plaintext {cp} gateway.v1.AdminService/ListDataPlanes
-  grpcurl -plaintext -d '{{"route":{{"name":"open-orders","pathPrefix":"/open/orders","upstream":"orders","rewritePrefix":"/orders"}}}}' \
+  grpcurl -plaintext -H "authorization: Bearer $ADMIN_TOKEN" {cp} gateway.v1.AdminService/ListRoutes
+  grpcurl -plaintext -H "authorization: Bearer $ADMIN_TOKEN" {cp} gateway.v1.AdminService/ListDataPlanes
+  grpcurl -plaintext -H "authorization: Bearer $ADMIN_TOKEN" \
+    -d '{{"route":{{"name":"open-orders","pathPrefix":"/open/orders","upstream":"orders","rewritePrefix":"/orders"}}}}' \
     {cp} gateway.v1.AdminService/UpsertRoute
   curl -s {gw}/open/orders/7
 
@@ -91,6 +95,7 @@ Press Ctrl-C to stop everything."#,
             auth = self.auth,
             redis = self.redis,
             logs = self.log_dir,
+            admin_token = self.admin_token,
         )
     }
 }
@@ -115,6 +120,7 @@ mod tests {
             pids: BTreeMap::from([("control-plane".into(), 10), ("redis".into(), 11)]),
             log_dir: "/tmp/devstack-x/logs".into(),
             config_version: 1,
+            admin_token: "0123abcd".into(),
         }
     }
 
@@ -129,6 +135,7 @@ mod tests {
         assert_eq!(doc["auth"], "http://127.0.0.1:4000");
         assert_eq!(doc["redis"], "redis://127.0.0.1:6390");
         assert_eq!(doc["pids"]["control-plane"], 10);
+        assert_eq!(doc["admin_token"], "0123abcd");
     }
 
     #[test]
@@ -138,11 +145,11 @@ mod tests {
         assert!(text.contains(
             "curl -s http://127.0.0.1:8080/api/users/1 -H \"Authorization: Bearer $TOKEN\""
         ));
-        assert!(
-            text.contains(
-                "grpcurl -plaintext 127.0.0.1:50051 gateway.v1.AdminService/ListDataPlanes"
-            )
-        );
+        assert!(text.contains("ADMIN_TOKEN=0123abcd\n"));
+        assert!(text.contains(
+            "grpcurl -plaintext -H \"authorization: Bearer $ADMIN_TOKEN\" 127.0.0.1:50051 \
+             gateway.v1.AdminService/ListDataPlanes"
+        ));
         assert!(text.contains(r#"{"username":"alice","password":"wonderland"}"#));
     }
 }

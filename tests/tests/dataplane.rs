@@ -128,9 +128,12 @@ async fn grpcurl_route_change_reaches_all_three_data_planes_and_all_report_synce
     // Watch every gateway while grpcurl commits the route.
     let started = Instant::now();
     let watchers = watch_until_served(&http, &gateways, "/probe/orders/1", started);
+    let authorization = format!("authorization: Bearer {}", stack.admin_token());
     let output = tokio::process::Command::new("grpcurl")
         .args([
             "-plaintext",
+            "-H",
+            &authorization,
             "-d",
             r#"{"route":{"name":"probe","pathPrefix":"/probe/orders","upstream":"orders","rewritePrefix":"/orders"}}"#,
             &stack.control_plane(),

@@ -1,0 +1,95 @@
+//! The stack's control-channel credentials: a random admin token and a random
+//! data-plane token, written to a tokens file (mode 0600) that the control
+//! plane reads with `--auth-tokens-file`. Data planes get their token through
+//! the environment (`DP_CONTROL_PLANE_TOKEN`), never on a command line, so it
+//! shows up neither in `ps` nor in the "starting …" line of their log.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use crate::error::StackError;
+
+/// Name of the admin token in the tokens file (the author of devstack's changes).
+pub const ADMIN_NAME: &str = "devstack-admin";
+/// Name of the data planes' token in the tokens file.
+pub const DATA_PLANE_NAME: &str = "devstack-data-plane";
+
+/// The stack's two tokens.
+#[derive(Clone)]
+pub struct Tokens {
+    /// Role `admin`: every AdminService RPC.
+    pub admin: String,
+    /// Role `data-plane`: StreamConfig only.
+    pub data_plane: String,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tokens { <redacted> }")
+    }
+}
+
+/// 32 random bytes from the kernel, hex-encoded.
+fn random_token() -> Result<String, StackError> {
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(StackError::io(
+            "reading /dev/urandom for the stack's tokens",
+        ))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Tokens {
+    /// Two fresh random tokens.
+    pub fn generate() -> Result<Tokens, StackError> {
+        Ok(Tokens {
+            admin: random_token()?,
+            data_plane: random_token()?,
+        })
+    }
+
+    /// Writes the control plane's tokens file (owner read/write only).
+    pub fn write_file(&self, path: &Path) -> Result<(), StackError> {
+        let text = format!(
+            "# devstack: generated for this stack only\n\
+             {ADMIN_NAME} admin {}\n{DATA_PLANE_NAME} data-plane {}\n",
+            self.admin, self.data_plane
+        );
+        std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(StackError::io(format!("writing {}", path.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_hex_and_the_file_is_private() {
+        let a = Tokens::generate().unwrap();
+        let b = Tokens::generate().unwrap();
+        assert_eq!(a.admin.len(), 64);
+        assert!(a.admin.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a.admin, a.data_plane);
+        assert_ne!(a.admin, b.admin);
+        assert!(!format!("{a:?}").contains(&a.admin));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        a.write_file(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(&format!("devstack-admin admin {}", a.admin)));
+        assert!(text.contains(&format!("devstack-data-plane data-plane {}", a.data_plane)));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
