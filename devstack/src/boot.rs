@@ -232,7 +232,19 @@ impl Stack {
                 database.display().to_string(),
                 "--auth-tokens-file".into(),
                 self.tokens_file().display().to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.pki.iter().flat_map(|pki| {
+                [
+                    "--tls-cert".to_owned(),
+                    pki.server_cert.display().to_string(),
+                    "--tls-key".to_owned(),
+                    pki.server_key.display().to_string(),
+                    "--client-ca".to_owned(),
+                    pki.ca.display().to_string(),
+                ]
+            }))
+            .collect(),
             Readiness::GrpcHealth(self.control_plane_url()),
         );
 
@@ -304,15 +316,29 @@ impl Stack {
             if self.options.redis {
                 args.extend(["--redis-url".into(), self.redis_url()]);
             }
+            if let Some(pki) = &self.pki {
+                // mTLS: the client certificate authenticates the data plane.
+                args.extend([
+                    "--control-plane-ca".into(),
+                    pki.ca.display().to_string(),
+                    "--tls-cert".into(),
+                    pki.client_cert.display().to_string(),
+                    "--tls-key".into(),
+                    pki.client_key.display().to_string(),
+                ]);
+            }
             args.extend(self.options.data_plane_args.iter().cloned());
             let readyz = format!("http://{}/readyz", local(p.gateway_admins[i]));
             self.register(&name, data_plane_bin.clone(), args, Readiness::Http(readyz));
             // In the environment, not on the command line (which is logged and visible in ps).
-            self.set_env(
-                &name,
-                "DP_CONTROL_PLANE_TOKEN",
-                self.tokens.data_plane.clone(),
-            );
+            // With TLS the client certificate authenticates instead.
+            if self.pki.is_none() {
+                self.set_env(
+                    &name,
+                    "DP_CONTROL_PLANE_TOKEN",
+                    self.tokens.data_plane.clone(),
+                );
+            }
         }
     }
 

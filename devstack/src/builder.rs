@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::binaries::{find_binary, search_dirs, which};
 use crate::error::StackError;
+use crate::pki::Pki;
 use crate::ports::Ports;
 use crate::prereq::redis_install_hint;
 use crate::readiness::http_client;
@@ -27,6 +28,7 @@ pub(crate) struct Options {
     pub(crate) keep_temp_dir: bool,
     pub(crate) env: Vec<(String, String, String)>,
     pub(crate) data_plane_args: Vec<String>,
+    pub(crate) tls: bool,
 }
 
 /// Configures a [`Stack`]; get one with [`Stack::new`].
@@ -52,6 +54,7 @@ impl Default for StackBuilder {
                 keep_temp_dir: std::env::var_os("DEVSTACK_KEEP_TEMP").is_some_and(|v| v == "1"),
                 env: Vec::new(),
                 data_plane_args: Vec::new(),
+                tls: false,
             },
         }
     }
@@ -75,6 +78,14 @@ impl StackBuilder {
     /// planes without it get no `--redis-url` and limit locally.
     pub fn redis(mut self, on: bool) -> Self {
         self.options.redis = on;
+        self
+    }
+
+    /// Serve the control plane over TLS with a throwaway CA (default false).
+    /// Data planes then authenticate by client certificate (mTLS), and the
+    /// control-plane URL becomes `https://127.0.0.1:P`.
+    pub fn tls(mut self, on: bool) -> Self {
+        self.options.tls = on;
         self
     }
 
@@ -202,9 +213,13 @@ impl StackBuilder {
             http: http_client(),
             auth_bin: auth_bin.clone(),
             tokens: Tokens::generate()?,
+            pki: None,
             options: o,
         };
         stack.tokens.write_file(&stack.tokens_file())?;
+        if stack.options.tls {
+            stack.pki = Some(Pki::generate(&stack.dir.join("tls"))?);
+        }
         stack.register_all(
             redis_bin,
             control_plane_bin,

@@ -26,6 +26,7 @@ mod boot;
 pub mod builder;
 pub mod demo;
 pub mod error;
+pub mod pki;
 pub mod ports;
 pub mod prereq;
 mod process;

@@ -50,6 +50,11 @@ struct Cli {
     #[arg(long, env = "DEVSTACK_KEEP_TEMP")]
     keep_temp: bool,
 
+    /// Serve the control plane over TLS with a throwaway CA; data planes
+    /// authenticate with a client certificate (mTLS). Adds "ca" to the JSON line.
+    #[arg(long, env = "DEVSTACK_TLS")]
+    tls: bool,
+
     /// Seconds to wait for every process to become ready.
     #[arg(long, env = "DEVSTACK_STARTUP_TIMEOUT_SECS", default_value_t = 60)]
     startup_timeout_secs: u64,
@@ -87,6 +92,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .data_planes(usize::from(cli.data_planes))
         .fixed_ports(!cli.json)
         .keep_temp_dir(cli.keep_temp)
+        .tls(cli.tls)
         .startup_timeout(Duration::from_secs(cli.startup_timeout_secs));
     if let Some(url) = &cli.otlp_endpoint {
         builder = builder.otlp_endpoint(url.clone());

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -57,11 +57,16 @@ pub(crate) async fn redis_ping(addr: &str) -> Result<(), String> {
 }
 
 /// `grpc.health.v1.Health/Check` for the whole server answers SERVING.
-pub(crate) async fn grpc_serving(url: &str) -> Result<(), String> {
+/// With `tls`, over TLS.
+pub(crate) async fn grpc_serving(url: &str, tls: Option<ClientTlsConfig>) -> Result<(), String> {
     let probe = async {
-        let channel = Channel::from_shared(url.to_owned())
+        let mut endpoint = Channel::from_shared(url.to_owned())
             .map_err(|e| e.to_string())?
-            .connect_timeout(PROBE_TIMEOUT)
+            .connect_timeout(PROBE_TIMEOUT);
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).map_err(|e| e.to_string())?;
+        }
+        let channel = endpoint
             .connect()
             .await
             .map_err(|e| format!("connect: {e}"))?;

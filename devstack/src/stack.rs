@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 
 use crate::builder::{Options, StackBuilder};
 use crate::error::StackError;
+use crate::pki::Pki;
 use crate::ports::Ports;
 use crate::process::{ProcessSpec, Readiness, log_tail};
 use crate::readiness::{PROBE_TIMEOUT, grpc_serving, http_ok, redis_ping};
@@ -79,6 +80,7 @@ pub struct Stack {
     pub(crate) http: reqwest::Client,
     pub(crate) auth_bin: Option<PathBuf>,
     pub(crate) tokens: Tokens,
+    pub(crate) pki: Option<Pki>,
 }
 
 /// The AdminService client of [`Stack::admin_client`]: every call carries the admin token.
@@ -161,7 +163,8 @@ impl Stack {
 
     /// Control-plane gRPC URL, `"http://127.0.0.1:P"`.
     pub fn control_plane_url(&self) -> String {
-        format!("http://{}", self.control_plane())
+        let scheme = if self.options.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.control_plane())
     }
 
     /// Auth service URL, `"http://127.0.0.1:P"` (nothing listens there with `.auth(false)`).
@@ -220,10 +223,15 @@ impl Stack {
     /// token. The channel connects lazily and reconnects by itself, so it
     /// survives control-plane restarts.
     pub async fn admin_client(&self) -> AdminClient {
-        let channel = Channel::from_shared(self.control_plane_url())
+        let mut endpoint = Channel::from_shared(self.control_plane_url())
             .expect("a 127.0.0.1 URL is a valid URI")
-            .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+            .connect_timeout(Duration::from_secs(2));
+        if let Some(pki) = &self.pki {
+            endpoint = endpoint
+                .tls_config(pki.client_tls())
+                .expect("an https URL accepts TLS settings");
+        }
+        let channel = endpoint.connect_lazy();
         AdminServiceClient::with_interceptor(channel, BearerToken::new(&self.tokens.admin))
     }
 
@@ -231,6 +239,11 @@ impl Stack {
     /// `grpcurl -H "authorization: Bearer $TOKEN"`.
     pub fn admin_token(&self) -> &str {
         &self.tokens.admin
+    }
+
+    /// The throwaway PKI of a `.tls(true)` stack.
+    pub fn pki(&self) -> Option<&Pki> {
+        self.pki.as_ref()
     }
 
     /// The data planes' control-plane token (role `data-plane`).
@@ -256,6 +269,7 @@ impl Stack {
             log_dir: self.log_dir().display().to_string(),
             config_version: self.seeded_version,
             admin_token: self.tokens.admin.clone(),
+            ca: self.pki.as_ref().map(|p| p.ca.display().to_string()),
         }
     }
 
@@ -465,7 +479,9 @@ impl Stack {
             let probe = match &readiness {
                 Readiness::Http(url) => http_ok(&self.http, url).await,
                 Readiness::RedisPing(addr) => redis_ping(addr).await,
-                Readiness::GrpcHealth(url) => grpc_serving(url).await,
+                Readiness::GrpcHealth(url) => {
+                    grpc_serving(url, self.pki.as_ref().map(Pki::client_tls)).await
+                }
             };
             match probe {
                 Ok(()) => {

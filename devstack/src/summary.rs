@@ -27,6 +27,10 @@ pub struct StackInfo {
     pub config_version: u64,
     /// The control plane's admin token, for `grpcurl -H "authorization: Bearer …"`.
     pub admin_token: String,
+    /// With `--tls`: the CA certificate file (`grpcurl -cacert`); `client.pem`
+    /// and `client-key.pem` next to it are a client certificate (`-cert`, `-key`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
 }
 
 impl StackInfo {
@@ -46,6 +50,17 @@ impl StackInfo {
             .first()
             .map_or("http://127.0.0.1:9901", String::as_str);
         let cp = &self.control_plane;
+        // grpcurl's transport flags: plaintext, or the stack's CA and client certificate.
+        let transport = match &self.ca {
+            None => "-plaintext".to_owned(),
+            Some(ca) => {
+                let dir = std::path::Path::new(ca)
+                    .parent()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default();
+                format!("-cacert {ca} -cert {dir}/client.pem -key {dir}/client-key.pem")
+            }
+        };
         let list = |v: &[String]| v.join("  ");
         let pid_list = self
             .pids
@@ -76,10 +91,10 @@ Try it:
 
   # inspect and change the configuration (the admin token of this stack)
   ADMIN_TOKEN={admin_token}
-  grpcurl -plaintext {cp} list
-  grpcurl -plaintext -H "authorization: Bearer $ADMIN_TOKEN" {cp} gateway.v1.AdminService/ListRoutes
-  grpcurl -plaintext -H "authorization: Bearer $ADMIN_TOKEN" {cp} gateway.v1.AdminService/ListDataPlanes
-  grpcurl -plaintext -H "authorization: Bearer $ADMIN_TOKEN" \
+  grpcurl {transport} {cp} list
+  grpcurl {transport} -H "authorization: Bearer $ADMIN_TOKEN" {cp} gateway.v1.AdminService/ListRoutes
+  grpcurl {transport} -H "authorization: Bearer $ADMIN_TOKEN" {cp} gateway.v1.AdminService/ListDataPlanes
+  grpcurl {transport} -H "authorization: Bearer $ADMIN_TOKEN" \
     -d '{{"route":{{"name":"open-orders","pathPrefix":"/open/orders","upstream":"orders","rewritePrefix":"/orders"}}}}' \
     {cp} gateway.v1.AdminService/UpsertRoute
   curl -s {gw}/open/orders/7
@@ -121,6 +136,7 @@ mod tests {
             log_dir: "/tmp/devstack-x/logs".into(),
             config_version: 1,
             admin_token: "0123abcd".into(),
+            ca: None,
         }
     }
 
@@ -136,6 +152,17 @@ mod tests {
         assert_eq!(doc["redis"], "redis://127.0.0.1:6390");
         assert_eq!(doc["pids"]["control-plane"], 10);
         assert_eq!(doc["admin_token"], "0123abcd");
+        assert!(doc.get("ca").is_none(), "{line}");
+        let tls = StackInfo {
+            ca: Some("/tmp/devstack-x/tls/ca.pem".into()),
+            ..info()
+        };
+        let doc: serde_json::Value = serde_json::from_str(&tls.to_json_line()).unwrap();
+        assert_eq!(doc["ca"], "/tmp/devstack-x/tls/ca.pem");
+        assert!(tls.examples().contains(
+            "grpcurl -cacert /tmp/devstack-x/tls/ca.pem -cert /tmp/devstack-x/tls/client.pem \
+             -key /tmp/devstack-x/tls/client-key.pem 127.0.0.1:50051 list"
+        ));
     }
 
     #[test]

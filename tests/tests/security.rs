@@ -237,3 +237,103 @@ async fn no_secret_reaches_any_log() -> Result<()> {
     stack.shutdown().await;
     Ok(())
 }
+
+/// `Stack::new().tls(true)`: the control plane serves TLS with a throwaway CA
+/// and requires client certificates; data planes sync by mTLS alone; grpcurl
+/// works with `-cacert -cert -key` and the admin token, and fails in plaintext
+/// or without a client certificate.
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_stack_syncs_by_client_certificate_and_grpcurl_needs_the_flags() -> Result<()> {
+    let stack = Stack::new().data_planes(1).tls(true).start().await?;
+    ensure!(stack.control_plane_url().starts_with("https://127.0.0.1:"));
+    let pki = stack.pki().context("a TLS stack has a PKI")?.clone();
+    let info: Value = serde_json::from_str(&stack.info().to_json_line())?;
+    ensure!(info["ca"] == pki.ca.display().to_string(), "{info}");
+    ensure!(info["admin_token"] == stack.admin_token(), "{info}");
+
+    // Data planes got no token: they synced (start() waited for SYNCED) with their certificate.
+    let pid = stack.pid("data-plane-1").context("data-plane-1 runs")?;
+    let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+    ensure!(
+        !String::from_utf8_lossy(&environ).contains("DP_CONTROL_PLANE_TOKEN"),
+        "a TLS stack's data plane was given a token"
+    );
+    // Changes still reach them.
+    let mut admin = stack.admin_client().await;
+    let route = admin
+        .list_routes(ListRoutesRequest {})
+        .await?
+        .into_inner()
+        .routes
+        .into_iter()
+        .next()
+        .context("demo routes")?;
+    let version = admin
+        .upsert_route(UpsertRouteRequest {
+            route: Some(Route {
+                name: "over-tls".into(),
+                path_prefix: "/over-tls".into(),
+                ..route
+            }),
+            expected_version: None,
+        })
+        .await?
+        .into_inner()
+        .version;
+    stack.wait_synced(version).await?;
+
+    let header = format!("authorization: Bearer {}", stack.admin_token());
+    let (ca, cert, key) = (
+        pki.ca.display().to_string(),
+        pki.client_cert.display().to_string(),
+        pki.client_key.display().to_string(),
+    );
+    let run = |args: Vec<String>| async move {
+        let out = tokio::process::Command::new("grpcurl").args(args).output();
+        tokio::time::timeout(Duration::from_secs(30), out)
+            .await
+            .context("grpcurl hung")?
+            .context("grpcurl runs")
+    };
+    let method = "gateway.v1.AdminService/ListConfigVersions".to_owned();
+    let cp = stack.control_plane();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let out = run(s(&[
+        "-cacert", &ca, "-cert", &cert, "-key", &key, "-H", &header, &cp, &method,
+    ]))
+    .await?;
+    ensure!(out.status.success(), "grpcurl over mTLS: {out:?}");
+    ensure!(
+        String::from_utf8_lossy(&out.stdout).contains("over-tls"),
+        "{out:?}"
+    );
+    // grpcurl keeps redialling a refused handshake until its connect timeout.
+    let out = run(s(&[
+        "-connect-timeout",
+        "2",
+        "-plaintext",
+        "-H",
+        &header,
+        &cp,
+        &method,
+    ]))
+    .await?;
+    ensure!(!out.status.success(), "plaintext was accepted: {out:?}");
+    let out = run(s(&[
+        "-connect-timeout",
+        "2",
+        "-cacert",
+        &ca,
+        "-H",
+        &header,
+        &cp,
+        &method,
+    ]))
+    .await?;
+    ensure!(
+        !out.status.success(),
+        "no client certificate was accepted: {out:?}"
+    );
+    stack.shutdown().await;
+    Ok(())
+}

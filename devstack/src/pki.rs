@@ -1,0 +1,103 @@
+//! `--tls`: a throwaway certificate authority made when the stack starts, a
+//! server certificate for the control plane (`localhost` and `127.0.0.1`) and
+//! one client certificate that data planes (and operators' grpcurl) present
+//! for mutual TLS. Keys are written with mode 0600 and die with the stack dir.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+use crate::error::StackError;
+
+/// The PEM files of the stack's PKI.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    /// The CA certificate (what `grpcurl -cacert` and `--control-plane-ca` take).
+    pub ca: PathBuf,
+    /// The control plane's certificate.
+    pub server_cert: PathBuf,
+    /// Its private key.
+    pub server_key: PathBuf,
+    /// The client certificate (data planes, grpcurl `-cert`).
+    pub client_cert: PathBuf,
+    /// Its private key (grpcurl `-key`).
+    pub client_key: PathBuf,
+}
+
+fn rcgen_error(e: rcgen::Error) -> StackError {
+    StackError::io("making the TLS certificates")(std::io::Error::other(e.to_string()))
+}
+
+fn write(path: &Path, text: &str, mode: u32) -> Result<(), StackError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(StackError::io(format!("writing {}", path.display())))
+}
+
+impl Pki {
+    /// Makes a CA and its certificates in `dir` (created if missing).
+    pub fn generate(dir: &Path) -> Result<Pki, StackError> {
+        std::fs::create_dir_all(dir)
+            .map_err(StackError::io(format!("creating {}", dir.display())))?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error)?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "devstack throwaway CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(rcgen_error)?)
+            .map_err(rcgen_error)?;
+        let leaf = |names: Vec<String>, usage| -> Result<(String, String), StackError> {
+            let mut params = CertificateParams::new(names.clone()).map_err(rcgen_error)?;
+            params
+                .distinguished_name
+                .push(DnType::CommonName, names[0].clone());
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate().map_err(rcgen_error)?;
+            let cert = params.signed_by(&key, &ca).map_err(rcgen_error)?;
+            Ok((cert.pem(), key.serialize_pem()))
+        };
+        let (server_cert, server_key) = leaf(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        let (client_cert, client_key) = leaf(
+            vec!["devstack-data-plane".into()],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let pki = Pki {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server-key.pem"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client-key.pem"),
+        };
+        write(&pki.ca, &ca.pem(), 0o644)?;
+        write(&pki.server_cert, &server_cert, 0o644)?;
+        write(&pki.server_key, &server_key, 0o600)?;
+        write(&pki.client_cert, &client_cert, 0o644)?;
+        write(&pki.client_key, &client_key, 0o600)?;
+        Ok(pki)
+    }
+
+    /// Client TLS settings trusting the CA and presenting the client certificate.
+    pub fn client_tls(&self) -> ClientTlsConfig {
+        let read = |p: &Path| std::fs::read(p).unwrap_or_default();
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&self.ca)))
+            .identity(Identity::from_pem(
+                read(&self.client_cert),
+                read(&self.client_key),
+            ))
+    }
+}
