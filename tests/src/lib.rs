@@ -184,6 +184,28 @@ pub fn open_route(name: &str, prefix: &str, upstream: &str, rewrite: &str) -> Ro
     }
 }
 
+/// Creates or replaces `route` through the stack's admin API and waits until
+/// every data plane serves the resulting version, which it returns.
+pub async fn upsert_route_synced(stack: &devstack::Stack, route: Route) -> anyhow::Result<u64> {
+    let name = route.name.clone();
+    let version = stack
+        .admin_client()
+        .await
+        .upsert_route(gateway_proto::v1::UpsertRouteRequest {
+            route: Some(route),
+            expected_version: None,
+        })
+        .await
+        .with_context(|| format!("upserting route {name}"))?
+        .into_inner()
+        .version;
+    stack
+        .wait_synced(version)
+        .await
+        .with_context(|| format!("data planes syncing version {version}"))?;
+    Ok(version)
+}
+
 /// Resident memory of process `pid` in KiB (`VmRSS` of `/proc/PID/status`).
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))

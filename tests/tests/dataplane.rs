@@ -17,7 +17,7 @@ use gateway_proto::v1::{
     CircuitBreaker, DataPlaneState, GetUpstreamRequest, HealthCheck, ListDataPlanesRequest,
     UpsertRouteRequest, UpsertUpstreamRequest,
 };
-use gateway_tests::{client, login, open_route, poll, raw_request, rss_kib};
+use gateway_tests::{client, login, open_route, poll, raw_request, rss_kib, upsert_route_synced};
 
 /// Deadline for anything that should happen "soon" (config propagation, recovery).
 const SOON: Duration = Duration::from_secs(30);
@@ -25,30 +25,18 @@ const SOON: Duration = Duration::from_secs(30);
 /// Adds `/open/orders` → orders (`/orders`) and `/open/users` → users
 /// (`/users`), both without auth, and waits until every data plane has them.
 async fn add_open_routes(stack: &Stack) -> u64 {
-    let mut admin = stack.admin_client().await;
-    admin
-        .upsert_route(UpsertRouteRequest {
-            route: Some(open_route("open-users", "/open/users", "users", "/users")),
-            expected_version: None,
-        })
-        .await
-        .expect("upsert open-users");
-    let version = admin
-        .upsert_route(UpsertRouteRequest {
-            route: Some(open_route(
-                "open-orders",
-                "/open/orders",
-                "orders",
-                "/orders",
-            )),
-            expected_version: None,
-        })
-        .await
-        .expect("upsert open-orders")
-        .into_inner()
-        .version;
-    stack.wait_synced(version).await.expect("data planes sync");
-    version
+    upsert_route_synced(
+        stack,
+        open_route("open-users", "/open/users", "users", "/users"),
+    )
+    .await
+    .expect("upsert open-users");
+    upsert_route_synced(
+        stack,
+        open_route("open-orders", "/open/orders", "orders", "/orders"),
+    )
+    .await
+    .expect("upsert open-orders")
 }
 
 /// The whole stack, auth service included.

@@ -12,8 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use devstack::Stack;
-use gateway_proto::v1::UpsertRouteRequest;
-use gateway_tests::{client, login, open_route};
+use gateway_tests::{client, login, open_route, upsert_route_synced};
 use tokio::io::AsyncWriteExt;
 
 /// Runs `promtool check metrics` on `text`; returns promtool's complaints on failure.
@@ -71,22 +70,12 @@ async fn metrics_after_traffic_pass_promtool_and_cover_every_concern() {
         .await
         .unwrap_or_else(|e| panic!("stack did not start: {e}"));
 
-    let mut admin = stack.admin_client().await;
-    let version = admin
-        .upsert_route(UpsertRouteRequest {
-            route: Some(open_route(
-                "open-orders",
-                "/open/orders",
-                "orders",
-                "/orders",
-            )),
-            expected_version: None,
-        })
-        .await
-        .expect("upsert open-orders")
-        .into_inner()
-        .version;
-    stack.wait_synced(version).await.expect("data planes sync");
+    upsert_route_synced(
+        &stack,
+        open_route("open-orders", "/open/orders", "orders", "/orders"),
+    )
+    .await
+    .expect("open-orders served by every data plane");
 
     // Traffic of every kind: proxied 200s and 500s, a 404, a 401, a rate-limited route.
     let http = client();
