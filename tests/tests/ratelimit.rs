@@ -13,7 +13,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
 use devstack::Stack;
+// At the auth service itself, not through the gateway, so the per-IP login budget stays untouched.
 use futures::future::join_all;
+use gateway_tests::login;
 use reqwest::{Client, Method, StatusCode};
 
 const API_LIMIT: u64 = 20;
@@ -28,28 +30,6 @@ fn client() -> Result<Client> {
         .no_proxy()
         .timeout(Duration::from_secs(10))
         .build()?)
-}
-
-/// Logs `user` in at the auth service itself (not through the gateway, so
-/// the per-IP login budget stays untouched) and returns the access token.
-async fn access_token(http: &Client, stack: &Stack, user: &str, password: &str) -> Result<String> {
-    let url = format!("{}/auth/login", stack.auth_url());
-    let response = http
-        .post(&url)
-        .json(&serde_json::json!({"username": user, "password": password}))
-        .send()
-        .await
-        .with_context(|| format!("POST {url}"))?;
-    ensure!(
-        response.status() == StatusCode::OK,
-        "login {user}: {}",
-        response.status()
-    );
-    let body: serde_json::Value = response.json().await?;
-    body["access_token"]
-        .as_str()
-        .map(str::to_owned)
-        .context("login response without access_token")
 }
 
 /// What one response said about its rate limit.
@@ -308,7 +288,7 @@ async fn limits_are_shared_exact_and_fully_described() -> Result<()> {
         .start()
         .await?;
     let http = client()?;
-    let token = access_token(&http, &stack, "alice", "wonderland").await?;
+    let token = login(&stack.auth_url(), "alice", "wonderland").await?;
 
     // One user, 3 replicas, both routes, all at once: the shared `api` budget admits exactly 20.
     let (seen, elapsed) = api_burst(&http, &stack, &token, 60).await?;
@@ -419,8 +399,8 @@ async fn limits_are_shared_exact_and_fully_described() -> Result<()> {
 async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result<()> {
     let stack = Stack::new().data_planes(3).start().await?;
     let http = client()?;
-    let alice = access_token(&http, &stack, "alice", "wonderland").await?;
-    let bob = access_token(&http, &stack, "bob", "builder").await?;
+    let alice = login(&stack.auth_url(), "alice", "wonderland").await?;
+    let bob = login(&stack.auth_url(), "bob", "builder").await?;
     let admins = stack.gateway_admins();
     // Generous for debug builds on a busy machine; the decision itself is
     // bounded at a few ms (gateway-ratelimit's own tests check that), so a

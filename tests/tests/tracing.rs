@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use devstack::Stack;
+// At the auth service itself, not through the gateway, so the per-IP login budget stays untouched.
 use gateway_telemetry::TraceContext;
 use gateway_telemetry::receiver::{Kind, ReceivedSpan, Receiver, StatusCode};
+use gateway_tests::login;
 use reqwest::{Client, RequestBuilder, Response};
 
 /// How long spans may take to show up in the receiver.
@@ -33,28 +35,6 @@ async fn start(receiver: &Receiver) -> Result<Stack> {
         .start()
         .await
         .context("starting the stack")
-}
-
-/// Logs in at the auth service itself (not through the gateway, so the
-/// per-IP login budget stays untouched) and returns the access token.
-async fn access_token(http: &Client, stack: &Stack, user: &str, password: &str) -> Result<String> {
-    let url = format!("{}/auth/login", stack.auth_url());
-    let response = http
-        .post(&url)
-        .json(&serde_json::json!({"username": user, "password": password}))
-        .send()
-        .await
-        .with_context(|| format!("POST {url}"))?;
-    ensure!(
-        response.status() == 200,
-        "login {user}: {}",
-        response.status()
-    );
-    let body: serde_json::Value = response.json().await?;
-    body["access_token"]
-        .as_str()
-        .map(str::to_owned)
-        .context("login response without access_token")
 }
 
 /// A fresh sampled caller context, as an upstream service would send it.
@@ -134,7 +114,7 @@ async fn spans_follow_requests_across_every_hop() -> Result<()> {
     let stack = start(&receiver).await?;
     let gw = stack.gateways()[0].clone();
     let http = client()?;
-    let token = access_token(&http, &stack, "alice", "wonderland").await?;
+    let token = login(&stack.auth_url(), "alice", "wonderland").await?;
 
     // 1. A known traceparent: one trace, caller -> gateway SERVER -> gateway CLIENT -> users SERVER.
     let parent = caller();
@@ -429,8 +409,8 @@ async fn killing_the_collector_costs_no_failed_requests() -> Result<()> {
     let gw = stack.gateways()[0].clone();
     let http = client()?;
     let tokens = [
-        access_token(&http, &stack, "alice", "wonderland").await?,
-        access_token(&http, &stack, "bob", "builder").await?,
+        login(&stack.auth_url(), "alice", "wonderland").await?,
+        login(&stack.auth_url(), "bob", "builder").await?,
     ];
 
     // Spans flow while the collector is up.
