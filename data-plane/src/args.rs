@@ -108,6 +108,11 @@ pub struct Args {
     #[arg(long, env = "DP_UPSTREAM_MAX_IDLE", default_value_t = 128)]
     pub upstream_max_idle: usize,
 
+    /// Proxy worker threads, each with its own runtime and listening socket
+    /// (SO_REUSEPORT). 0: one per core the process may use.
+    #[arg(long, env = "DP_WORKERS", default_value_t = 0)]
+    pub workers: usize,
+
     /// Log line format on stderr.
     #[arg(long, env = "DP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -184,6 +189,9 @@ impl Args {
         {
             return invalid("control-plane", "must be an http:// or https:// URL");
         }
+        if self.workers > 1024 {
+            return invalid("workers", "must be at most 1024 (0 means one per core)");
+        }
         if self.ratelimit_timeout_ms == 0 {
             return invalid("ratelimit-timeout-ms", "must be greater than 0");
         }
@@ -252,6 +260,8 @@ impl Args {
     pub fn pool(&self) -> PoolSettings {
         PoolSettings {
             max_idle: self.upstream_max_idle,
+            // One idle list per worker, and one for the main runtime.
+            slots: crate::workers::count(self.workers) + 1,
             ..PoolSettings::default()
         }
     }

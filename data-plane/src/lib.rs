@@ -9,7 +9,7 @@
 //!   [`cache`]: the on-disk copy of the last accepted snapshot;
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
-//! * [`server`]: listeners and graceful shutdown; [`ops`]: the ops listener;
+//! * [`server`]: listeners and graceful shutdown; [`workers`]: the per-core proxy workers; [`ops`]: the ops listener;
 //!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
 //! * [`hooks`]: where token verification and rate limiting plug in;
 //!   [`jwt`] and [`ratelimit`]: the implementations plugged in by default
@@ -40,6 +40,7 @@ pub mod router;
 pub mod runtime;
 pub mod sanitize;
 pub mod server;
+pub mod workers;
 pub mod xds;
 
 use std::future::Future;
@@ -74,6 +75,9 @@ pub enum StartError {
     /// The control plane TLS files are unusable.
     #[error("control plane TLS: {0}")]
     ControlPlaneTls(#[from] xds::TlsFilesError),
+    /// A proxy worker thread or its runtime could not be created.
+    #[error("cannot start the proxy workers: {0}")]
+    Workers(#[source] std::io::Error),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -142,14 +146,13 @@ impl DataPlane {
                 .await
                 .map_err(|source| StartError::Bind { addr, source })
         };
-        let proxy_listener = bind(args.listen).await?;
-        let ops_listener = bind(args.admin_listen).await?;
-        let proxy_addr = proxy_listener
-            .local_addr()
-            .map_err(|source| StartError::Bind {
+        let workers = workers::count(args.workers);
+        let (proxy_listeners, proxy_addr) =
+            workers::bind(args.listen, workers).map_err(|source| StartError::Bind {
                 addr: args.listen,
                 source,
             })?;
+        let ops_listener = bind(args.admin_listen).await?;
         let admin_addr = ops_listener
             .local_addr()
             .map_err(|source| StartError::Bind {
@@ -203,15 +206,16 @@ impl DataPlane {
         });
         let (stop, stopped) = watch::channel(false);
         let http = args.http();
-        let proxy = tokio::spawn(server::serve(
-            proxy_listener,
+        let proxy = workers::spawn(
+            proxy_listeners,
             http,
             move |req, peer| {
                 let pipeline = pipeline.clone();
                 async move { pipeline.handle(req, peer).await }
             },
-            stopped.clone(),
-        ));
+            &stopped,
+        )
+        .map_err(StartError::Workers)?;
         let ops_runtime = runtime.clone();
         let tracer = self.tracer;
         // What /metrics adds to the data plane's own counters.
@@ -233,7 +237,7 @@ impl DataPlane {
             hostname: args::hostname(),
             build_version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        tracing::info!(proxy = %proxy_addr, ops = %admin_addr, node = %node.id,
+        tracing::info!(proxy = %proxy_addr, ops = %admin_addr, node = %node.id, workers,
             control_plane = %args.control_plane, "data plane started");
         let xds = tokio::spawn(xds::run(
             runtime.clone(),

@@ -9,7 +9,9 @@ use clap::Parser as _;
 use data_plane::DataPlane;
 use data_plane::args::{Args, LogFormat};
 
-#[tokio::main]
+// The main runtime runs only the background work (config stream, health checks, ops listener,
+// Redis connection); requests are served by the proxy workers, one thread per core.
+#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let format = match args.log_format {

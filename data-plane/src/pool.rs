@@ -9,6 +9,10 @@
 //! Idle connections are kept LIFO (the warmest is reused first), at most
 //! `max_idle` of them, each for at most `idle_timeout`. The lock is held only to
 //! push or pop, never across an `.await`.
+//!
+//! Each proxy worker ([`crate::workers`]) has its own idle list, so a worker
+//! reuses the connections whose tasks run on its own thread and an exchange
+//! never hops threads; `max_idle` applies per list.
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -37,6 +41,9 @@ pub struct PoolSettings {
     /// Time allowed to establish a TCP connection. A connect timeout counts as
     /// "never reached the instance", so the request is retried elsewhere.
     pub connect_timeout: Duration,
+    /// Idle lists: one per proxy worker plus one for every other thread
+    /// ([`crate::workers::current`] picks the list).
+    pub slots: usize,
 }
 
 impl Default for PoolSettings {
@@ -45,6 +52,7 @@ impl Default for PoolSettings {
             max_idle: 128,
             idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(2),
+            slots: 1,
         }
     }
 }
@@ -113,7 +121,15 @@ struct Idle {
 struct Inner {
     authority: Arc<str>,
     settings: PoolSettings,
-    idle: Mutex<Vec<Idle>>,
+    /// One list per slot (see [`PoolSettings::slots`]).
+    idle: Box<[Mutex<Vec<Idle>>]>,
+}
+
+impl Inner {
+    /// This thread's idle list.
+    fn idle(&self) -> &Mutex<Vec<Idle>> {
+        &self.idle[crate::workers::current() % self.idle.len()]
+    }
 }
 
 /// The connection pool of one upstream instance. Cheap to clone (shared).
@@ -153,7 +169,7 @@ impl Checkin {
             return;
         }
         let now = Instant::now();
-        let mut idle = pool.idle.lock().expect("pool lock");
+        let mut idle = pool.idle().lock().expect("pool lock");
         // The oldest entries sit at the bottom: drop expired or closed ones there.
         while idle
             .first()
@@ -174,7 +190,9 @@ impl Pool {
             inner: Arc::new(Inner {
                 authority: authority.into(),
                 settings,
-                idle: Mutex::new(Vec::new()),
+                idle: (0..settings.slots.max(1))
+                    .map(|_| Mutex::new(Vec::new()))
+                    .collect(),
             }),
         }
     }
@@ -188,13 +206,17 @@ impl Pool {
     pub fn idle_count(&self) -> usize {
         self.inner
             .idle
-            .lock()
-            .map_or(0, |i| i.iter().filter(|c| !c.sender.is_closed()).count())
+            .iter()
+            .map(|slot| {
+                slot.lock()
+                    .map_or(0, |i| i.iter().filter(|c| !c.sender.is_closed()).count())
+            })
+            .sum()
     }
 
     fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
         let now = Instant::now();
-        let mut idle = self.inner.idle.lock().expect("pool lock");
+        let mut idle = self.inner.idle().lock().expect("pool lock");
         while let Some(i) = idle.pop() {
             if !i.sender.is_closed() && now - i.since <= self.inner.settings.idle_timeout {
                 return Some(i.sender);

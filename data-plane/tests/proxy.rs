@@ -93,15 +93,17 @@ async fn forwards_with_rewrite_query_and_clean_headers() {
     dp.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn upstream_connections_are_kept_alive_and_reused() {
+/// Sends a mix of sequential requests (bodies, no bodies, errors, HEAD) through
+/// a data plane with `workers` proxy workers; returns the upstream connections
+/// opened and the `/health/load-balancer` document.
+async fn sequential_mix(workers: &str) -> (usize, String) {
     let up = TestUpstream::start("o1").await;
     let cfg = snapshot(
         1,
         vec![route("all", "/", "svc")],
         vec![upstream("svc", &[("o1", up.url())])],
     );
-    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    let (dp, _cache) = data_plane_with(cfg, &["--workers", workers]).await;
     for path in [
         "/a",
         "/bytes?n=100000",
@@ -123,10 +125,28 @@ async fn upstream_connections_are_kept_alive_and_reused() {
         assert_eq!(send(dp.proxy_addr(), req).await.0, StatusCode::OK);
     }
     let n = up.connections.load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(n, 1, "sequential requests share one upstream connection");
     let (_, lb) = ops(&dp, "/health/load-balancer").await;
-    assert!(lb.contains("\"idle_connections\":1"), "{lb}");
     dp.shutdown().await;
+    (n, lb)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    let (n, lb) = sequential_mix("1").await;
+    assert_eq!(n, 1, "sequential requests share one upstream connection");
+    assert!(lb.contains("\"idle_connections\":1"), "{lb}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_worker_reuses_its_own_upstream_connections() {
+    // The kernel spreads client connections over the workers; each worker keeps
+    // (at most) one idle connection for sequential traffic, never one per request.
+    let (n, lb) = sequential_mix("2").await;
+    assert!(
+        (1..=2).contains(&n),
+        "{n} upstream connections for 33 sequential requests"
+    );
+    assert!(lb.contains(&format!("\"idle_connections\":{n}")), "{lb}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

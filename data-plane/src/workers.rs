@@ -1,0 +1,197 @@
+//! Proxy workers: one OS thread per core, each with its own single-threaded
+//! tokio runtime and its own listening socket (`SO_REUSEPORT`), the way nginx
+//! and Envoy run their workers.
+//!
+//! Why not one work-stealing runtime: a proxied request is two connections
+//! (client and upstream) whose tasks hand the exchange to each other. On a
+//! shared runtime those hand-offs often cross threads (a wake-up through the
+//! other worker, a cache line moving between cores); on a worker the whole
+//! exchange stays on one thread. The kernel spreads new client connections
+//! over the workers' sockets, and each worker keeps its own idle upstream
+//! connections ([`crate::pool`] files them under [`current`]). Shared state —
+//! the configuration snapshot, breakers, health, counters — is the same for
+//! every worker. BENCHMARKS.md has the measured difference.
+//!
+//! Everything that is not request serving (the config stream, health checks,
+//! the ops listener, the Redis connection) stays on the process's main runtime.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::body::ResponseBody;
+use crate::server::{self, HttpSettings};
+
+thread_local! {
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The proxy worker running on this thread: `1..=n` on a worker, `0` on any
+/// other thread (the main runtime, tests).
+pub fn current() -> usize {
+    WORKER.with(Cell::get)
+}
+
+/// The number of workers `requested` stands for: itself, or with `0` one per
+/// core the process may use.
+pub fn count(requested: usize) -> usize {
+    if requested > 0 {
+        return requested;
+    }
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// Binds `n` listening sockets to `addr`, all with `SO_REUSEPORT` so the
+/// kernel balances new connections across them. With port 0 the first socket
+/// picks the port and the others join it. Returns the sockets and the address.
+pub fn bind(addr: SocketAddr, n: usize) -> io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
+    let mut sockets = Vec::with_capacity(n);
+    let mut bound = addr;
+    for _ in 0..n.max(1) {
+        let socket = Socket::new(
+            Domain::for_address(bound),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&bound.into())?;
+        socket.listen(1024)?;
+        let listener: std::net::TcpListener = socket.into();
+        bound = listener.local_addr()?;
+        sockets.push(listener);
+    }
+    Ok((sockets, bound))
+}
+
+/// Starts one worker thread per listener, each serving its listener with
+/// `handler` until `shutdown` turns true and then draining
+/// ([`server::serve`]). The returned task ends when every worker has stopped.
+pub fn spawn<F, Fut>(
+    listeners: Vec<std::net::TcpListener>,
+    settings: HttpSettings,
+    handler: F,
+    shutdown: &watch::Receiver<bool>,
+) -> io::Result<JoinHandle<()>>
+where
+    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let mut done = Vec::with_capacity(listeners.len());
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let index = i + 1;
+        let handler = handler.clone();
+        let shutdown = shutdown.clone();
+        let (finished, stopped) = oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name(format!("dp-worker-{index}"))
+            .spawn(move || {
+                // Dropped when this thread ends, however it ends.
+                let _finished = finished;
+                WORKER.with(|w| w.set(index));
+                runtime.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => server::serve(listener, settings, handler, shutdown).await,
+                        Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its socket"),
+                    }
+                });
+            })?;
+        done.push(stopped);
+    }
+    Ok(tokio::spawn(async move {
+        for stopped in done {
+            let _ = stopped.await;
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_share_one_port() {
+        let (sockets, addr) = bind("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        assert_eq!(sockets.len(), 3);
+        assert_ne!(addr.port(), 0);
+        for s in &sockets {
+            assert_eq!(s.local_addr().unwrap(), addr);
+        }
+    }
+
+    #[test]
+    fn a_port_in_use_without_reuseport_is_refused() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let err = bind(taken.local_addr().unwrap(), 2).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+    }
+
+    #[test]
+    fn zero_means_one_per_core() {
+        assert_eq!(count(3), 3);
+        assert!(count(0) >= 1);
+    }
+
+    #[test]
+    fn only_worker_threads_have_an_index() {
+        assert_eq!(current(), 0);
+    }
+
+    #[tokio::test]
+    async fn every_worker_serves_and_all_stop() {
+        let (sockets, addr) = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let settings = HttpSettings {
+            header_read_timeout: std::time::Duration::from_secs(5),
+            max_header_bytes: 16 * 1024,
+            shutdown_grace: std::time::Duration::from_secs(5),
+        };
+        let handle = spawn(
+            sockets,
+            settings,
+            |_req, _peer| async move {
+                let body = format!("worker {}", current());
+                Response::new(ResponseBody::full(body))
+            },
+            &stopped,
+        )
+        .unwrap();
+        // Each request on a new connection; the kernel picks the socket, so only
+        // the answer's shape is asserted, plus that some worker (index ≥ 1) answered.
+        for _ in 0..4 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            let worker: usize = out
+                .rsplit("worker ")
+                .next()
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            assert!((1..=2).contains(&worker), "{out}");
+        }
+        stop.send(true).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), handle)
+            .await
+            .expect("workers stop")
+            .unwrap();
+    }
+}
