@@ -3,7 +3,10 @@
 -- KEYS[1]  the budget key, rl:{<policy>:<subject>} (a hash)
 -- ARGV[1]  limit: requests per window
 -- ARGV[2]  window in milliseconds; windows are aligned to multiples of it since the Unix epoch
--- Returns {allowed (1|0), remaining, reset_after_ms, retry_after_ms}.
+-- ARGV[3]  requests decided together (merged concurrent requests of one key), at least 1
+-- Returns {admitted, remaining, reset_after_ms, retry_after_ms}: the first `admitted`
+-- requests are admitted, the rest denied, as if they had come one after another at this
+-- instant; `retry_after_ms` is the wait of the denied ones (0 when all were admitted).
 --
 -- Time comes from Redis (TIME), so replicas with skewed clocks agree on the window.
 -- Fields: fw = window index, fn = requests admitted in it. Denials write nothing.
@@ -23,6 +26,7 @@ end
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,11 +42,16 @@ if w == nil or n == nil or w < current then
 end
 
 local reset_after = (w + 1) * window - now
-if n < limit then
-  n = n + 1
+local admitted = math.min(cost, limit - n)
+if admitted > 0 then
+  n = n + admitted
   redis.call('HSET', key, 'fw', int(w), 'fn', int(n))
   -- The count means nothing after the window ends: let the key vanish then.
   redis.call('PEXPIRE', key, int(reset_after))
-  return {1, limit - n, reset_after, 0}
+  local retry_after = 0
+  if admitted < cost then
+    retry_after = reset_after
+  end
+  return {admitted, limit - n, reset_after, retry_after}
 end
 return {0, 0, reset_after, reset_after}

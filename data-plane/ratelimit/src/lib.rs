@@ -56,6 +56,7 @@ mod deny_cache;
 pub mod headers;
 mod limiter;
 pub mod local;
+mod merge;
 pub mod policy;
 mod redis;
 mod shard;

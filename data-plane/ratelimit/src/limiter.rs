@@ -3,7 +3,8 @@
 //!
 //! Per decision: a known recent denial is answered from the "denied until"
 //! cache; otherwise, unless the breaker is open, one Lua script runs in Redis
-//! under a deadline of a few milliseconds. A timeout or error makes this one
+//! under a deadline of a few milliseconds — one run for all the concurrent
+//! requests of a key ([`crate::merge`]). A timeout or error makes this one
 //! decision local and counts towards the breaker. While the breaker is open no
 //! request waits on Redis; a background task pings it every `breaker_open_for`
 //! and closes the breaker when it answers, so shared limiting resumes by itself.
@@ -19,6 +20,7 @@ use crate::breaker::Breaker;
 use crate::deny_cache::DenyCache;
 use crate::headers::{Decision, Source};
 use crate::local::LocalLimiter;
+use crate::merge::{Merger, Role, Turn};
 use crate::policy::Policy;
 use crate::redis::{RedisStore, StoreOptions};
 use crate::stats::{Stats, StatsSnapshot};
@@ -96,6 +98,7 @@ struct Shared {
     store: RedisStore,
     breaker: Arc<Breaker>,
     deny_cache: Option<DenyCache>,
+    merger: Merger,
 }
 
 impl RateLimiter {
@@ -131,6 +134,7 @@ impl RateLimiter {
                     )),
                     deny_cache: (options.deny_cache_max_keys > 0)
                         .then(|| DenyCache::new(options.deny_cache_max_keys)),
+                    merger: Merger::default(),
                 })
             }
         };
@@ -180,23 +184,54 @@ impl RateLimiter {
             inner.stats.fallback();
             return inner.local(policy, subject);
         }
+        let key = policy.redis_key(subject);
+        let lead = match shared.merger.join(&key) {
+            Role::Lead(lead) => lead,
+            Role::Alone => shared.merger.lead_alone(key),
+            Role::Queued(turn) => match timeout(inner.options.decision_timeout, turn).await {
+                Ok(Ok(Turn::Decided(outcome))) => {
+                    inner.stats.merged();
+                    inner.stats.decision(Source::Shared, outcome.allowed);
+                    return Decision::from_outcome(policy, outcome, Source::Shared);
+                }
+                Ok(Ok(Turn::Lead(followers))) => shared.merger.lead(key, followers),
+                // The run this request waited for failed (and was counted by its leader).
+                Ok(Ok(Turn::Failed) | Err(_)) => {
+                    inner.stats.fallback();
+                    return inner.local(policy, subject);
+                }
+                Err(_elapsed) => {
+                    inner.stats.redis_timeout();
+                    inner.stats.fallback();
+                    return inner.local(policy, subject);
+                }
+            },
+        };
         match within_deadline(
             inner.options.decision_timeout,
-            shared.store.decide(policy, subject),
+            shared.store.decide(policy, lead.key(), lead.requests()),
         )
         .await
         {
-            Ok(Ok(outcome)) => {
+            Ok(Ok(batch)) => {
                 shared.breaker.record_success();
-                if !outcome.allowed
+                let outcome = lead.decided(&batch);
+                if batch.admitted < batch.requests
                     && let Some(cache) = &shared.deny_cache
                 {
-                    cache.insert(policy, subject, &outcome, inner.now_ms());
+                    // The denied ones of the batch, or this one: the key is spent until then.
+                    cache.insert(
+                        policy,
+                        subject,
+                        &batch.outcome(batch.requests - 1),
+                        inner.now_ms(),
+                    );
                 }
                 inner.stats.decision(Source::Shared, outcome.allowed);
                 Decision::from_outcome(policy, outcome, Source::Shared)
             }
             Ok(Err(error)) => {
+                drop(lead);
                 inner.stats.redis_error();
                 tracing::debug!(%error, policy = policy.name(), "rate-limit Redis call failed; deciding locally");
                 inner.trip(shared);
@@ -204,6 +239,7 @@ impl RateLimiter {
                 inner.local(policy, subject)
             }
             Err(_elapsed) => {
+                drop(lead);
                 inner.stats.redis_timeout();
                 inner.trip(shared);
                 inner.stats.fallback();

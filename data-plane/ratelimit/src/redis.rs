@@ -1,4 +1,5 @@
-//! Shared budgets in Redis: one atomic Lua script per decision over one
+//! Shared budgets in Redis: one atomic Lua script per decision (or per batch
+//! of merged concurrent decisions of one key, see [`crate::merge`]) over one
 //! multiplexed connection per process.
 //!
 //! Scripts run with `EVALSHA`; [`redis::Script`] reloads a script with
@@ -13,7 +14,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisResult, Script};
 
-use crate::algorithm::Outcome;
+use crate::merge::Batch;
 use crate::policy::{Algorithm, Policy};
 
 /// The token-bucket script (see the file for the arithmetic).
@@ -58,22 +59,30 @@ impl RedisStore {
         })
     }
 
-    /// Spends one unit of `subject`'s budget under `policy`, atomically in Redis.
-    pub(crate) async fn decide(&self, policy: &Policy, subject: &[u8]) -> RedisResult<Outcome> {
+    /// Decides `requests` concurrent requests of the budget `key` under
+    /// `policy` in one atomic script run (see [`crate::merge`]).
+    pub(crate) async fn decide(
+        &self,
+        policy: &Policy,
+        key: &[u8],
+        requests: u32,
+    ) -> RedisResult<Batch> {
         let script = match policy.algorithm() {
             Algorithm::TokenBucket => &self.token_bucket,
             Algorithm::FixedWindow => &self.fixed_window,
         };
         // Cloning the manager clones an Arc: every decision shares the one connection.
         let mut conn = self.conn.clone();
-        let (allowed, remaining, reset_after_ms, retry_after_ms): (i64, i64, i64, i64) = script
-            .key(policy.redis_key(subject))
+        let (admitted, remaining, reset_after_ms, retry_after_ms): (i64, i64, i64, i64) = script
+            .key(key)
             .arg(policy.limit())
             .arg(policy.window_ms())
+            .arg(requests)
             .invoke_async(&mut conn)
             .await?;
-        Ok(Outcome {
-            allowed: allowed == 1,
+        Ok(Batch {
+            requests,
+            admitted: u32::try_from(admitted.clamp(0, i64::from(requests))).unwrap_or(0),
             remaining: clamp(remaining),
             reset_after_ms: clamp(reset_after_ms),
             retry_after_ms: clamp(retry_after_ms),

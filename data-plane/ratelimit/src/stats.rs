@@ -16,6 +16,7 @@ pub struct Stats {
     allowed_local: AtomicU64,
     denied_local: AtomicU64,
     deny_cache_hits: AtomicU64,
+    merged: AtomicU64,
     redis_errors: AtomicU64,
     redis_timeouts: AtomicU64,
     fallbacks: AtomicU64,
@@ -36,6 +37,9 @@ impl Stats {
     }
     pub(crate) fn deny_cache_hit(&self) {
         self.deny_cache_hits.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn merged(&self) {
+        self.merged.fetch_add(1, Relaxed);
     }
     pub(crate) fn redis_error(&self) {
         self.redis_errors.fetch_add(1, Relaxed);
@@ -69,6 +73,7 @@ impl Stats {
             allowed_local: self.allowed_local.load(Relaxed),
             denied_local: self.denied_local.load(Relaxed),
             deny_cache_hits: self.deny_cache_hits.load(Relaxed),
+            merged: self.merged.load(Relaxed),
             redis_errors: self.redis_errors.load(Relaxed),
             redis_timeouts: self.redis_timeouts.load(Relaxed),
             fallbacks: self.fallbacks.load(Relaxed),
@@ -92,6 +97,9 @@ pub struct StatsSnapshot {
     pub denied_local: u64,
     /// Denials answered from the "denied until" cache without asking Redis.
     pub deny_cache_hits: u64,
+    /// Shared decisions answered by another request's Redis call (concurrent
+    /// requests of one key merged into one script run).
+    pub merged: u64,
     /// Redis commands that failed (connection refused or lost, server error).
     pub redis_errors: u64,
     /// Decisions for which Redis did not answer within the decision deadline.
@@ -118,6 +126,7 @@ impl StatsSnapshot {
     /// |---|---|---|
     /// | `gateway_ratelimit_decisions_total` | counter | `source` = `redis`\|`local`, `result` = `allowed`\|`denied` |
     /// | `gateway_ratelimit_deny_cache_hits_total` | counter | |
+    /// | `gateway_ratelimit_merged_decisions_total` | counter | |
     /// | `gateway_ratelimit_redis_errors_total` | counter | |
     /// | `gateway_ratelimit_redis_timeouts_total` | counter | |
     /// | `gateway_ratelimit_fallbacks_total` | counter | |
@@ -147,6 +156,12 @@ impl StatsSnapshot {
                 "counter",
                 "Denials answered from the local denied-until cache without asking Redis.",
                 self.deny_cache_hits,
+            ),
+            (
+                "gateway_ratelimit_merged_decisions_total",
+                "counter",
+                "Shared rate-limit decisions answered by another concurrent request's Redis call (same key).",
+                self.merged,
             ),
             (
                 "gateway_ratelimit_redis_errors_total",

@@ -3,7 +3,11 @@
 -- KEYS[1]  the budget key, rl:{<policy>:<subject>} (a hash)
 -- ARGV[1]  limit: bucket capacity in tokens
 -- ARGV[2]  window in milliseconds: time to refill the whole bucket
--- Returns {allowed (1|0), remaining, reset_after_ms, retry_after_ms}.
+-- ARGV[3]  requests decided together (merged concurrent requests of one key), at least 1
+-- Returns {admitted, remaining, reset_after_ms, retry_after_ms}: the first `admitted`
+-- requests are admitted, the rest denied, exactly as if they had come one after another
+-- at this instant; `remaining` and `reset_after_ms` describe the bucket after them,
+-- `retry_after_ms` the wait of the denied ones (0 when all were admitted).
 --
 -- The level is kept in token-milliseconds (one token = window ms, every
 -- elapsed millisecond adds `limit`), so the refill is exact integer arithmetic;
@@ -28,6 +32,7 @@ end
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -55,13 +60,18 @@ end
 -- Non-zero only if Redis's clock went backwards: every wait starts at `at`.
 local ahead = at - now
 
-if level >= window then
-  level = level - window
+local admitted = math.min(cost, math.floor(level / window))
+if admitted > 0 then
+  level = level - admitted * window
   local reset_after = ahead + math.ceil((capacity - level) / limit)
   redis.call('HSET', key, 'tl', int(level), 'tt', int(at))
   -- Once full again the key is the same as a missing one: let it vanish.
   redis.call('PEXPIRE', key, int(math.max(1, reset_after)))
-  return {1, math.floor(level / window), reset_after, 0}
+  local retry_after = 0
+  if admitted < cost then
+    retry_after = ahead + math.ceil((window - level) / limit)
+  end
+  return {admitted, math.floor(level / window), reset_after, retry_after}
 end
 
 local reset_after = ahead + math.ceil((capacity - level) / limit)

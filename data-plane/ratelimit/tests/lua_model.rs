@@ -16,7 +16,7 @@ use support::RedisServer;
 
 const TIME_CALL: &str = "local t = redis.call('TIME')";
 const FAKE_TIME: &str =
-    "local t = {math.floor(tonumber(ARGV[3]) / 1000), (tonumber(ARGV[3]) % 1000) * 1000}";
+    "local t = {math.floor(tonumber(ARGV[4]) / 1000), (tonumber(ARGV[4]) % 1000) * 1000}";
 
 /// The production script with an injectable clock and an observable expiry.
 fn with_fake_clock(lua: &str) -> redis::Script {
@@ -55,25 +55,28 @@ fn step(rng: &mut Lcg, now: u64, window_ms: u64) -> u64 {
     }
 }
 
-async fn run(
+/// One script run deciding `requests` requests at `now`: the raw
+/// `{admitted, remaining, reset_after_ms, retry_after_ms}` and the expiry it set.
+async fn run_batch(
     conn: &mut redis::aio::MultiplexedConnection,
     script: &redis::Script,
     key: &str,
-    limit: u32,
-    window_ms: u64,
+    (limit, window_ms): (u32, u64),
+    requests: u32,
     now: u64,
-) -> (Outcome, Option<u64>) {
+) -> ((u32, u64, u64, u64), Option<u64>) {
     let ttl_key = format!("{key}:ttl");
     let _: () = redis::cmd("DEL")
         .arg(&ttl_key)
         .query_async(conn)
         .await
         .unwrap();
-    let (allowed, remaining, reset, retry): (i64, i64, i64, i64) = script
+    let (admitted, remaining, reset, retry): (u32, u64, u64, u64) = script
         .key(key)
         .key(&ttl_key)
         .arg(limit)
         .arg(window_ms)
+        .arg(requests)
         .arg(now)
         .invoke_async(conn)
         .await
@@ -83,15 +86,28 @@ async fn run(
         .query_async(conn)
         .await
         .unwrap();
-    (
-        Outcome {
-            allowed: allowed == 1,
-            remaining: remaining as u64,
-            reset_after_ms: reset as u64,
-            retry_after_ms: retry as u64,
-        },
-        ttl,
-    )
+    ((admitted, remaining, reset, retry), ttl)
+}
+
+/// One script run deciding one request.
+async fn run(
+    conn: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    key: &str,
+    limit: u32,
+    window_ms: u64,
+    now: u64,
+) -> (Outcome, Option<u64>) {
+    let ((admitted, remaining, reset_after_ms, retry_after_ms), ttl) =
+        run_batch(conn, script, key, (limit, window_ms), 1, now).await;
+    assert!(admitted <= 1);
+    let outcome = Outcome {
+        allowed: admitted == 1,
+        remaining,
+        reset_after_ms,
+        retry_after_ms,
+    };
+    (outcome, ttl)
 }
 
 const SHAPES: [(u32, u64); 5] = [
@@ -156,6 +172,65 @@ async fn fixed_window_lua_matches_the_rust_model() {
                 }
                 None => assert_eq!(ttl, None, "a denial writes nothing (step {i})"),
             }
+        }
+    }
+}
+
+/// What one run for `n` merged requests must answer: the verdicts of `n`
+/// single decisions at the same instant, folded as the script reports them.
+fn fold(outcomes: &[Outcome]) -> (u32, u64, u64, u64) {
+    let admitted = outcomes.iter().take_while(|o| o.allowed).count();
+    assert!(
+        outcomes[admitted..].iter().all(|o| !o.allowed),
+        "at one instant the admitted ones come first"
+    );
+    let retry = outcomes.get(admitted).map_or(0, |o| o.retry_after_ms);
+    match admitted.checked_sub(1).map(|i| outcomes[i]) {
+        Some(last) => (admitted as u32, last.remaining, last.reset_after_ms, retry),
+        None => (0, 0, outcomes[0].reset_after_ms, retry),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_merged_run_decides_like_single_runs_at_the_same_instant() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.connection().await;
+    let bucket = with_fake_clock(TOKEN_BUCKET_LUA);
+    let window = with_fake_clock(FIXED_WINDOW_LUA);
+    let mut rng = Lcg(5);
+    for (limit, window_ms) in SHAPES {
+        let tb_key = format!("rl:{{tbn-{limit}-{window_ms}:subject}}");
+        let fw_key = format!("rl:{{fwn-{limit}-{window_ms}:subject}}");
+        let mut tb: Option<TokenBucketState> = None;
+        let mut fw: Option<FixedWindowState> = None;
+        let mut now = T0;
+        for i in 0..200 {
+            now = step(&mut rng, now, window_ms);
+            let n = 1 + rng.next(12) as u32;
+            let mut tb_outcomes = Vec::new();
+            let mut fw_outcomes = Vec::new();
+            for _ in 0..n {
+                let (o, next) = algorithm::token_bucket(limit, window_ms, tb, now);
+                tb = next.or(tb);
+                tb_outcomes.push(o);
+                let (o, next) = algorithm::fixed_window(limit, window_ms, fw, now);
+                fw = next.or(fw);
+                fw_outcomes.push(o);
+            }
+            let (tb_actual, _) =
+                run_batch(&mut conn, &bucket, &tb_key, (limit, window_ms), n, now).await;
+            assert_eq!(
+                tb_actual,
+                fold(&tb_outcomes),
+                "bucket {limit}/{window_ms} step {i}, n={n}"
+            );
+            let (fw_actual, _) =
+                run_batch(&mut conn, &window, &fw_key, (limit, window_ms), n, now).await;
+            assert_eq!(
+                fw_actual,
+                fold(&fw_outcomes),
+                "window {limit}/{window_ms} step {i}, n={n}"
+            );
         }
     }
 }

@@ -82,6 +82,15 @@ async fn exactly_limit_admitted(algorithm: Algorithm) {
     }
     let total = a.stats().allowed_shared + b.stats().allowed_shared;
     assert_eq!(total, 37);
+    // 100 requests of one key at once per replica: most waited on another's
+    // Redis call and were decided in its merged run — with the same verdicts.
+    let merged = a.stats().merged + b.stats().merged;
+    assert!(
+        merged > 0,
+        "no decision was merged: {:?} {:?}",
+        a.stats(),
+        b.stats()
+    );
 
     // The budget lives under the hash-tagged key and expires by itself.
     let mut conn = redis.connection().await;

@@ -1,0 +1,347 @@
+//! Merging concurrent decisions of one budget into one Redis call.
+//!
+//! Under load, many requests of one key (a busy user, a client IP behind one
+//! NAT) wait on Redis at the same time. Instead of one script run each, the
+//! first request of a key runs the script alone; requests of that key arriving
+//! while it is in flight queue up, and the first of them then runs the script
+//! once for the whole queue with `requests = n`. The script admits as many as
+//! the budget holds, in arrival order — exactly what `n` single runs at that
+//! instant would admit — so merging changes the number of Redis calls, never
+//! the verdicts. A key has at most one run in flight; a queued request waits
+//! for at most one run before its own; different keys never wait on each other.
+//!
+//! Every request keeps its own deadline: one that is not answered in time
+//! decides locally (as on any Redis timeout), and a run that fails makes every
+//! request of its batch decide locally. A leader that is cancelled mid-run
+//! (its client went away) still hands the key on, through [`Lead`]'s `Drop`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use crate::algorithm::Outcome;
+
+/// Most requests queued behind one key's run; beyond that a request asks
+/// Redis on its own (correct, just not merged).
+pub(crate) const MAX_QUEUED: usize = 512;
+
+/// The answer of one script run deciding `requests` requests of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Batch {
+    /// Requests decided together.
+    pub(crate) requests: u32,
+    /// How many of them, first to last, were admitted.
+    pub(crate) admitted: u32,
+    /// Budget left after the batch.
+    pub(crate) remaining: u64,
+    /// Milliseconds until the whole budget is back, after the batch.
+    pub(crate) reset_after_ms: u64,
+    /// For the denied ones: milliseconds until one request would be admitted.
+    pub(crate) retry_after_ms: u64,
+}
+
+impl Batch {
+    /// The outcome of the request at `position` (0: the first in arrival
+    /// order), as it would have been had the requests come one by one.
+    pub(crate) fn outcome(&self, position: u32) -> Outcome {
+        if position < self.admitted {
+            Outcome {
+                allowed: true,
+                remaining: self.remaining + u64::from(self.admitted - 1 - position),
+                reset_after_ms: self.reset_after_ms,
+                retry_after_ms: 0,
+            }
+        } else {
+            Outcome {
+                allowed: false,
+                remaining: 0,
+                reset_after_ms: self.reset_after_ms,
+                retry_after_ms: self.retry_after_ms,
+            }
+        }
+    }
+}
+
+/// What a queued request is told.
+#[derive(Debug)]
+pub(crate) enum Turn {
+    /// Its verdict, from a run another request led.
+    Decided(Outcome),
+    /// The run failed or timed out: decide locally.
+    Failed,
+    /// Run the script now, for itself (position 0) and these queued requests.
+    Lead(Vec<oneshot::Sender<Turn>>),
+}
+
+/// What [`Merger::join`] makes of a request.
+#[derive(Debug)]
+pub(crate) enum Role<'m> {
+    /// Run the script for this request alone and then hand the key on.
+    Lead(Lead<'m>),
+    /// Wait for a verdict, or for the lead.
+    Queued(oneshot::Receiver<Turn>),
+    /// The queue is full: ask Redis on its own, outside the merging.
+    Alone,
+}
+
+/// The keys with a run in flight, each with the requests queued behind it.
+#[derive(Debug, Default)]
+pub(crate) struct Merger {
+    keys: Mutex<HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>>,
+}
+
+impl Merger {
+    /// Enters a request of budget `key`.
+    pub(crate) fn join(&self, key: &[u8]) -> Role<'_> {
+        let mut keys = self.keys.lock().expect("merge lock");
+        match keys.get_mut(key) {
+            Some(queue) if queue.len() >= MAX_QUEUED => Role::Alone,
+            Some(queue) => {
+                let (tx, rx) = oneshot::channel();
+                queue.push(tx);
+                Role::Queued(rx)
+            }
+            None => {
+                keys.insert(key.to_vec(), Vec::new());
+                Role::Lead(Lead {
+                    merger: self,
+                    key: key.to_vec(),
+                    followers: Vec::new(),
+                    registered: true,
+                })
+            }
+        }
+    }
+
+    /// Makes a request that was told [`Turn::Lead`] the leader of its batch.
+    pub(crate) fn lead(&self, key: Vec<u8>, followers: Vec<oneshot::Sender<Turn>>) -> Lead<'_> {
+        Lead {
+            merger: self,
+            key,
+            followers,
+            registered: true,
+        }
+    }
+
+    /// A run for one request outside the merging ([`Role::Alone`]): it answers
+    /// no one and hands nothing on.
+    pub(crate) fn lead_alone(&self, key: Vec<u8>) -> Lead<'_> {
+        Lead {
+            merger: self,
+            key,
+            followers: Vec::new(),
+            registered: false,
+        }
+    }
+
+    /// After a run of `key`: the queued requests become the next batch (the
+    /// first one still waiting leads it), or the key is released.
+    fn hand_on(&self, key: &[u8]) {
+        loop {
+            let queue = {
+                let mut keys = self.keys.lock().expect("merge lock");
+                match keys.get_mut(key) {
+                    None => return,
+                    Some(queue) if queue.is_empty() => {
+                        keys.remove(key);
+                        return;
+                    }
+                    Some(queue) => std::mem::take(queue),
+                }
+            };
+            let mut rest = queue;
+            while !rest.is_empty() {
+                let next = rest.remove(0);
+                match next.send(Turn::Lead(rest)) {
+                    Ok(()) => return,
+                    // That request stopped waiting (its deadline passed): the next one leads.
+                    Err(Turn::Lead(back)) => rest = back,
+                    Err(_) => return,
+                }
+            }
+            // Every queued request had given up; requests may have queued meanwhile.
+        }
+    }
+
+    /// Keys with a run in flight (for tests).
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
+        self.keys.lock().expect("merge lock").len()
+    }
+}
+
+/// The leader of one run: answers its followers and, when dropped, hands the
+/// key on — also when the run never finished.
+#[derive(Debug)]
+pub(crate) struct Lead<'m> {
+    merger: &'m Merger,
+    key: Vec<u8>,
+    followers: Vec<oneshot::Sender<Turn>>,
+    /// Whether the key's queue is this run's to hand on.
+    registered: bool,
+}
+
+impl Lead<'_> {
+    /// The budget key.
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// Requests the run decides: the leader and its followers.
+    pub(crate) fn requests(&self) -> u32 {
+        u32::try_from(self.followers.len() + 1).unwrap_or(u32::MAX)
+    }
+
+    /// Tells every follower its verdict; returns the leader's own (position 0).
+    pub(crate) fn decided(mut self, batch: &Batch) -> Outcome {
+        for (i, follower) in self.followers.drain(..).enumerate() {
+            let position = u32::try_from(i + 1).unwrap_or(u32::MAX);
+            // A follower that stopped waiting has decided locally already.
+            let _ = follower.send(Turn::Decided(batch.outcome(position)));
+        }
+        batch.outcome(0)
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        // Followers not told a verdict (the run failed or was cancelled) decide locally.
+        for follower in self.followers.drain(..) {
+            let _ = follower.send(Turn::Failed);
+        }
+        if self.registered {
+            self.merger.hand_on(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(requests: u32, admitted: u32) -> Batch {
+        Batch {
+            requests,
+            admitted,
+            remaining: 5,
+            reset_after_ms: 900,
+            retry_after_ms: 300,
+        }
+    }
+
+    #[test]
+    fn outcomes_are_those_of_sequential_requests() {
+        let b = batch(4, 2);
+        // Admitted ones count down to the remaining budget, as one-by-one answers would.
+        assert_eq!(b.outcome(0).remaining, 6);
+        assert_eq!(b.outcome(1).remaining, 5);
+        assert!(b.outcome(0).allowed && b.outcome(1).allowed);
+        for p in [2, 3] {
+            let o = b.outcome(p);
+            assert!(!o.allowed);
+            assert_eq!((o.remaining, o.retry_after_ms), (0, 300));
+        }
+        assert_eq!(b.outcome(0).retry_after_ms, 0);
+    }
+
+    #[test]
+    fn the_first_request_leads_and_the_rest_queue() {
+        let m = Merger::default();
+        let Role::Lead(lead) = m.join(b"k") else {
+            panic!("first leads")
+        };
+        assert!(matches!(m.join(b"k"), Role::Queued(_)));
+        assert!(matches!(m.join(b"other"), Role::Lead(_)));
+        assert_eq!(lead.requests(), 1);
+        drop(lead);
+    }
+
+    #[tokio::test]
+    async fn queued_requests_form_the_next_batch_led_by_the_first() {
+        let m = Merger::default();
+        let Role::Lead(first) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(a) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(b) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(c) = m.join(b"k") else {
+            panic!()
+        };
+        assert!(first.decided(&batch(1, 1)).allowed);
+        // `a` leads the next run for itself, `b` and `c`.
+        let Turn::Lead(followers) = a.await.unwrap() else {
+            panic!("a leads")
+        };
+        assert_eq!(followers.len(), 2);
+        let second = m.lead(b"k".to_vec(), followers);
+        assert_eq!(second.requests(), 3);
+        assert!(second.decided(&batch(3, 2)).allowed);
+        match (b.await.unwrap(), c.await.unwrap()) {
+            (Turn::Decided(ob), Turn::Decided(oc)) => {
+                assert!(ob.allowed);
+                assert!(!oc.allowed);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(m.in_flight(), 0, "the key is released");
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_cancelled_run_fails_its_followers_and_hands_the_key_on() {
+        let m = Merger::default();
+        let Role::Lead(first) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(a) = m.join(b"k") else {
+            panic!()
+        };
+        drop(first);
+        let Turn::Lead(none) = a.await.unwrap() else {
+            panic!()
+        };
+        let Role::Queued(b) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(c) = m.join(b"k") else {
+            panic!()
+        };
+        // `b` gave up waiting (its deadline passed): `c` leads the run after this one.
+        drop(b);
+        let lead = m.lead(b"k".to_vec(), none);
+        drop(lead);
+        assert!(matches!(c.await.unwrap(), Turn::Lead(f) if f.is_empty()));
+        // A run that failed with followers tells them.
+        let Role::Queued(d) = m.join(b"k") else {
+            panic!()
+        };
+        let Turn::Lead(_) = ({
+            let l = m.lead(b"k".to_vec(), Vec::new());
+            drop(l);
+            d.await.unwrap()
+        }) else {
+            panic!()
+        };
+        let (tx, rx) = oneshot::channel();
+        drop(m.lead(b"k".to_vec(), vec![tx]));
+        assert!(matches!(rx.await.unwrap(), Turn::Failed));
+        assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_sends_requests_alone() {
+        let m = Merger::default();
+        let Role::Lead(_lead) = m.join(b"k") else {
+            panic!()
+        };
+        let _queued: Vec<_> = (0..MAX_QUEUED).map(|_| m.join(b"k")).collect();
+        assert!(matches!(m.join(b"k"), Role::Alone));
+        // A lone run leaves the key's queue to its leader.
+        drop(m.lead_alone(b"k".to_vec()));
+        assert_eq!(m.in_flight(), 1);
+    }
+}
