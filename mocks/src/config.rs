@@ -2,6 +2,9 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
+
+use crate::hooks::MAX_DELAY_MS;
 
 /// The demo service a mock instance plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +52,9 @@ pub enum ConfigError {
     /// `FAIL_RATE` is not a number in 0.0..=1.0.
     #[error("FAIL_RATE must be a number from 0.0 to 1.0, got {0:?}")]
     BadFailRate(String),
+    /// `DELAY_MS` is not an integer from 0 to [`MAX_DELAY_MS`].
+    #[error("DELAY_MS must be an integer from 0 to 600000, got {0:?}")]
+    BadDelay(String),
     /// `--instance-id` is empty or not a valid header value.
     #[error("instance id must be non-empty visible ASCII, got {0:?}")]
     BadInstanceId(String),
@@ -63,6 +69,9 @@ pub struct MockConfig {
     pub instance_id: String,
     /// Fraction of requests (0.0–1.0) that answer 500, from `FAIL_RATE`.
     pub fail_rate: f64,
+    /// Wait before answering every request but `/health`, from `DELAY_MS`
+    /// (a slow instance; `?delay_ms=` adds to it).
+    pub delay: Duration,
 }
 
 impl MockConfig {
@@ -86,7 +95,25 @@ impl MockConfig {
             service,
             instance_id,
             fail_rate,
+            delay: Duration::ZERO,
         })
+    }
+
+    /// The same settings with every answer delayed by `delay`.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+}
+
+/// Parses a `DELAY_MS` value: absent or empty means no delay.
+pub fn parse_delay(raw: Option<&str>) -> Result<Duration, ConfigError> {
+    let Some(raw) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(Duration::ZERO);
+    };
+    match raw.parse::<u64>() {
+        Ok(ms) if ms <= MAX_DELAY_MS => Ok(Duration::from_millis(ms)),
+        _ => Err(ConfigError::BadDelay(raw.to_owned())),
     }
 }
 
@@ -126,6 +153,16 @@ mod tests {
         assert!(parse_fail_rate(Some("-0.1")).is_err());
         assert!(parse_fail_rate(Some("NaN")).is_err());
         assert!(parse_fail_rate(Some("lots")).is_err());
+    }
+
+    #[test]
+    fn delay_parsing() {
+        assert_eq!(parse_delay(None), Ok(Duration::ZERO));
+        assert_eq!(parse_delay(Some(" ")), Ok(Duration::ZERO));
+        assert_eq!(parse_delay(Some("250")), Ok(Duration::from_millis(250)));
+        assert!(parse_delay(Some("600001")).is_err());
+        assert!(parse_delay(Some("-1")).is_err());
+        assert!(parse_delay(Some("slow")).is_err());
     }
 
     #[test]

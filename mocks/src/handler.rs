@@ -92,7 +92,8 @@ where
         Ok(hooks) => hooks,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    if let Some(delay) = hooks.delay {
+    let delay = config.delay + hooks.delay.unwrap_or_default();
+    if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     if config.fail_rate > 0.0 && rand::random::<f64>() < config.fail_rate {
@@ -349,6 +350,21 @@ mod tests {
         }
         let (status, _, _) = call(&config, get("/health")).await;
         assert_eq!(status, StatusCode::OK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_ms_slows_every_answer_but_health() {
+        let config = users().with_delay(std::time::Duration::from_millis(300));
+        let started = tokio::time::Instant::now();
+        let (status, _, _) = call(&config, get("/users/1")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(started.elapsed().as_millis(), 300);
+        let started = tokio::time::Instant::now();
+        call(&config, get("/users/1?delay_ms=100")).await;
+        assert_eq!(started.elapsed().as_millis(), 400, "the hook adds to it");
+        let started = tokio::time::Instant::now();
+        call(&config, get("/health")).await;
+        assert_eq!(started.elapsed().as_millis(), 0);
     }
 
     #[tokio::test]
