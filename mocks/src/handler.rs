@@ -79,10 +79,16 @@ where
 {
     let path = req.uri().path().to_owned();
     if path == "/health" {
+        // While draining, health checks are told to stop sending; requests are still served.
+        let (status, word) = if config.is_draining() {
+            (StatusCode::SERVICE_UNAVAILABLE, "draining")
+        } else {
+            (StatusCode::OK, "ok")
+        };
         return match *req.method() {
             Method::GET | Method::HEAD => json_response(
-                StatusCode::OK,
-                &json!({"status": "ok", "service": config.service.name(), "instance": config.instance_id}),
+                status,
+                &json!({"status": word, "service": config.service.name(), "instance": config.instance_id}),
             ),
             _ => method_not_allowed("GET, HEAD"),
         };
@@ -365,6 +371,18 @@ mod tests {
         let started = tokio::time::Instant::now();
         call(&config, get("/health")).await;
         assert_eq!(started.elapsed().as_millis(), 0);
+    }
+
+    #[tokio::test]
+    async fn draining_fails_health_but_serves_requests() {
+        let config = users();
+        config.start_draining();
+        let (status, _, body) = call(&config, get("/health")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["status"], "draining");
+        let (status, _, _) = call(&config, get("/users/1")).await;
+        assert_eq!(status, StatusCode::OK);
     }
 
     #[tokio::test]
