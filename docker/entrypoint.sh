@@ -6,6 +6,8 @@
 #                      hostname is unique per replica and stable across `docker restart`.
 #   auth-service ...   when the database file does not exist yet, first creates the users listed in
 #                      GATEWAY_SEED_USERS ("name:password:role name:password:role ...").
+#   mock-service ...   adds `--instance-id $(hostname)` unless an id is given (flag or
+#                      MOCK_INSTANCE_ID): replicas of a scaled service answer with distinct ids.
 #   anything else      runs as given.
 set -euo pipefail
 
@@ -44,6 +46,11 @@ case "${1:-}" in
   data-plane)
     if ! option_value --node-id "$@" >/dev/null; then
       set -- "$@" --node-id "$(hostname)"
+    fi
+    ;;
+  mock-service)
+    if ! option_value --instance-id "$@" >/dev/null && [ -z "${MOCK_INSTANCE_ID:-}" ]; then
+      set -- "$@" --instance-id "$(hostname)"
     fi
     ;;
   auth-service)

@@ -40,6 +40,7 @@ fn config(generation: u32) -> (Vec<Route>, Vec<Upstream>) {
                 reset_timeout_ms: 10_000,
                 half_open_max_requests: 1,
             }),
+            ..Default::default()
         })
         .collect();
     let routes = (0..ROUTES)

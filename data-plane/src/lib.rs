@@ -9,7 +9,9 @@
 //!   [`cache`]: the on-disk copy of the last accepted snapshot;
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
-//! * [`server`]: listeners and graceful shutdown; [`workers`]: the per-core proxy workers; [`ops`]: the ops listener;
+//!   [`dns`]: upstream members found in DNS, refreshed and reconciled;
+//! * [`server`]: listeners and graceful shutdown; [`workers`]: the per-core
+//!   proxy workers; [`ops`]: the ops listener;
 //!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
 //! * [`hooks`]: where token verification and rate limiting plug in;
 //!   [`jwt`] and [`ratelimit`]: the implementations plugged in by default
@@ -25,6 +27,7 @@ pub mod body;
 pub mod breaker;
 pub mod cache;
 pub mod config;
+pub mod dns;
 pub mod error;
 pub mod health;
 pub mod hooks;
@@ -193,6 +196,8 @@ impl DataPlane {
             args.cache_dir.clone().map(SnapshotCache::new),
             args.pool(),
         ));
+        // Before the cached configuration is loaded, so its DNS members are followed.
+        let discovery = tokio::spawn(runtime.clone().follow_discovery());
         runtime.load_cache().await;
 
         let pipeline = Arc::new(Pipeline {
@@ -256,6 +261,7 @@ impl DataPlane {
             proxy,
             ops,
             xds,
+            discovery,
         })
     }
 }
@@ -269,6 +275,7 @@ pub struct Running {
     proxy: JoinHandle<()>,
     ops: JoinHandle<()>,
     xds: JoinHandle<()>,
+    discovery: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Running {
@@ -304,6 +311,8 @@ impl Running {
         let _ = self.stop.send(true);
         let _ = self.proxy.await;
         let _ = self.ops.await;
+        self.discovery.abort();
+        self.runtime.discovery.stop();
         self.runtime.health.stop();
         tracing::info!("data plane stopped");
     }

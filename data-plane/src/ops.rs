@@ -7,7 +7,7 @@
 //! | `GET /readyz` | 200 once a configuration is loaded; 503 before, and while shutting down |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /health/circuit-breakers` | per upstream and instance: state, consecutive failures, ms until the next probe |
-//! | `GET /health/load-balancer` | per upstream and instance: healthy, breaker state, in-flight, available |
+//! | `GET /health/load-balancer` | per upstream: policy, DNS discovery state; per instance (discovered members included): healthy, breaker state, in-flight, available |
 //! | `GET /config` | `{"version", "hash", "loaded"}` |
 
 use std::sync::atomic::Ordering;
@@ -16,9 +16,11 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
+use crate::balancer::Policy;
 use crate::body::ResponseBody;
 use crate::breaker::BreakerState;
 use crate::config::Compiled;
+use crate::dns::Members;
 use crate::metrics::render;
 use crate::runtime::Runtime;
 
@@ -91,7 +93,10 @@ pub fn handle<B>(
             },
         ),
         "/health/circuit-breakers" => json_response(StatusCode::OK, &circuit_breakers(&cfg)),
-        "/health/load-balancer" => json_response(StatusCode::OK, &load_balancer(&cfg)),
+        "/health/load-balancer" => json_response(
+            StatusCode::OK,
+            &load_balancer(&cfg, &rt.discovery.members()),
+        ),
         "/config" => json_response(
             StatusCode::OK,
             &json!({
@@ -140,8 +145,14 @@ pub fn circuit_breakers(cfg: &Compiled) -> Value {
     json!({ "version": cfg.version, "upstreams": upstreams })
 }
 
-/// `{"version", "upstreams": [{"name", "policy", "health_checks", "instances": [{"id", "url", "healthy", "breaker", "in_flight", "available", "idle_connections"}]}]}`.
-pub fn load_balancer(cfg: &Compiled) -> Value {
+/// `{"version", "upstreams": [{"name", "policy", "hash_on", "health_checks", "discovery", "instances": [{"id", "url", "healthy", "breaker", "in_flight", "available", "idle_connections"}]}]}`.
+///
+/// `hash_on` (`user`, `ip`, `header:NAME`) is there for `consistent_hash` only.
+/// `discovery` is `null` for listed instances, else `{"dns_name", "port",
+/// "refresh_ms", "addresses", "last_error", "resolved_ms_ago"}` from `members`
+/// (the last good answer, which `instances` shows once compiled in; `last_error`
+/// is why the latest resolution failed, `null` when it worked).
+pub fn load_balancer(cfg: &Compiled, members: &Members) -> Value {
     let upstreams: Vec<Value> = cfg
         .upstreams
         .iter()
@@ -170,10 +181,27 @@ pub fn load_balancer(cfg: &Compiled) -> Value {
                     })
                 })
                 .collect();
+            let hash_on = match &u.policy {
+                Policy::ConsistentHash(on) => Some(on.describe()),
+                _ => None,
+            };
+            let discovery = u.discovery.as_ref().map(|t| {
+                let m = members.get(&u.name);
+                json!({
+                    "dns_name": &*t.dns_name,
+                    "port": t.port,
+                    "refresh_ms": t.refresh.as_millis() as u64,
+                    "addresses": m.map_or_else(Vec::new, |m| m.addrs.iter().map(ToString::to_string).collect()),
+                    "last_error": m.and_then(|m| m.last_error.as_deref()),
+                    "resolved_ms_ago": m.and_then(|m| m.resolved_at).map(|at| at.elapsed().as_millis() as u64),
+                })
+            });
             json!({
                 "name": &*u.name,
-                "policy": "round_robin",
+                "policy": u.policy.as_str(),
+                "hash_on": hash_on,
                 "health_checks": u.health.is_some(),
+                "discovery": discovery,
                 "instances": instances,
             })
         })

@@ -19,7 +19,7 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::balancer;
+use crate::balancer::{self, Affinity};
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::{Compiled, ConfigStore, RouteEntry};
 use crate::error::ProxyError;
@@ -181,8 +181,9 @@ impl Pipeline {
         }
         seen.response_headers = limited?;
 
-        // Balance → breaker: round-robin over healthy instances whose breaker admits; none → 503 without a network call.
-        let pick = balancer::pick(&route.upstream, None).ok_or(ProxyError::NoInstance)?;
+        // Balance → breaker: the upstream's policy over healthy instances whose breaker admits; none → 503 without a network call.
+        let key = self.balance_key(route, identity.as_ref(), &parts, peer);
+        let pick = balancer::pick(&route.upstream, key, None).ok_or(ProxyError::NoInstance)?;
 
         // Proxy: stream to the instance within the route timeout; retry once elsewhere if it was never reached.
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
@@ -259,6 +260,23 @@ impl Pipeline {
             .headers
             .insert(X_USER_ROLE.clone(), identity.role.clone());
         Ok(Some(identity))
+    }
+
+    /// The request's key for a consistent-hash upstream (after authentication:
+    /// `HASH_ON_USER` hashes the verified subject).
+    fn balance_key(
+        &self,
+        route: &RouteEntry,
+        identity: Option<&Identity>,
+        parts: &Parts,
+        peer: SocketAddr,
+    ) -> Affinity {
+        balancer::affinity(
+            &route.upstream.policy,
+            identity.map(|id| id.subject.as_bytes()),
+            &parts.headers,
+            || client_ip(&parts.headers, peer.ip(), &self.trusted_proxies),
+        )
     }
 
     async fn rate_limit(

@@ -191,6 +191,7 @@ pub async fn forward<'a>(
             index,
             instance,
             permit,
+            key,
         } = pick;
         instance
             .metrics
@@ -241,7 +242,7 @@ pub async fn forward<'a>(
                 fail(upstream, instance, permit, UpstreamErrorKind::Connect);
                 tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "connect failed");
                 let retry = (!retried && !back.body().was_polled())
-                    .then(|| balancer::pick(upstream, Some(index)))
+                    .then(|| balancer::pick(upstream, key, Some(index)))
                     .flatten();
                 match retry {
                     Some(p) => (p, back),
@@ -251,7 +252,7 @@ pub async fn forward<'a>(
             Ok(Err(SendError::NotSent { req: back, error })) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Connect);
                 let retry = (!retried && !back.body().was_polled())
-                    .then(|| balancer::pick(upstream, Some(index)))
+                    .then(|| balancer::pick(upstream, key, Some(index)))
                     .flatten();
                 match retry {
                     Some(p) => (p, back),
@@ -271,8 +272,12 @@ pub async fn forward<'a>(
                 // A stale keep-alive connection says little about the instance:
                 // with no other instance, the replay may go to the same one.
                 let retry = match &replay {
-                    Some(r) if !retried => balancer::pick(upstream, Some(index))
-                        .or_else(|| reused.then(|| balancer::pick(upstream, None)).flatten())
+                    Some(r) if !retried => balancer::pick(upstream, key, Some(index))
+                        .or_else(|| {
+                            reused
+                                .then(|| balancer::pick(upstream, key, None))
+                                .flatten()
+                        })
                         .map(|p| (p, r.request())),
                     _ => None,
                 };

@@ -1,6 +1,8 @@
 //! The data plane's shared state, and the one way a snapshot becomes current:
 //! [`Runtime::apply`] (validate and compile off the async workers, publish,
-//! start health checks, persist to the cache).
+//! start health checks, persist to the cache). [`Runtime::rediscover`] is the
+//! same path for a DNS member change: the last accepted configuration compiled
+//! again with the new members ([`crate::dns`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gateway_proto::v1::ConfigSnapshot;
 
 use crate::cache::SnapshotCache;
-use crate::config::{CompileError, ConfigStore, compile};
+use crate::config::{CompileError, ConfigStore, compile_with_members};
+use crate::dns::{Discovery, Resolver};
 use crate::health::HealthSupervisor;
 use crate::metrics::Metrics;
 use crate::pool::PoolSettings;
@@ -42,12 +45,16 @@ pub struct Runtime {
     pub metrics: Arc<Metrics>,
     /// Active health check tasks.
     pub health: HealthSupervisor,
+    /// DNS discovery: member sets and refresh tasks.
+    pub discovery: Discovery,
     /// Where accepted snapshots are persisted.
     pub cache: Option<SnapshotCache>,
     /// Connection pool limits for new instances.
     pub pool: PoolSettings,
-    /// Serialises applies (the config stream and the start-up cache load).
-    apply_lock: tokio::sync::Mutex<()>,
+    /// Serialises applies (the config stream, the start-up cache load and DNS
+    /// member changes) and holds the last accepted snapshot, which a member
+    /// change compiles again.
+    accepted: tokio::sync::Mutex<Option<Arc<ConfigSnapshot>>>,
     draining: AtomicBool,
 }
 
@@ -58,11 +65,19 @@ impl Runtime {
             config: Arc::new(ConfigStore::new()),
             metrics: Arc::new(Metrics::default()),
             health: HealthSupervisor::default(),
+            discovery: Discovery::default(),
             cache,
             pool,
-            apply_lock: tokio::sync::Mutex::new(()),
+            accepted: tokio::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
         }
+    }
+
+    /// The same runtime, resolving discovery names with `resolver` instead of
+    /// the system resolver (tests).
+    pub fn with_resolver(mut self, resolver: Arc<dyn Resolver>) -> Self {
+        self.discovery = Discovery::new(resolver);
+        self
     }
 
     /// Makes `snapshot` current unless it is invalid, in which case the current
@@ -73,22 +88,27 @@ impl Runtime {
         snapshot: ConfigSnapshot,
         persist: bool,
     ) -> Result<Applied, ApplyError> {
-        let _guard = self.apply_lock.lock().await;
+        let mut accepted = self.accepted.lock().await;
         let previous = self.config.load();
         if previous.loaded && previous.version == snapshot.version && previous.hash == snapshot.hash
         {
             return Ok(Applied::Unchanged);
         }
         let pool = self.pool;
+        let snapshot = Arc::new(snapshot);
+        // New discovery names are resolved before the snapshot goes live.
+        let members = self.discovery.prepare(&snapshot.upstreams).await;
         // Large tables take a while to compile: keep that off the async workers.
-        let (compiled, snapshot) = tokio::task::spawn_blocking(move || {
-            let compiled = compile(&snapshot, &previous, pool);
-            (compiled, snapshot)
+        let (compiled, snapshot, members) = tokio::task::spawn_blocking(move || {
+            let compiled = compile_with_members(&snapshot, &previous, pool, &members);
+            (compiled, snapshot, members)
         })
         .await
         .map_err(|e| ApplyError::Internal(e.to_string()))?;
         let compiled = Arc::new(compiled?);
         self.config.publish(compiled.clone());
+        *accepted = Some(snapshot.clone());
+        self.discovery.reconcile(&compiled, &members);
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -109,6 +129,43 @@ impl Runtime {
             }
         }
         Ok(Applied::Updated)
+    }
+
+    /// Compiles the last accepted snapshot again with the current DNS member
+    /// sets and publishes it (same version and hash: the configuration did not
+    /// change, its members did). Instances that stay keep their state.
+    pub async fn rediscover(&self) -> Result<Applied, ApplyError> {
+        let accepted = self.accepted.lock().await;
+        let Some(snapshot) = accepted.clone() else {
+            return Ok(Applied::Unchanged);
+        };
+        let previous = self.config.load();
+        let members = self.discovery.members();
+        let pool = self.pool;
+        let compiled = tokio::task::spawn_blocking(move || {
+            compile_with_members(&snapshot, &previous, pool, &members)
+        })
+        .await
+        .map_err(|e| ApplyError::Internal(e.to_string()))?;
+        let compiled = Arc::new(compiled?);
+        self.config.publish(compiled.clone());
+        self.health.reconcile(&compiled);
+        tracing::debug!(
+            version = compiled.version,
+            "snapshot recompiled with new DNS members"
+        );
+        Ok(Applied::Updated)
+    }
+
+    /// Recompiles on every DNS member change ([`rediscover`](Self::rediscover))
+    /// until the task is aborted.
+    pub async fn follow_discovery(self: Arc<Self>) {
+        loop {
+            self.discovery.changed().await;
+            if let Err(e) = self.rediscover().await {
+                tracing::error!(error = %e, "could not apply new DNS members; keeping the current ones");
+            }
+        }
     }
 
     /// Loads the cached snapshot, if any, and serves it. Returns its version.

@@ -2,6 +2,11 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::hooks::MAX_DELAY_MS;
 
 /// The demo service a mock instance plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +54,9 @@ pub enum ConfigError {
     /// `FAIL_RATE` is not a number in 0.0..=1.0.
     #[error("FAIL_RATE must be a number from 0.0 to 1.0, got {0:?}")]
     BadFailRate(String),
+    /// `DELAY_MS` or `DRAIN_DELAY_MS` is not an integer from 0 to [`MAX_DELAY_MS`].
+    #[error("{0} must be an integer from 0 to 600000, got {1:?}")]
+    BadDelay(&'static str, String),
     /// `--instance-id` is empty or not a valid header value.
     #[error("instance id must be non-empty visible ASCII, got {0:?}")]
     BadInstanceId(String),
@@ -63,6 +71,12 @@ pub struct MockConfig {
     pub instance_id: String,
     /// Fraction of requests (0.0–1.0) that answer 500, from `FAIL_RATE`.
     pub fail_rate: f64,
+    /// Wait before answering every request but `/health`, from `DELAY_MS`
+    /// (a slow instance; `?delay_ms=` adds to it).
+    pub delay: Duration,
+    /// Set once shutdown has begun: `/health` answers 503 while every other
+    /// request is still served (see `DRAIN_DELAY_MS` in the README).
+    pub draining: Arc<AtomicBool>,
 }
 
 impl MockConfig {
@@ -86,7 +100,37 @@ impl MockConfig {
             service,
             instance_id,
             fail_rate,
+            delay: Duration::ZERO,
+            draining: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Whether shutdown has begun (health checks are being told to stop sending).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Marks the start of shutdown: `/health` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// The same settings with every answer delayed by `delay`.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+}
+
+/// Parses a milliseconds value of environment variable `name` (`DELAY_MS`,
+/// `DRAIN_DELAY_MS`): absent or empty means zero.
+pub fn parse_delay(name: &'static str, raw: Option<&str>) -> Result<Duration, ConfigError> {
+    let Some(raw) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(Duration::ZERO);
+    };
+    match raw.parse::<u64>() {
+        Ok(ms) if ms <= MAX_DELAY_MS => Ok(Duration::from_millis(ms)),
+        _ => Err(ConfigError::BadDelay(name, raw.to_owned())),
     }
 }
 
@@ -126,6 +170,21 @@ mod tests {
         assert!(parse_fail_rate(Some("-0.1")).is_err());
         assert!(parse_fail_rate(Some("NaN")).is_err());
         assert!(parse_fail_rate(Some("lots")).is_err());
+    }
+
+    #[test]
+    fn delay_parsing() {
+        let parse = |raw| parse_delay("DELAY_MS", raw);
+        assert_eq!(parse(None), Ok(Duration::ZERO));
+        assert_eq!(parse(Some(" ")), Ok(Duration::ZERO));
+        assert_eq!(parse(Some("250")), Ok(Duration::from_millis(250)));
+        assert!(parse(Some("600001")).is_err());
+        assert!(parse(Some("-1")).is_err());
+        let e = parse_delay("DRAIN_DELAY_MS", Some("slow")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "DRAIN_DELAY_MS must be an integer from 0 to 600000, got \"slow\""
+        );
     }
 
     #[test]

@@ -79,10 +79,16 @@ where
 {
     let path = req.uri().path().to_owned();
     if path == "/health" {
+        // While draining, health checks are told to stop sending; requests are still served.
+        let (status, word) = if config.is_draining() {
+            (StatusCode::SERVICE_UNAVAILABLE, "draining")
+        } else {
+            (StatusCode::OK, "ok")
+        };
         return match *req.method() {
             Method::GET | Method::HEAD => json_response(
-                StatusCode::OK,
-                &json!({"status": "ok", "service": config.service.name(), "instance": config.instance_id}),
+                status,
+                &json!({"status": word, "service": config.service.name(), "instance": config.instance_id}),
             ),
             _ => method_not_allowed("GET, HEAD"),
         };
@@ -92,7 +98,8 @@ where
         Ok(hooks) => hooks,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    if let Some(delay) = hooks.delay {
+    let delay = config.delay + hooks.delay.unwrap_or_default();
+    if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     if config.fail_rate > 0.0 && rand::random::<f64>() < config.fail_rate {
@@ -348,6 +355,33 @@ mod tests {
             assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
         }
         let (status, _, _) = call(&config, get("/health")).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_ms_slows_every_answer_but_health() {
+        let config = users().with_delay(std::time::Duration::from_millis(300));
+        let started = tokio::time::Instant::now();
+        let (status, _, _) = call(&config, get("/users/1")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(started.elapsed().as_millis(), 300);
+        let started = tokio::time::Instant::now();
+        call(&config, get("/users/1?delay_ms=100")).await;
+        assert_eq!(started.elapsed().as_millis(), 400, "the hook adds to it");
+        let started = tokio::time::Instant::now();
+        call(&config, get("/health")).await;
+        assert_eq!(started.elapsed().as_millis(), 0);
+    }
+
+    #[tokio::test]
+    async fn draining_fails_health_but_serves_requests() {
+        let config = users();
+        config.start_draining();
+        let (status, _, body) = call(&config, get("/health")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["status"], "draining");
+        let (status, _, _) = call(&config, get("/users/1")).await;
         assert_eq!(status, StatusCode::OK);
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use gateway_telemetry::{LogFormat, Tracer, init_logging};
-use mock_service::config::parse_fail_rate;
+use mock_service::config::{parse_delay, parse_fail_rate};
 use mock_service::{MockConfig, Service};
 
 /// A demo backend (users or orders) with fault hooks.
@@ -36,7 +36,12 @@ async fn main() -> anyhow::Result<()> {
     let instance_id = args
         .instance_id
         .unwrap_or_else(|| format!("{}-{}", args.service, std::process::id()));
-    let config = MockConfig::new(args.service, instance_id, fail_rate)?;
+    let delay = parse_delay("DELAY_MS", std::env::var("DELAY_MS").ok().as_deref())?;
+    let drain = parse_delay(
+        "DRAIN_DELAY_MS",
+        std::env::var("DRAIN_DELAY_MS").ok().as_deref(),
+    )?;
+    let config = MockConfig::new(args.service, instance_id, fail_rate)?.with_delay(delay);
     // Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     let tracer = Tracer::from_env(config.service.name(), Some(&config.instance_id))?;
 
@@ -48,9 +53,23 @@ async fn main() -> anyhow::Result<()> {
         service = %config.service,
         instance = %config.instance_id,
         fail_rate,
+        delay_ms = delay.as_millis() as u64,
         "mock-service listening"
     );
-    mock_service::serve(listener, config, tracer.clone(), shutdown_signal()).await?;
+    let draining = config.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        if !drain.is_zero() {
+            // Health checks see 503 and stop sending; then in-flight requests finish.
+            tracing::info!(
+                drain_ms = drain.as_millis() as u64,
+                "draining: /health answers 503, requests are still served"
+            );
+            draining.start_draining();
+            tokio::time::sleep(drain).await;
+        }
+    };
+    mock_service::serve(listener, config, tracer.clone(), shutdown).await?;
     // Flushing spans blocks; keep it off the async workers.
     tokio::task::spawn_blocking(move || tracer.shutdown(Duration::from_secs(2))).await??;
     tracing::info!("mock-service stopped");

@@ -6,8 +6,8 @@
 //! `route "orders": path_prefix must start with "/"`.
 
 use crate::v1::{
-    AuthMode, CircuitBreaker, HealthCheck, Instance, RateLimit, RateLimitAlgorithm, RateLimitKey,
-    Route, Upstream,
+    AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy, RateLimit,
+    RateLimitAlgorithm, RateLimitKey, Route, Upstream,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -18,6 +18,27 @@ pub const MAX_TIMEOUT_MS: u32 = 3_600_000;
 pub const MAX_WINDOW_SECONDS: u32 = 86_400;
 /// Longest accepted name (route, upstream, instance, policy).
 pub const MAX_NAME_LEN: usize = 63;
+/// DNS refresh interval of a `discovery` with `refresh_ms` 0.
+pub const DEFAULT_DNS_REFRESH_MS: u32 = 5_000;
+/// Shortest accepted `discovery.refresh_ms`.
+pub const MIN_DNS_REFRESH_MS: u32 = 100;
+/// Longest accepted `discovery.refresh_ms`: one hour.
+pub const MAX_DNS_REFRESH_MS: u32 = 3_600_000;
+/// Longest accepted `hash_header`.
+pub const MAX_HEADER_NAME_LEN: usize = 128;
+/// Headers removed before balancing (hop-by-hop), so hashing on them would
+/// never find a key.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 /// Every problem found in a configuration. Never empty.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,6 +148,16 @@ pub fn is_valid_hostname(host: &str) -> bool {
             && b.iter()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
     })
+}
+
+/// True for an HTTP header field name (RFC 9110 `token`), at most
+/// [`MAX_HEADER_NAME_LEN`] characters.
+pub fn is_valid_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_HEADER_NAME_LEN
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
 }
 
 /// Checks a path prefix: starts with "/", no trailing "/" (except "/" itself),
@@ -289,9 +320,17 @@ impl Validator {
                 "{who}: name must match [a-z0-9][a-z0-9-]* and be at most {MAX_NAME_LEN} characters"
             ));
         }
-        if u.instances.is_empty() {
-            self.push(format!("{who}: instances must not be empty"));
+        match (&u.discovery, u.instances.is_empty()) {
+            (None, true) => self.push(format!(
+                "{who}: instances must not be empty (or set discovery to find them in DNS)"
+            )),
+            (Some(_), false) => self.push(format!(
+                "{who}: set either instances or discovery, not both"
+            )),
+            (Some(d), true) => self.discovery(&who, d),
+            (None, false) => {}
         }
+        self.balancing(&who, u);
         let mut ids = HashSet::new();
         for Instance { id, url } in &u.instances {
             if !is_valid_name(id) {
@@ -311,6 +350,63 @@ impl Validator {
         }
         if let Some(cb) = &u.circuit_breaker {
             self.circuit_breaker(&who, cb);
+        }
+    }
+
+    fn balancing(&mut self, who: &str, u: &Upstream) {
+        let policy = LbPolicy::try_from(u.lb_policy);
+        if policy.is_err() {
+            self.push(format!("{who}: lb_policy: unknown value {}", u.lb_policy));
+        }
+        let hash_on = HashOn::try_from(u.hash_on);
+        match (policy, hash_on) {
+            (_, Err(_)) => self.push(format!("{who}: hash_on: unknown value {}", u.hash_on)),
+            (Ok(LbPolicy::ConsistentHash), Ok(HashOn::Unspecified)) => self.push(format!(
+                "{who}: hash_on is required with lb_policy CONSISTENT_HASH (HASH_ON_USER, HASH_ON_IP or HASH_ON_HEADER)"
+            )),
+            (Ok(p), Ok(h)) if p != LbPolicy::ConsistentHash && h != HashOn::Unspecified => self
+                .push(format!(
+                    "{who}: hash_on is only used with lb_policy CONSISTENT_HASH"
+                )),
+            _ => {}
+        }
+        let header = u.hash_header.as_str();
+        match hash_on {
+            Ok(HashOn::Header) if header.is_empty() => self.push(format!(
+                "{who}: hash_header is required with hash_on HASH_ON_HEADER"
+            )),
+            Ok(HashOn::Header) if !is_valid_header_name(header) => self.push(format!(
+                "{who}: hash_header \"{header}\" is not a valid header name (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME_LEN})"
+            )),
+            Ok(HashOn::Header) if HOP_BY_HOP.contains(&header.to_ascii_lowercase().as_str()) => {
+                self.push(format!(
+                    "{who}: hash_header \"{header}\" is a hop-by-hop header, removed before balancing"
+                ))
+            }
+            Ok(HashOn::Header) => {}
+            _ if !header.is_empty() => self.push(format!(
+                "{who}: hash_header is only used with hash_on HASH_ON_HEADER"
+            )),
+            _ => {}
+        }
+    }
+
+    fn discovery(&mut self, who: &str, d: &DnsDiscovery) {
+        if !is_valid_hostname(&d.dns_name) {
+            self.push(format!(
+                "{who}: discovery.dns_name \"{}\" is not a lower-case host name",
+                d.dns_name
+            ));
+        }
+        self.range(who, "discovery.port", d.port, 1, 65_535);
+        if d.refresh_ms != 0 {
+            self.range(
+                who,
+                "discovery.refresh_ms",
+                d.refresh_ms,
+                MIN_DNS_REFRESH_MS,
+                MAX_DNS_REFRESH_MS,
+            );
         }
     }
 

@@ -95,7 +95,14 @@ async fn run_scenarios(stack: &Stack) -> Result<Vec<(&'static str, Duration)>> {
         "scale 3 -> 5 -> 2 under traffic",
         scale_under_traffic(stack)
     );
-    scenario!("kill orders-1 under traffic", kill_orders_1(stack));
+    scenario!(
+        "kill an orders replica under traffic",
+        kill_orders_replica(stack)
+    );
+    scenario!(
+        "orders found in DNS: scale 2 -> 3 -> 1 under traffic",
+        scale_orders_under_traffic(stack)
+    );
     scenario!(
         "control plane down, replica restart from cache",
         control_plane_down(stack)
@@ -311,39 +318,136 @@ async fn scale_under_traffic(stack: &Stack) -> Result<()> {
     Ok(())
 }
 
-/// Killing one orders instance under traffic costs no request.
-async fn kill_orders_1(stack: &Stack) -> Result<()> {
+/// Killing one orders replica under traffic costs no request: retries go to the other one until
+/// health checks and DNS discovery have taken it out.
+async fn kill_orders_replica(stack: &Stack) -> Result<()> {
+    let replicas = stack.orders_ids().await?;
+    ensure!(
+        replicas.len() == 2,
+        "expected 2 orders replicas: {replicas:?}"
+    );
+    let victim = replicas[0].clone();
+    let victim_host = stack.hostname_of(&victim).await?;
+    let other_host = stack.hostname_of(&replicas[1]).await?;
     let traffic = Traffic::start(stack, PROBE_PREFIX);
     traffic.wait_requests(50, Duration::from_secs(20)).await?;
-    stack.compose(&["kill", "orders-1"]).await?;
+    stack.docker(&["kill", &victim]).await?;
     let killed = Instant::now();
-    // Until every replica's active health check (every 5 s, 2 failures) has taken it out, and then
-    // some: all traffic lands on orders-2.
+    // Until every replica has taken it out (DNS refresh every second, health checks every
+    // second), and then some: all traffic lands on the other one.
     wait_for(
-        "traffic only on orders-2",
+        "traffic only on the other orders replica",
         Duration::from_secs(60),
         || async {
             let recent = Instant::now() - Duration::from_secs(3);
-            Ok(killed.elapsed() > Duration::from_secs(12)
+            Ok(killed.elapsed() > Duration::from_secs(5)
                 && recent > killed
-                && traffic.instances_since(recent) == BTreeSet::from(["orders-2".to_owned()]))
+                && traffic.instances_since(recent) == BTreeSet::from([other_host.clone()]))
         },
     )
     .await?;
-    stack.compose(&["start", "orders-1"]).await?;
+    stack.docker(&["start", &victim]).await?;
     let started = Instant::now();
     wait_for(
-        "orders-1 back in rotation",
+        "the restarted replica back in rotation",
         Duration::from_secs(60),
-        || async { Ok(traffic.instances_since(started).contains("orders-1")) },
+        || async { Ok(traffic.instances_since(started).contains(&victim_host)) },
     )
     .await?;
     let report = traffic.stop().await;
     eprintln!("{report}");
     ensure!(
         report.failed == 0,
-        "failed requests with orders-1 killed: {report}"
+        "failed requests with an orders replica killed: {report}"
     );
+    Ok(())
+}
+
+/// The orders upstream is found in DNS (`discovery` of "orders" in the seed): `--scale orders=3`
+/// brings a third replica into service without a configuration change, and scaling back to 1
+/// loses no request (a stopping replica drains: its /health fails first, then it stops).
+async fn scale_orders_under_traffic(stack: &Stack) -> Result<()> {
+    let version = stack.config_version().await?;
+    let before = stack.orders_hostnames().await?;
+    ensure!(before.len() == 2, "expected 2 orders replicas: {before:?}");
+    let traffic = Traffic::start(stack, PROBE_PREFIX);
+    traffic.wait_requests(50, Duration::from_secs(20)).await?;
+
+    let planes = stack.data_plane_ids().await?;
+    let t = Instant::now();
+    stack.scale("orders", 3).await?;
+    let after = stack.orders_hostnames().await?;
+    let new: Vec<&String> = after.difference(&before).collect();
+    ensure!(
+        new.len() == 1,
+        "expected one new orders replica: {before:?} -> {after:?}"
+    );
+    let new = new[0].clone();
+    wait_for(
+        "the third orders replica to take traffic",
+        Duration::from_secs(60),
+        || async { Ok(traffic.instances_since(t).contains(&new)) },
+    )
+    .await?;
+    eprintln!(
+        "third orders replica {new} took traffic {:.1?} after the scale-up",
+        t.elapsed()
+    );
+    // Every data plane lists three discovered members.
+    for replica in stack.data_plane_ids().await? {
+        wait_for(
+            "every data plane to list 3 orders members",
+            Duration::from_secs(30),
+            || async {
+                let orders = stack.replica_upstream(&replica, "orders").await?;
+                let members = orders["instances"].as_array().map_or(0, Vec::len);
+                Ok(orders["discovery"]["dns_name"] == "orders" && members == 3)
+            },
+        )
+        .await?;
+    }
+    ensure!(
+        stack.config_version().await? == version,
+        "scaling must not need a configuration change"
+    );
+
+    let t = Instant::now();
+    stack.scale("orders", 1).await?;
+    let left = stack.orders_hostnames().await?;
+    ensure!(left.len() == 1, "expected 1 orders replica: {left:?}");
+    wait_for(
+        "traffic only on the remaining orders replica",
+        Duration::from_secs(60),
+        || async {
+            let recent = Instant::now() - Duration::from_secs(2);
+            Ok(recent > t && traffic.instances_since(recent) == left)
+        },
+    )
+    .await?;
+    traffic
+        .wait_requests_since(Instant::now(), 100, Duration::from_secs(30))
+        .await?;
+    eprintln!("scaled orders to 1 in {:.1?}", t.elapsed());
+    let report = traffic.stop().await;
+    eprintln!("{report}");
+    ensure!(
+        report.failed == 0,
+        "failed requests while scaling orders: {report}"
+    );
+    ensure!(
+        stack.config_version().await? == version,
+        "scaling must not need a configuration change"
+    );
+
+    ensure!(
+        stack.data_plane_ids().await? == planes,
+        "scaling orders must leave the data planes alone"
+    );
+    // Back to two for the scenarios that follow.
+    stack.scale("orders", 2).await?;
+    stack
+        .wait_healthy_service("orders", Duration::from_secs(60))
+        .await?;
     Ok(())
 }
 

@@ -3,6 +3,10 @@
 //! Runs off the request path. The snapshot is validated with the same
 //! `gateway_proto::validate_config` the control plane uses; anything that fails
 //! here is NACKed and the previous snapshot stays in service.
+//!
+//! Upstreams with DNS discovery take their instances from the [`Members`]
+//! given to [`compile_with_members`]; a new member set is compiled the same
+//! way as a new configuration (see [`crate::dns`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +20,9 @@ use http::Method;
 use super::{
     Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, UpstreamEntry,
 };
+use crate::balancer::Policy;
 use crate::breaker::BreakerSettings;
+use crate::dns::{Members, Target};
 use crate::health::HealthSettings;
 use crate::metrics::RouteMetrics;
 use crate::pool::PoolSettings;
@@ -68,11 +74,24 @@ pub enum CompileError {
 }
 
 /// Compiles `snapshot`, reusing the pools, breakers, health state and counters
-/// of every instance and route that `previous` already had.
+/// of every instance and route that `previous` already had. Upstreams with
+/// DNS discovery get no instances: use [`compile_with_members`] for those.
 pub fn compile(
     snapshot: &ConfigSnapshot,
     previous: &Compiled,
     pool: PoolSettings,
+) -> Result<Compiled, CompileError> {
+    compile_with_members(snapshot, previous, pool, &Members::default())
+}
+
+/// [`compile`], with the instances of discovering upstreams taken from
+/// `members` (an upstream missing there has none yet). A member keeps its
+/// state while its address stays: its key is derived from the address.
+pub fn compile_with_members(
+    snapshot: &ConfigSnapshot,
+    previous: &Compiled,
+    pool: PoolSettings,
+    members: &Members,
 ) -> Result<Compiled, CompileError> {
     validate_config(&snapshot.routes, &snapshot.upstreams)?;
 
@@ -91,7 +110,7 @@ pub fn compile(
     let mut upstreams: Vec<Arc<UpstreamEntry>> = snapshot
         .upstreams
         .iter()
-        .map(|u| compile_upstream(u, &old_instances, pool).map(Arc::new))
+        .map(|u| compile_upstream(u, &old_instances, pool, members).map(Arc::new))
         .collect::<Result<_, _>>()?;
     upstreams.sort_by(|a, b| a.name.cmp(&b.name));
     let by_name: HashMap<&str, &Arc<UpstreamEntry>> =
@@ -152,29 +171,49 @@ fn compile_upstream(
     u: &Upstream,
     old: &HashMap<&InstanceKey, &Arc<InstanceState>>,
     pool: PoolSettings,
+    members: &Members,
 ) -> Result<UpstreamEntry, CompileError> {
     let name: Arc<str> = u.name.as_str().into();
-    let mut instances = Vec::with_capacity(u.instances.len());
-    for i in &u.instances {
+    let target = u.discovery.as_ref().map(Target::from_proto);
+    // (id, url) of every instance: listed, or one per discovered address
+    // (id "ADDRESS:port", url "http://ADDRESS:port").
+    let listed: Vec<(Arc<str>, Arc<str>)> = match &target {
+        None => u
+            .instances
+            .iter()
+            .map(|i| (i.id.as_str().into(), i.url.as_str().into()))
+            .collect(),
+        Some(_) => members
+            .addrs(&u.name)
+            .iter()
+            .map(|addr| {
+                let id = addr.to_string();
+                let url = format!("http://{id}");
+                (id.into(), url.into())
+            })
+            .collect(),
+    };
+    let mut instances = Vec::with_capacity(listed.len());
+    for (id, url) in listed {
         let url_error = |reason| CompileError::InstanceUrl {
             upstream: u.name.clone(),
-            id: i.id.clone(),
-            url: i.url.clone(),
+            id: id.to_string(),
+            url: url.to_string(),
             reason,
         };
-        parse_instance_url(&i.url).map_err(url_error)?;
-        let authority = i
-            .url
+        parse_instance_url(&url).map_err(url_error)?;
+        let authority = url
             .strip_prefix("http://")
-            .ok_or_else(|| url_error("must start with http://"))?;
+            .ok_or_else(|| url_error("must start with http://"))?
+            .to_owned();
         let key = InstanceKey {
             upstream: name.clone(),
-            id: i.id.as_str().into(),
-            url: i.url.as_str().into(),
+            id,
+            url,
         };
         let state = match old.get(&key) {
             Some(s) => Arc::clone(s),
-            None => Arc::new(InstanceState::new(key, authority, pool)),
+            None => Arc::new(InstanceState::new(key, &authority, pool)),
         };
         instances.push(state);
     }
@@ -187,7 +226,12 @@ fn compile_upstream(
             half_open_max_requests: cb.half_open_max_requests,
         });
     let health = u.health_check.as_ref().map(HealthSettings::from_proto);
-    Ok(UpstreamEntry::new(name, instances, breaker, health))
+    let entry =
+        UpstreamEntry::new(name, instances, breaker, health).with_policy(Policy::from_proto(u));
+    Ok(match target {
+        Some(t) => entry.with_discovery(t),
+        None => entry,
+    })
 }
 
 #[cfg(test)]
@@ -269,6 +313,55 @@ mod tests {
         assert_eq!(b.breaker.failure_threshold, 2);
         let (ra, rb) = (&v1.router.routes()[0], &v2.router.routes()[0]);
         assert!(Arc::ptr_eq(&ra.metrics, &rb.metrics), "route counters kept");
+    }
+
+    #[test]
+    fn discovered_members_are_instances_and_keep_state_by_address() {
+        use gateway_proto::v1::{DnsDiscovery, LbPolicy};
+        let mut s = snapshot(1, &[]);
+        s.upstreams[0].discovery = Some(DnsDiscovery {
+            dns_name: "orders".into(),
+            port: 7002,
+            refresh_ms: 0,
+        });
+        s.upstreams[0].lb_policy = LbPolicy::LeastRequest as i32;
+        let target = Target::from_proto(s.upstreams[0].discovery.as_ref().unwrap());
+        assert_eq!(target.refresh, Duration::from_millis(5000), "the default");
+        let members = |addrs: &[&str]| {
+            let mut m = Members::default();
+            let addrs = addrs.iter().map(|a| a.parse().unwrap()).collect();
+            m.insert("orders", target.clone(), addrs);
+            m
+        };
+        let pool = PoolSettings::default();
+        let v1 = compile_with_members(
+            &s,
+            &Compiled::default(),
+            pool,
+            &members(&["10.0.0.1:7002", "[fd00::2]:7002"]),
+        )
+        .unwrap();
+        let u = &v1.upstreams[0];
+        assert_eq!(u.policy, Policy::LeastRequest);
+        assert_eq!(u.discovery.as_ref(), Some(&target));
+        let ids: Vec<_> = u.instances.iter().map(|i| &*i.id).collect();
+        assert_eq!(ids, ["10.0.0.1:7002", "[fd00::2]:7002"]);
+        assert_eq!(&*u.instances[1].key.url, "http://[fd00::2]:7002");
+
+        let v2 = compile_with_members(
+            &s,
+            &v1,
+            pool,
+            &members(&["10.0.0.3:7002", "[fd00::2]:7002"]),
+        )
+        .unwrap();
+        let w = &v2.upstreams[0];
+        assert!(Arc::ptr_eq(&u.instances[1], &w.instances[1]), "stayer kept");
+        assert_eq!(&*w.instances[0].id, "10.0.0.3:7002");
+
+        // Without members (plain `compile`): no instances yet.
+        let bare = compile(&s, &v2, pool).unwrap();
+        assert!(bare.upstreams[0].instances.is_empty());
     }
 
     #[test]

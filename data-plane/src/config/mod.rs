@@ -17,13 +17,15 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use gateway_proto::v1::{AuthMode, RateLimit};
 
+use crate::balancer::Policy;
 use crate::breaker::{Breaker, BreakerSettings};
+use crate::dns::Target;
 use crate::health::HealthSettings;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
 use crate::router::Router;
 
-pub use compile::{CompileError, compile};
+pub use compile::{CompileError, compile, compile_with_members};
 
 /// Upstream response timeout of a route with `timeout_ms` 0.
 pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_millis(15_000);
@@ -65,12 +67,21 @@ pub struct RouteEntry {
 }
 
 /// An upstream of one version: settings plus its instances' long-lived state.
+///
+/// With DNS discovery, `instances` are the members resolved when this snapshot
+/// was compiled (sorted by address). A changed answer does not touch this
+/// entry: it makes a whole new snapshot (see [`crate::dns`]), so a request
+/// sees one member list from start to end, and so do the ops views.
 #[derive(Debug)]
 pub struct UpstreamEntry {
     /// Upstream name.
     pub name: Arc<str>,
-    /// Instances in configuration order.
+    /// Instances in configuration order (static), or by address (discovered).
     pub instances: Vec<Arc<InstanceState>>,
+    /// How requests are spread over the instances.
+    pub policy: Policy,
+    /// Where the instances come from when they are discovered in DNS.
+    pub discovery: Option<Target>,
     /// Breaker settings (explicit or the defaults).
     pub breaker: BreakerSettings,
     /// Active health checking, if configured.
@@ -90,10 +101,24 @@ impl UpstreamEntry {
         Self {
             name: name.into(),
             instances,
+            policy: Policy::RoundRobin,
+            discovery: None,
             breaker,
             health,
             cursor: AtomicUsize::new(0),
         }
+    }
+
+    /// The same entry with balancing `policy` (the default is round-robin).
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The same entry, marked as discovered through `target`.
+    pub fn with_discovery(mut self, target: Target) -> Self {
+        self.discovery = Some(target);
+        self
     }
 }
 
@@ -124,6 +149,8 @@ pub struct InstanceState {
     /// traffic at once (its breaker guards it until the first checks have run).
     healthy: AtomicBool,
     in_flight: AtomicU64,
+    /// Rendezvous-hashing seed, from the id (see [`crate::balancer`]).
+    pub(crate) hash_seed: u64,
     /// Counters.
     pub metrics: InstanceMetrics,
 }
@@ -133,6 +160,7 @@ impl InstanceState {
     pub fn new(key: InstanceKey, authority: &str, pool: PoolSettings) -> Self {
         Self {
             id: key.id.clone(),
+            hash_seed: crate::balancer::instance_seed(&key.id),
             key,
             pool: Pool::new(authority, pool),
             breaker: Breaker::new(),

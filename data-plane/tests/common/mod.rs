@@ -366,6 +366,7 @@ pub fn upstream(name: &str, instances: &[(&str, String)]) -> Upstream {
             half_open_max_requests: 1,
         }),
         health_check: None,
+        ..Default::default()
     }
 }
 

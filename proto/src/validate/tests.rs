@@ -1,5 +1,5 @@
 use super::*;
-use crate::v1::{CircuitBreaker, HealthCheck, Instance};
+use crate::v1::{CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy};
 
 fn upstream(name: &str) -> Upstream {
     Upstream {
@@ -20,6 +20,7 @@ fn upstream(name: &str) -> Upstream {
             reset_timeout_ms: 10_000,
             half_open_max_requests: 1,
         }),
+        ..Default::default()
     }
 }
 
@@ -429,4 +430,156 @@ fn seed_json_uses_proto3_json_names() {
     // grpcurl also accepts the original snake_case field names.
     let r: Route = serde_json::from_str(r#"{"name":"a","path_prefix":"/a"}"#).unwrap();
     assert_eq!(r.path_prefix, "/a");
+}
+
+fn balanced(policy: LbPolicy, hash_on: HashOn, header: &str) -> Upstream {
+    Upstream {
+        lb_policy: policy as i32,
+        hash_on: hash_on as i32,
+        hash_header: header.into(),
+        ..upstream("u")
+    }
+}
+
+#[test]
+fn balancing_policies_that_are_accepted() {
+    for u in [
+        balanced(LbPolicy::RoundRobin, HashOn::Unspecified, ""),
+        balanced(LbPolicy::LeastRequest, HashOn::Unspecified, ""),
+        balanced(LbPolicy::ConsistentHash, HashOn::User, ""),
+        balanced(LbPolicy::ConsistentHash, HashOn::Ip, ""),
+        balanced(LbPolicy::ConsistentHash, HashOn::Header, "x-tenant-id"),
+        balanced(LbPolicy::ConsistentHash, HashOn::Header, "X-Tenant_ID.v2"),
+    ] {
+        let desc = format!("{u:?}");
+        assert!(check_upstream(u).is_ok(), "{desc}");
+    }
+}
+
+#[test]
+fn hash_on_goes_with_consistent_hash_only() {
+    fails_with(
+        check_upstream(balanced(LbPolicy::ConsistentHash, HashOn::Unspecified, "")),
+        "upstream \"u\": hash_on is required with lb_policy CONSISTENT_HASH",
+    );
+    fails_with(
+        check_upstream(balanced(LbPolicy::RoundRobin, HashOn::User, "")),
+        "upstream \"u\": hash_on is only used with lb_policy CONSISTENT_HASH",
+    );
+    fails_with(
+        check_upstream(balanced(LbPolicy::LeastRequest, HashOn::Ip, "")),
+        "hash_on is only used with lb_policy CONSISTENT_HASH",
+    );
+    let mut u = upstream("u");
+    u.lb_policy = 7;
+    fails_with(check_upstream(u), "lb_policy: unknown value 7");
+    let mut u = balanced(LbPolicy::ConsistentHash, HashOn::User, "");
+    u.hash_on = 9;
+    fails_with(check_upstream(u), "hash_on: unknown value 9");
+}
+
+#[test]
+fn hash_header_is_a_valid_name_required_with_header_only() {
+    fails_with(
+        check_upstream(balanced(LbPolicy::ConsistentHash, HashOn::Header, "")),
+        "hash_header is required with hash_on HASH_ON_HEADER",
+    );
+    for bad in ["x tenant", "x-tenant:", "tenant\u{e9}", &"x".repeat(129)] {
+        fails_with(
+            check_upstream(balanced(LbPolicy::ConsistentHash, HashOn::Header, bad)),
+            "is not a valid header name",
+        );
+    }
+    fails_with(
+        check_upstream(balanced(
+            LbPolicy::ConsistentHash,
+            HashOn::Header,
+            "Connection",
+        )),
+        "hash_header \"Connection\" is a hop-by-hop header",
+    );
+    fails_with(
+        check_upstream(balanced(LbPolicy::ConsistentHash, HashOn::User, "x-tenant")),
+        "hash_header is only used with hash_on HASH_ON_HEADER",
+    );
+    fails_with(
+        check_upstream(balanced(
+            LbPolicy::RoundRobin,
+            HashOn::Unspecified,
+            "x-tenant",
+        )),
+        "hash_header is only used with hash_on HASH_ON_HEADER",
+    );
+}
+
+fn discovered(dns_name: &str, port: u32, refresh_ms: u32) -> Upstream {
+    Upstream {
+        instances: vec![],
+        discovery: Some(DnsDiscovery {
+            dns_name: dns_name.into(),
+            port,
+            refresh_ms,
+        }),
+        ..upstream("u")
+    }
+}
+
+#[test]
+fn discovery_that_is_accepted() {
+    for u in [
+        discovered("orders", 7002, 0),
+        discovered("orders.svc.cluster.local", 1, 100),
+        discovered("localhost", 65_535, 3_600_000),
+        discovered("127.0.0.1", 8080, 1000),
+    ] {
+        let desc = format!("{u:?}");
+        assert!(check_upstream(u).is_ok(), "{desc}");
+    }
+    let mut u = discovered("orders", 7002, 0);
+    u.lb_policy = LbPolicy::LeastRequest as i32;
+    assert!(check_upstream(u).is_ok());
+}
+
+#[test]
+fn discovery_or_instances_not_both_not_neither() {
+    let mut both = discovered("orders", 7002, 0);
+    both.instances = upstream("u").instances;
+    fails_with(
+        check_upstream(both),
+        "upstream \"u\": set either instances or discovery, not both",
+    );
+    let mut neither = upstream("u");
+    neither.instances.clear();
+    fails_with(
+        check_upstream(neither),
+        "instances must not be empty (or set discovery",
+    );
+}
+
+#[test]
+fn discovery_fields_are_checked() {
+    fails_with(
+        check_upstream(discovered("", 7002, 0)),
+        "discovery.dns_name \"\" is not a lower-case host name",
+    );
+    fails_with(
+        check_upstream(discovered("Orders_1", 7002, 0)),
+        "discovery.dns_name \"Orders_1\"",
+    );
+    fails_with(
+        check_upstream(discovered("orders", 0, 0)),
+        "discovery.port must be 1 to 65535 (got 0)",
+    );
+    fails_with(
+        check_upstream(discovered("orders", 70_000, 0)),
+        "discovery.port must be 1 to 65535",
+    );
+    fails_with(
+        check_upstream(discovered("orders", 7002, 99)),
+        "discovery.refresh_ms must be 100 to 3600000 (got 99)",
+    );
+    fails_with(
+        check_upstream(discovered("orders", 7002, 3_600_001)),
+        "discovery.refresh_ms must be 100 to 3600000",
+    );
 }

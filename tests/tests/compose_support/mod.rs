@@ -20,6 +20,9 @@ use tokio::process::Command;
 pub use spans::SpanInfo;
 pub use traffic::Traffic;
 
+/// Services of docker-compose.yml that run several replicas (`--scale`).
+const SCALABLE: [&str; 2] = ["data-plane", "orders"];
+
 /// The Jaeger image docker-compose.yml names; without it the offline override is used.
 const JAEGER_IMAGE_PREFIX: &str = "jaegertracing/all-in-one:";
 
@@ -257,6 +260,20 @@ impl Stack {
         Ok(hosts)
     }
 
+    /// Ids of the running containers of the scalable `orders` service, oldest first.
+    pub async fn orders_ids(&self) -> Result<Vec<String>> {
+        self.service_ids("orders").await
+    }
+
+    /// Hostnames (= `X-Instance-Id`) of the running `orders` containers.
+    pub async fn orders_hostnames(&self) -> Result<BTreeSet<String>> {
+        let mut hosts = BTreeSet::new();
+        for id in self.orders_ids().await? {
+            hosts.insert(self.hostname_of(&id).await?);
+        }
+        Ok(hosts)
+    }
+
     /// A container's hostname.
     pub async fn hostname_of(&self, id: &str) -> Result<String> {
         Ok(docker(&["inspect", "-f", "{{.Config.Hostname}}", id])
@@ -359,6 +376,18 @@ impl Stack {
         serde_json::from_str(&body).with_context(|| format!("/config answered {body}"))
     }
 
+    /// Upstream `name` in a replica's `/health/load-balancer`, read inside the container.
+    pub async fn replica_upstream(&self, id: &str, name: &str) -> Result<Value> {
+        let body = http_get_in(id, 9901, "/health/load-balancer").await?;
+        let view: Value = serde_json::from_str(&body)
+            .with_context(|| format!("/health/load-balancer answered {body}"))?;
+        view["upstreams"]
+            .as_array()
+            .and_then(|u| u.iter().find(|u| u["name"] == name))
+            .cloned()
+            .with_context(|| format!("no upstream {name} in {view}"))
+    }
+
     /// Waits until a container's healthcheck says healthy.
     pub async fn wait_healthy(&self, id: &str, within: Duration) -> Result<()> {
         wait_for(
@@ -385,11 +414,24 @@ impl Stack {
     }
 
     /// `up -d --no-recreate --scale SERVICE=N`: adds or removes replicas, touching nothing else.
+    /// Compose v1 brings every service back to the scale in the file on `up`, so the other
+    /// scalable services are passed their current counts.
     pub async fn scale(&self, service: &str, n: usize) -> Result<()> {
         self.remember_volumes().await?;
         let scale = format!("{service}={n}");
+        let mut args = vec![
+            "up".to_owned(),
+            "-d".to_owned(),
+            "--no-recreate".to_owned(),
+            "--scale".to_owned(),
+            scale.clone(),
+        ];
+        for other in SCALABLE.iter().filter(|s| **s != service) {
+            let count = self.service_ids(other).await?.len();
+            args.extend(["--scale".to_owned(), format!("{other}={count}")]);
+        }
         let t = Instant::now();
-        self.compose(&["up", "-d", "--no-recreate", "--scale", &scale])
+        self.compose(&args.iter().map(String::as_str).collect::<Vec<_>>())
             .await?;
         eprintln!("`up -d --scale {scale}` returned after {:.1?}", t.elapsed());
         Ok(())
