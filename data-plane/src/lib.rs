@@ -9,6 +9,8 @@
 //!   [`cache`]: the on-disk copy of the last accepted snapshot;
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
+//! * [`aggregate`] (aggregation routes) and [`coalesce`] (request coalescing):
+//!   the composition stages, between rate limiting and balancing;
 //! * [`server`]: listeners and graceful shutdown; [`workers`]: the per-core proxy workers; [`ops`]: the ops listener;
 //!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
 //! * [`hooks`]: where token verification and rate limiting plug in;
@@ -19,11 +21,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod aggregate;
 pub mod args;
 pub mod balancer;
 pub mod body;
 pub mod breaker;
 pub mod cache;
+pub mod coalesce;
 pub mod config;
 pub mod error;
 pub mod health;

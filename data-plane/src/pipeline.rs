@@ -1,5 +1,6 @@
 //! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
-//! sanitise → route → authenticate → rate-limit → balance → breaker → proxy.
+//! sanitise → route → authenticate → rate-limit → [aggregate | coalesce →]
+//! balance → breaker → proxy.
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
 //! reason it sits where it does. [`Pipeline::handle`] wraps it with what every
@@ -19,9 +20,9 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::balancer;
 use crate::body::{RequestBody, ResponseBody};
-use crate::config::{Compiled, ConfigStore, RouteEntry};
+use crate::coalesce::{self, Coalesced};
+use crate::config::{Compiled, ConfigStore, RouteEntry, Target};
 use crate::error::ProxyError;
 use crate::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
 use crate::metrics::Metrics;
@@ -32,6 +33,7 @@ use crate::sanitize::{
     Cidr, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip, ensure_request_id, remove_hop_by_hop,
     set_forwarded,
 };
+use crate::{aggregate, balancer};
 
 /// Request size limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,8 +183,30 @@ impl Pipeline {
         }
         seen.response_headers = limited?;
 
+        // Aggregate: an aggregation route fans out to its parts in parallel (each balanced, breaker-guarded, pooled) instead of proxying.
+        let upstream = match &route.target {
+            Target::Aggregate(agg) => {
+                return aggregate::respond(agg, route, &parts, &path, span, tracestate).await;
+            }
+            Target::Upstream(upstream) => upstream,
+        };
+
+        // Coalesce: on a `coalesce` route identical concurrent GET/HEADs share one upstream call; after rate limiting, so every caller pays.
+        let trace = proxy::Trace {
+            span,
+            tracestate,
+            served_by: &mut seen.upstream,
+        };
+        let (parts, body, trace) = match &route.coalesce {
+            None => (parts, body, trace),
+            Some(c) => match coalesce::stage(c, route, upstream, parts, body, &path, trace).await {
+                Coalesced::Answered(answer) => return answer,
+                Coalesced::Alone(parts, body, trace) => (parts, body, trace),
+            },
+        };
+
         // Balance → breaker: round-robin over healthy instances whose breaker admits; none → 503 without a network call.
-        let pick = balancer::pick(&route.upstream, None).ok_or(ProxyError::NoInstance)?;
+        let pick = balancer::pick(upstream, None).ok_or(ProxyError::NoInstance)?;
 
         // Proxy: stream to the instance within the route timeout; retry once elsewhere if it was never reached.
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
@@ -192,12 +216,7 @@ impl Pipeline {
             &path,
             RequestBody::new(body, self.limits.max_body_bytes),
         )?;
-        let trace = proxy::Trace {
-            span,
-            tracestate,
-            served_by: &mut seen.upstream,
-        };
-        proxy::forward(&route.upstream, pick, req, route.timeout, trace).await
+        proxy::forward(upstream, pick, req, route.timeout, trace).await
     }
 
     /// The sanitise stage. Returns the normalised path.

@@ -303,12 +303,13 @@ mod tests {
             auth: gateway_proto::v1::AuthMode::AuthNone,
             rate_limit: None,
             timeout: DEFAULT_ROUTE_TIMEOUT,
-            upstream: Arc::new(UpstreamEntry::new(
+            target: crate::config::Target::Upstream(Arc::new(UpstreamEntry::new(
                 "u",
                 vec![],
                 BreakerSettings::default(),
                 None,
-            )),
+            ))),
+            coalesce: None,
             metrics: Default::default(),
         }
     }

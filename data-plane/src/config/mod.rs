@@ -17,7 +17,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use gateway_proto::v1::{AuthMode, RateLimit};
 
+use crate::aggregate::Aggregate;
 use crate::breaker::{Breaker, BreakerSettings};
+use crate::coalesce::Coalescer;
 use crate::health::HealthSettings;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
@@ -59,9 +61,20 @@ pub struct RouteEntry {
     /// Time allowed until the upstream's response head.
     pub timeout: Duration,
     /// Where the traffic goes.
-    pub upstream: Arc<UpstreamEntry>,
+    pub target: Target,
+    /// Shares identical concurrent GET/HEAD upstream calls (`Route.coalesce`).
+    pub coalesce: Option<Arc<Coalescer>>,
     /// Counters, carried over while the route keeps its name.
     pub metrics: Arc<RouteMetrics>,
+}
+
+/// What a route sends its traffic to.
+#[derive(Debug)]
+pub enum Target {
+    /// Proxied to one upstream.
+    Upstream(Arc<UpstreamEntry>),
+    /// Fanned out to the parts of an aggregation (`Route.aggregate`).
+    Aggregate(Arc<Aggregate>),
 }
 
 /// An upstream of one version: settings plus its instances' long-lived state.
