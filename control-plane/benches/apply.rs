@@ -66,6 +66,7 @@ fn config(generation: u32) -> (Vec<Route>, Vec<Upstream>) {
                     window_seconds: 60,
                 }),
                 timeout_ms: 1000 + generation,
+                ..Route::default()
             }
         })
         .collect();

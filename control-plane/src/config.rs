@@ -184,7 +184,13 @@ impl Mutation {
                 let users: Vec<String> = current
                     .routes
                     .iter()
-                    .filter(|r| r.upstream == name)
+                    .filter(|r| {
+                        r.upstream == name
+                            || r.aggregate
+                                .iter()
+                                .flat_map(|a| &a.parts)
+                                .any(|p| p.upstream == name)
+                    })
                     .map(|r| format!("\"{}\"", r.name))
                     .collect();
                 if !users.is_empty() {
@@ -317,5 +323,31 @@ mod tests {
             .unwrap();
         assert!(c.upstream("v").is_none());
         assert!(c.upstream("u").is_some());
+    }
+
+    #[test]
+    fn delete_of_an_upstream_used_by_an_aggregate_part_names_the_route() {
+        use gateway_proto::v1::{Aggregate, AggregatePart};
+        let overview = Route {
+            name: "overview".into(),
+            path_prefix: "/overview".into(),
+            aggregate: Some(Aggregate {
+                parts: vec![AggregatePart {
+                    name: "p".into(),
+                    upstream: "v".into(),
+                    path: "/p".into(),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        };
+        let c = Config::new(
+            vec![route("a", "u"), overview],
+            vec![upstream("u"), upstream("v")],
+        );
+        match Mutation::DeleteUpstream("v".into()).apply(c.view()) {
+            Err(StoreError::Invalid(m)) => assert!(m.contains("\"overview\""), "{m}"),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

@@ -197,7 +197,8 @@ impl Store {
                 changes: planned.changes,
             });
         }
-        self.commit(Pending::Ready(mutation), options).await
+        self.commit(Pending::Ready(Box::new(mutation)), options)
+            .await
     }
 
     /// Commits a new version whose content equals `version`'s (`NotFound` if it does not exist).
@@ -246,7 +247,7 @@ impl Store {
         let current = self.latest_in(&mut tx).await?;
         check_expected(options.expected_version, current.version)?;
         let mutation = match pending {
-            Pending::Ready(m) => m,
+            Pending::Ready(m) => *m,
             // Read the old version inside the transaction, like everything else.
             Pending::Rollback(version) => {
                 let old = load_version(&mut tx, version).await?;
@@ -312,7 +313,8 @@ impl Store {
 
 /// A mutation to commit, possibly still to be read from the database.
 enum Pending {
-    Ready(Mutation),
+    /// Boxed: a `Route` is large (and grows with every route setting).
+    Ready(Box<Mutation>),
     Rollback(u64),
 }
 

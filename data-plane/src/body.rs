@@ -175,8 +175,13 @@ impl Body for UpstreamBody {
 pub enum ResponseBody {
     /// Streamed from an upstream instance.
     Upstream(UpstreamBody),
-    /// A complete small body produced by the gateway (problem documents, ops output).
+    /// A complete small body produced by the gateway (problem documents, ops
+    /// output), or shared by request coalescing.
     Full(Option<Bytes>),
+    /// An upstream body whose first bytes were already read (request coalescing
+    /// buffers a response to share it and gives up past its size limit): those
+    /// bytes first, then the rest as it streams.
+    Resumed(Option<Bytes>, Box<ResponseBody>),
 }
 
 impl ResponseBody {
@@ -202,6 +207,10 @@ impl Body for ResponseBody {
         match self.get_mut() {
             Self::Upstream(b) => Pin::new(b).poll_frame(cx),
             Self::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+            Self::Resumed(read, rest) => match read.take() {
+                Some(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
+                None => Pin::new(&mut **rest).poll_frame(cx),
+            },
         }
     }
 
@@ -209,6 +218,7 @@ impl Body for ResponseBody {
         match self {
             Self::Upstream(b) => b.is_end_stream(),
             Self::Full(b) => b.is_none(),
+            Self::Resumed(read, rest) => read.is_none() && rest.is_end_stream(),
         }
     }
 
@@ -216,6 +226,16 @@ impl Body for ResponseBody {
         match self {
             Self::Upstream(b) => b.size_hint(),
             Self::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |d| d.len() as u64)),
+            Self::Resumed(read, rest) => {
+                let read = read.as_ref().map_or(0, |d| d.len() as u64);
+                let rest = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + read);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + read);
+                }
+                hint
+            }
         }
     }
 }

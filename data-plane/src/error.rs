@@ -5,11 +5,14 @@
 //! Bodies are static strings: an error flood (503 from open breakers, 429s)
 //! costs no formatting or allocation beyond the response itself.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
+use crate::aggregate::PartFailure;
 use crate::body::ResponseBody;
 use crate::hooks::{AuthError, RateLimited};
 use crate::normalize::NormalizeError;
@@ -85,6 +88,14 @@ pub enum ProxyError {
     /// No response head within the route timeout (504).
     #[error("the upstream did not answer within {0:?}")]
     Timeout(Duration),
+    /// A required part of an aggregation route failed (502, naming the part).
+    #[error("required part {part:?} failed: {failure}")]
+    AggregatePart {
+        /// The part's name.
+        part: Arc<str>,
+        /// Why it failed.
+        failure: PartFailure,
+    },
 }
 
 impl ProxyError {
@@ -98,7 +109,9 @@ impl ProxyError {
             Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::Connect(_) | Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::Connect(_) | Self::Upstream(_) | Self::AggregatePart { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -119,6 +132,7 @@ impl ProxyError {
             Self::Connect(_) => "connect",
             Self::Upstream(_) => "upstream",
             Self::Timeout(_) => "timeout",
+            Self::AggregatePart { .. } => "aggregate_part",
         }
     }
 
@@ -252,17 +266,42 @@ impl ProxyError {
                 "Gateway timeout",
                 "The upstream did not answer within the route's timeout."
             ),
+            // The response itself names the part (see `document`).
+            Self::AggregatePart { .. } => problem!(
+                502,
+                "aggregate-part-failed",
+                "Bad gateway",
+                "A required part of the aggregation failed."
+            ),
+        }
+    }
+
+    /// The problem document sent: [`body`](Self::body), except that a failed
+    /// aggregate part is named (in `detail` and in a `part` member).
+    fn document(&self) -> Bytes {
+        match self {
+            Self::AggregatePart { part, failure } => Bytes::from(format!(
+                "{{\"type\":\"{PROBLEM_TYPE_PREFIX}aggregate-part-failed\",\"title\":\"Bad gateway\",\"status\":502,\
+                 \"detail\":\"The required part \\\"{part}\\\" failed: {failure}.\",\"part\":\"{part}\"}}"
+            )),
+            _ => Bytes::from_static(self.body().as_bytes()),
         }
     }
 
     /// The response: status, problem body, and the headers the status calls for.
     pub fn into_response(self) -> Response<ResponseBody> {
-        let mut resp = Response::new(ResponseBody::full(self.body()));
+        self.to_response()
+    }
+
+    /// [`into_response`](Self::into_response) without consuming the error
+    /// (request coalescing hands the same answer to every waiting caller).
+    pub fn to_response(&self) -> Response<ResponseBody> {
+        let mut resp = Response::new(ResponseBody::full(self.document()));
         *resp.status_mut() = self.status();
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        match &self {
+        match self {
             Self::Unauthorized(AuthError::Invalid) => {
                 h.insert(
                     header::WWW_AUTHENTICATE,
@@ -317,8 +356,30 @@ mod tests {
             ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)),
             ProxyError::NoInstance,
             ProxyError::Timeout(Duration::from_secs(1)),
+            ProxyError::AggregatePart {
+                part: "users".into(),
+                failure: PartFailure::Timeout,
+            },
         ]);
         v
+    }
+
+    #[test]
+    fn a_failed_required_part_is_named_in_the_problem() {
+        let e = ProxyError::AggregatePart {
+            part: "orders".into(),
+            failure: PartFailure::Status(StatusCode::INTERNAL_SERVER_ERROR),
+        };
+        assert_eq!(e.kind(), "aggregate_part");
+        let doc: serde_json::Value = serde_json::from_slice(&e.document()).unwrap();
+        assert_eq!(doc["type"], "urn:gateway:problem:aggregate-part-failed");
+        assert_eq!(doc["status"], 502);
+        assert_eq!(doc["part"], "orders");
+        assert_eq!(
+            doc["detail"],
+            "The required part \"orders\" failed: it answered 500."
+        );
+        assert_eq!(e.to_response().status(), StatusCode::BAD_GATEWAY);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
 //!   [`dns`]: upstream members found in DNS, refreshed and reconciled;
+//! * [`aggregate`] (aggregation routes) and [`coalesce`] (request coalescing):
+//!   the composition stages, between rate limiting and balancing;
 //! * [`server`]: listeners and graceful shutdown; [`workers`]: the per-core
 //!   proxy workers; [`ops`]: the ops listener;
 //!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
@@ -21,11 +23,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod aggregate;
 pub mod args;
 pub mod balancer;
 pub mod body;
 pub mod breaker;
 pub mod cache;
+pub mod coalesce;
 pub mod config;
 pub mod dns;
 pub mod error;

@@ -16,6 +16,11 @@ use http::{Method, StatusCode};
 use crate::breaker::BreakerState;
 use crate::config::Compiled;
 
+mod composition;
+
+use composition::render_composition;
+pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
+
 const METHODS: [&str; 8] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER",
 ];
@@ -89,6 +94,9 @@ impl Histogram {
 pub struct RouteMetrics {
     requests: [[AtomicU64; 5]; 8],
     latency: Histogram,
+    /// Requests answered with an identical request's upstream response (`coalesce` routes).
+    pub coalesced: AtomicU64,
+    coalesce_alone: [AtomicU64; 2],
 }
 
 impl RouteMetrics {
@@ -101,6 +109,11 @@ impl RouteMetrics {
     /// Requests counted for a method and status class (tests and diagnostics).
     pub fn count(&self, method: &Method, status: StatusCode) -> u64 {
         self.requests[method_index(method)][class_index(status)].load(Ordering::Relaxed)
+    }
+
+    /// Counts a request of a `coalesce` route that went upstream on its own.
+    pub fn coalesce_alone(&self, reason: CoalesceAlone) {
+        self.coalesce_alone[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -269,6 +282,8 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
             &format!("route=\"{}\"", esc(route)),
         );
     }
+
+    render_composition(&mut out, cfg);
 
     let instances = || {
         cfg.upstreams

@@ -1,5 +1,6 @@
 //! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
-//! sanitise → route → authenticate → rate-limit → balance → breaker → proxy.
+//! sanitise → route → authenticate → rate-limit → [aggregate | coalesce →]
+//! balance → breaker → proxy.
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
 //! reason it sits where it does. [`Pipeline::handle`] wraps it with what every
@@ -19,9 +20,11 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use crate::aggregate;
 use crate::balancer::{self, Affinity};
 use crate::body::{RequestBody, ResponseBody};
-use crate::config::{Compiled, ConfigStore, RouteEntry};
+use crate::coalesce::{self, Coalesced};
+use crate::config::{Compiled, ConfigStore, RouteEntry, Target, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
 use crate::metrics::Metrics;
@@ -181,9 +184,37 @@ impl Pipeline {
         }
         seen.response_headers = limited?;
 
-        // Balance → breaker: the upstream's policy over healthy instances whose breaker admits; none → 503 without a network call.
-        let key = self.balance_key(route, identity.as_ref(), &parts, peer);
-        let pick = balancer::pick(&route.upstream, key, None).ok_or(ProxyError::NoInstance)?;
+        // Aggregate: an aggregation route fans out to its parts in parallel (each balanced, breaker-guarded, pooled) instead of proxying.
+        let upstream = match &route.target {
+            Target::Aggregate(agg) => {
+                let client = client_ip(&parts.headers, peer.ip(), &self.trusted_proxies);
+                let user = identity.as_ref().map(|id| id.subject.as_bytes());
+                let balance = aggregate::Balance { user, client };
+                return aggregate::respond(agg, route, &parts, &path, balance, span, tracestate)
+                    .await;
+            }
+            Target::Upstream(upstream) => upstream,
+        };
+
+        // Coalesce: on a `coalesce` route identical concurrent GET/HEADs share one upstream call; after rate limiting, so every caller pays.
+        let trace = proxy::Trace {
+            span,
+            tracestate,
+            served_by: &mut seen.upstream,
+        };
+        let key = self.balance_key(upstream, identity.as_ref(), &parts, peer);
+        let (parts, body, trace) = match &route.coalesce {
+            None => (parts, body, trace),
+            Some(c) => {
+                match coalesce::stage(c, route, upstream, parts, body, &path, key, trace).await {
+                    Coalesced::Answered(answer) => return answer,
+                    Coalesced::Alone(parts, body, trace) => (parts, body, trace),
+                }
+            }
+        };
+
+        // Balance → breaker: the upstream's policy (consistent hash: `key`) over healthy instances whose breaker admits; none → 503 without a network call.
+        let pick = balancer::pick(upstream, key, None).ok_or(ProxyError::NoInstance)?;
 
         // Proxy: stream to the instance within the route timeout; retry once elsewhere if it was never reached.
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
@@ -193,12 +224,7 @@ impl Pipeline {
             &path,
             RequestBody::new(body, self.limits.max_body_bytes),
         )?;
-        let trace = proxy::Trace {
-            span,
-            tracestate,
-            served_by: &mut seen.upstream,
-        };
-        proxy::forward(&route.upstream, pick, req, route.timeout, trace).await
+        proxy::forward(upstream, pick, req, route.timeout, trace).await
     }
 
     /// The sanitise stage. Returns the normalised path.
@@ -266,13 +292,13 @@ impl Pipeline {
     /// `HASH_ON_USER` hashes the verified subject).
     fn balance_key(
         &self,
-        route: &RouteEntry,
+        upstream: &UpstreamEntry,
         identity: Option<&Identity>,
         parts: &Parts,
         peer: SocketAddr,
     ) -> Affinity {
         balancer::affinity(
-            &route.upstream.policy,
+            &upstream.policy,
             identity.map(|id| id.subject.as_bytes()),
             &parts.headers,
             || client_ip(&parts.headers, peer.ip(), &self.trusted_proxies),

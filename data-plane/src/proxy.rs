@@ -24,7 +24,7 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::{BufMut as _, BytesMut};
-use gateway_telemetry::{ServerSpan, inject};
+use gateway_telemetry::{ClientSpans, inject};
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Method, Request, Response, Version};
@@ -164,8 +164,9 @@ fn body_error(e: &hyper::Error) -> Option<&RequestBodyError> {
 
 /// The request's trace, for the attempts' CLIENT spans.
 pub struct Trace<'s, 'a> {
-    /// The request's SERVER span (parent of every attempt).
-    pub span: &'s ServerSpan,
+    /// Parent of every attempt's CLIENT span: the request's SERVER span, or a
+    /// [`gateway_telemetry::SpanParent`] of it for calls in a task of their own.
+    pub span: &'s dyn ClientSpans,
     /// The caller's validated `tracestate`, forwarded as is.
     pub tracestate: Option<&'s HeaderValue>,
     /// Set to the id of each instance tried; the last one answered (or failed).
@@ -307,12 +308,13 @@ mod tests {
             auth: gateway_proto::v1::AuthMode::AuthNone,
             rate_limit: None,
             timeout: DEFAULT_ROUTE_TIMEOUT,
-            upstream: Arc::new(UpstreamEntry::new(
+            target: crate::config::Target::Upstream(Arc::new(UpstreamEntry::new(
                 "u",
                 vec![],
                 BreakerSettings::default(),
                 None,
-            )),
+            ))),
+            coalesce: None,
             metrics: Default::default(),
         }
     }

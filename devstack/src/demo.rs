@@ -53,7 +53,7 @@ mod tests {
         let ports = Ports::fixed(2);
         let config = demo_config(&ports, true).unwrap();
         let names: Vec<_> = config.routes.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["login", "auth", "users", "orders"]);
+        assert_eq!(names, ["login", "auth", "users", "orders", "overview"]);
 
         let login = &config.routes[0];
         assert_eq!(login.methods, ["POST"]);
@@ -71,6 +71,32 @@ mod tests {
             assert_eq!((limit.limit, limit.window_seconds), (20, 60));
         }
         assert_eq!(config.routes[3].rewrite_prefix, "/orders");
+
+        // `/api/overview/{id}`: the user (required) and the order of that id (optional).
+        let overview = &config.routes[4];
+        assert_eq!(overview.path_prefix, "/api/overview");
+        let parts: Vec<_> = overview
+            .aggregate
+            .as_ref()
+            .unwrap()
+            .parts
+            .iter()
+            .map(|p| {
+                (
+                    p.name.as_str(),
+                    p.upstream.as_str(),
+                    p.path.as_str(),
+                    p.required,
+                )
+            })
+            .collect();
+        assert_eq!(
+            parts,
+            [
+                ("user", "users", "/users/{rest}", true),
+                ("orders", "orders", "/orders/{rest}", false),
+            ]
+        );
 
         let orders = config
             .upstreams
@@ -93,6 +119,6 @@ mod tests {
         let config = demo_config(&Ports::fixed(1), false).unwrap();
         assert!(config.upstreams.iter().all(|u| u.name != "auth"));
         let names: Vec<_> = config.routes.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["users", "orders"]);
+        assert_eq!(names, ["users", "orders", "overview"]);
     }
 }

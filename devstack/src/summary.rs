@@ -88,6 +88,8 @@ Try it:
   # call the users and orders services with it
   curl -s {gw}/api/users/1 -H "Authorization: Bearer $TOKEN"
   curl -s {gw}/api/orders/7 -H "Authorization: Bearer $TOKEN"
+  # both at once: the aggregation route joins user 7 and order 7 in one JSON object
+  curl -s {gw}/api/overview/7 -H "Authorization: Bearer $TOKEN"
 
   # inspect and change the configuration (the admin token of this stack)
   ADMIN_TOKEN={admin_token}
@@ -171,6 +173,9 @@ mod tests {
         assert!(text.contains("curl -s -X POST http://127.0.0.1:8080/auth/login"));
         assert!(text.contains(
             "curl -s http://127.0.0.1:8080/api/users/1 -H \"Authorization: Bearer $TOKEN\""
+        ));
+        assert!(text.contains(
+            "curl -s http://127.0.0.1:8080/api/overview/7 -H \"Authorization: Bearer $TOKEN\""
         ));
         assert!(text.contains("ADMIN_TOKEN=0123abcd\n"));
         assert!(text.contains(

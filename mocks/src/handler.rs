@@ -16,21 +16,40 @@ use crate::body::MockBody;
 use crate::config::MockConfig;
 use crate::hooks::Hooks;
 use crate::records;
+use crate::stats::RequestStats;
 
 /// Response header naming the instance that answered.
 pub const INSTANCE_HEADER: &str = "x-instance-id";
 
 /// Answers `req`. Never fails: every problem becomes an HTTP answer.
 ///
-/// Every request but `/health` gets a SERVER span that continues the
-/// incoming `traceparent` (health checks would only add noise to traces);
-/// the response names it in `traceresponse`.
-pub async fn handle<B>(config: &MockConfig, tracer: &Tracer, req: Request<B>) -> Response<MockBody>
+/// Every request but `/health` and `/stats` is counted in `stats` and gets a
+/// SERVER span that continues the incoming `traceparent` (health checks would
+/// only add noise to traces); the response names it in `traceresponse`.
+pub async fn handle<B>(
+    config: &MockConfig,
+    tracer: &Tracer,
+    stats: &RequestStats,
+    req: Request<B>,
+) -> Response<MockBody>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
     let path = req.uri().path();
+    if path == "/stats" {
+        let mut response = match *req.method() {
+            Method::GET => json_response(StatusCode::OK, &json!({"requests": stats.requests()})),
+            _ => method_not_allowed("GET"),
+        };
+        if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
+            response.headers_mut().insert(INSTANCE_HEADER, id);
+        }
+        return response;
+    }
+    if path != "/health" {
+        stats.count();
+    }
     let mut span = (path != "/health").then(|| {
         let mut span = tracer.http_server_span(req.headers(), req.method(), path);
         if let Some(route) = route_template(config.service.name(), path) {
@@ -258,7 +277,7 @@ mod tests {
         config: &MockConfig,
         req: Request<Full<Bytes>>,
     ) -> (StatusCode, HeaderMap, Bytes) {
-        let response = handle(config, &Tracer::disabled(), req).await;
+        let response = handle(config, &Tracer::disabled(), &RequestStats::default(), req).await;
         let (parts, body) = response.into_parts();
         (
             parts.status,
@@ -383,6 +402,28 @@ mod tests {
         assert_eq!(doc["status"], "draining");
         let (status, _, _) = call(&config, get("/users/1")).await;
         assert_eq!(status, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn stats_count_every_request_but_health_and_stats() {
+        let config = users();
+        let stats = RequestStats::default();
+        let tracer = Tracer::disabled();
+        for uri in [
+            "/users/1",
+            "/users/2?status=500",
+            "/nowhere",
+            "/health",
+            "/stats",
+        ] {
+            let _ = handle(&config, &tracer, &stats, get(uri)).await;
+        }
+        let response = handle(&config, &tracer, &stats, get("/stats")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[INSTANCE_HEADER], "users-1");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc, json!({"requests": 3}));
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@ use gateway_telemetry::Tracer;
 
 use crate::config::MockConfig;
 use crate::handler;
+use crate::stats::RequestStats;
 
 /// How long in-flight requests may take to finish after shutdown starts.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -26,7 +27,7 @@ pub async fn serve(
     tracer: Tracer,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let state = Arc::new((config, tracer));
+    let state = Arc::new((config, tracer, RequestStats::default()));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A timer makes hyper enforce its header read timeout (slowloris).
     builder.http1().timer(TokioTimer::new());
@@ -52,8 +53,8 @@ pub async fn serve(
         let service = service_fn(move |req| {
             let state = Arc::clone(&state);
             async move {
-                let (config, tracer) = &*state;
-                Ok::<_, std::convert::Infallible>(handler::handle(config, tracer, req).await)
+                let (config, tracer, stats) = &*state;
+                Ok::<_, std::convert::Infallible>(handler::handle(config, tracer, stats, req).await)
             }
         });
         let conn = builder

@@ -6,8 +6,8 @@
 //! `route "orders": path_prefix must start with "/"`.
 
 use crate::v1::{
-    AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy, RateLimit,
-    RateLimitAlgorithm, RateLimitKey, Route, Upstream,
+    Aggregate, AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy,
+    RateLimit, RateLimitAlgorithm, RateLimitKey, Route, Upstream,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -39,6 +39,20 @@ const HOP_BY_HOP: &[&str] = &[
     "transfer-encoding",
     "upgrade",
 ];
+/// Most parts an aggregation route may fan out to.
+pub const MAX_AGGREGATE_PARTS: usize = 16;
+/// The one placeholder an aggregate part's path may use.
+pub const REST_PLACEHOLDER: &str = "{rest}";
+
+/// The methods a route effectively answers, for the matcher-collision check:
+/// an aggregate route with no methods listed serves GET only.
+fn effective_methods(r: &Route) -> std::borrow::Cow<'_, [String]> {
+    if r.aggregate.is_some() && r.methods.is_empty() {
+        std::borrow::Cow::Owned(vec!["GET".to_owned()])
+    } else {
+        std::borrow::Cow::Borrowed(&r.methods)
+    }
+}
 
 /// Every problem found in a configuration. Never empty.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,6 +93,14 @@ pub fn validate_config(routes: &[Route], upstreams: &[Upstream]) -> Result<(), V
                 r.name, r.upstream
             ));
         }
+        for (i, part) in r.aggregate.iter().flat_map(|a| a.parts.iter().enumerate()) {
+            if !part.upstream.is_empty() && !upstream_names.contains(part.upstream.as_str()) {
+                v.push(format!(
+                    "route \"{}\": aggregate.parts[{i}] \"{}\": upstream \"{}\" does not exist",
+                    r.name, part.name, part.upstream
+                ));
+            }
+        }
         if let Some(rl) = &r.rate_limit {
             match policies.get(rl.policy.as_str()) {
                 Some((first, other)) if !same_budget(rl, other) => v.push(format!(
@@ -95,7 +117,7 @@ pub fn validate_config(routes: &[Route], upstreams: &[Upstream]) -> Result<(), V
         hosts.sort_unstable();
         let same = matchers.entry((hosts, r.path_prefix.as_str())).or_default();
         for other in same.iter() {
-            if methods_overlap(&r.methods, &other.methods) {
+            if methods_overlap(&effective_methods(r), &effective_methods(other)) {
                 v.push(format!(
                     "route \"{}\": same hosts, path_prefix and methods as route \"{}\"",
                     r.name, other.name
@@ -184,6 +206,68 @@ pub fn check_path_prefix(p: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Checks an aggregate part's path template: "/" first; a path of URI path
+/// characters (percent-escapes allowed) with no "." or ".." segment and at most
+/// one `{rest}`, optionally followed by "?" and a fixed query without
+/// placeholders; no fragment, spaces or control characters.
+pub fn check_part_path(p: &str) -> Result<(), &'static str> {
+    if !p.starts_with('/') {
+        return Err("must start with \"/\"");
+    }
+    let (path, query) = match p.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (p, None),
+    };
+    let allowed = |c: u8| c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&c);
+    if let Some(q) = query {
+        if q.contains(['{', '}']) {
+            return Err("must not use a placeholder in the query (only the path may use {rest})");
+        }
+        if !q.bytes().all(|c| allowed(c) || c == b'?') || !valid_escapes(q) {
+            return Err(
+                "query must contain only URI query characters (no spaces, '#' or control characters)",
+            );
+        }
+    }
+    let rests = path.matches(REST_PLACEHOLDER).count();
+    if rests > 1 {
+        return Err("may use {rest} at most once");
+    }
+    let bare = path.replacen(REST_PLACEHOLDER, "", 1);
+    if bare.contains(['{', '}']) {
+        return Err("may use no placeholder but {rest}");
+    }
+    if !bare.bytes().all(allowed) {
+        return Err(
+            "must contain only URI path characters (no spaces, '#', '\\' or control characters)",
+        );
+    }
+    if !valid_escapes(&bare) {
+        return Err("has a malformed percent-escape");
+    }
+    if path[1..].split('/').any(|s| s == "." || s == "..") {
+        return Err("must not contain \".\" or \"..\" segments");
+    }
+    Ok(())
+}
+
+/// Every '%' starts a two-hex-digit escape.
+fn valid_escapes(s: &str) -> bool {
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            match (b.get(i + 1), b.get(i + 2)) {
+                (Some(h), Some(l)) if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => i += 3,
+                _ => return false,
+            }
+        } else {
+            i += 1;
+        }
+    }
+    true
+}
+
 /// Parses `http://host:port` into (host, port). Host is a DNS name, an IPv4
 /// address or a bracketed IPv6 address; nothing may follow the port.
 pub fn parse_instance_url(url: &str) -> Result<(&str, u16), &'static str> {
@@ -262,8 +346,12 @@ impl Validator {
                 self.push(format!("{who}: methods: \"{m}\" is listed twice"));
             }
         }
-        if r.upstream.is_empty() {
-            self.push(format!("{who}: upstream is required"));
+        match &r.aggregate {
+            None if r.upstream.is_empty() => {
+                self.push(format!("{who}: upstream is required"));
+            }
+            None => {}
+            Some(agg) => self.aggregate(&who, r, agg),
         }
         if !r.rewrite_prefix.is_empty()
             && let Err(why) = check_path_prefix(&r.rewrite_prefix)
@@ -281,6 +369,59 @@ impl Validator {
         }
         if let Some(rl) = &r.rate_limit {
             self.rate_limit(&who, rl, auth.ok());
+        }
+    }
+
+    /// The route-level rules of an aggregation route and its parts (that each
+    /// part's upstream exists is checked with the whole configuration).
+    fn aggregate(&mut self, who: &str, r: &Route, agg: &Aggregate) {
+        if !r.upstream.is_empty() {
+            self.push(format!(
+                "{who}: upstream must be empty on an aggregate route (each part names its own upstream)"
+            ));
+        }
+        if !r.rewrite_prefix.is_empty() {
+            self.push(format!(
+                "{who}: rewrite_prefix must be empty on an aggregate route (each part has its own path)"
+            ));
+        }
+        if r.methods.iter().any(|m| m != "GET") {
+            self.push(format!(
+                "{who}: methods: an aggregate route serves GET only (leave methods empty or [\"GET\"])"
+            ));
+        }
+        if r.coalesce {
+            self.push(format!(
+                "{who}: coalesce is not supported on an aggregate route"
+            ));
+        }
+        if agg.parts.is_empty() || agg.parts.len() > MAX_AGGREGATE_PARTS {
+            self.push(format!(
+                "{who}: aggregate.parts must list 1 to {MAX_AGGREGATE_PARTS} parts (got {})",
+                agg.parts.len()
+            ));
+        }
+        let mut names = HashSet::new();
+        for (i, part) in agg.parts.iter().enumerate() {
+            let at = format!("{who}: aggregate.parts[{i}] \"{}\"", part.name);
+            if !is_valid_name(&part.name) {
+                self.push(format!(
+                    "{at}: name must match [a-z0-9][a-z0-9-]* and be at most {MAX_NAME_LEN} characters"
+                ));
+            } else if !names.insert(part.name.as_str()) {
+                self.push(format!("{at}: duplicate part name"));
+            }
+            if part.upstream.is_empty() {
+                self.push(format!("{at}: upstream is required"));
+            }
+            if let Err(why) = check_part_path(&part.path) {
+                self.push(format!("{at}: path {why}"));
+            }
+            if part.timeout_ms > MAX_TIMEOUT_MS {
+                self.push(format!(
+                    "{at}: timeout_ms must be at most {MAX_TIMEOUT_MS} (0: the route's timeout)"
+                ));
+            }
         }
     }
 
@@ -476,3 +617,6 @@ impl Validator {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod composition_tests;

@@ -36,7 +36,9 @@ pub mod tracestate;
 
 pub use error::TelemetryError;
 pub use logging::{AccessLog, LogFormat, LogGuard, access_log, init_logging};
-pub use otel::{ClientSpan, ExportStats, ServerSpan, Tracer, TracerOptions, attr};
+pub use otel::{
+    ClientSpan, ClientSpans, ExportStats, ServerSpan, SpanParent, Tracer, TracerOptions, attr,
+};
 pub use propagation::{Incoming, extract, inject, set_traceresponse};
 pub use sampler::Sampler;
 pub use traceparent::{SpanIdHex, TraceContext, TraceIdHex, TraceparentError};

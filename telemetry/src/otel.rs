@@ -769,16 +769,90 @@ impl ServerSpan {
     /// Starts a CLIENT span for one upstream attempt; put its
     /// [`context`](ClientSpan::context) in the outgoing `traceparent`.
     pub fn client_span(&self, method: &http::Method) -> ClientSpan {
-        let ctx = self.0.ctx.child();
-        let rec = self.0.rec.as_ref().map(|server| {
-            Box::new(http_recording(
-                server.tracer.clone(),
-                SpanKind::Client,
-                Some((self.0.ctx.span_id, false)),
-                method,
-            ))
-        });
-        ClientSpan(SpanCore { ctx, rec })
+        client_span_under(
+            self.0.ctx,
+            self.0.rec.as_ref().map(|server| &server.tracer),
+            method,
+        )
+    }
+
+    /// A handle that starts CLIENT spans under this span from elsewhere: a
+    /// task of its own that may outlive this request (request coalescing).
+    pub fn parent(&self) -> SpanParent {
+        SpanParent {
+            ctx: self.0.ctx,
+            tracer: self.0.rec.as_ref().map(|server| server.tracer.clone()),
+        }
+    }
+}
+
+fn client_span_under(
+    parent: TraceContext,
+    recording: Option<&Arc<Inner>>,
+    method: &http::Method,
+) -> ClientSpan {
+    let ctx = parent.child();
+    let rec = recording.map(|tracer| {
+        Box::new(http_recording(
+            tracer.clone(),
+            SpanKind::Client,
+            Some((parent.span_id, false)),
+            method,
+        ))
+    });
+    ClientSpan(SpanCore { ctx, rec })
+}
+
+/// Starts CLIENT spans under a [`ServerSpan`] without borrowing it
+/// ([`ServerSpan::parent`]). Cheap to clone: one `Arc`, only when recording.
+#[derive(Clone)]
+pub struct SpanParent {
+    ctx: TraceContext,
+    tracer: Option<Arc<Inner>>,
+}
+
+impl SpanParent {
+    /// The parent span's context.
+    pub fn context(&self) -> TraceContext {
+        self.ctx
+    }
+}
+
+impl fmt::Debug for SpanParent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpanParent")
+            .field("context", &self.ctx)
+            .field("recording", &self.tracer.is_some())
+            .finish()
+    }
+}
+
+/// What an upstream attempt's CLIENT span is started from: the request's
+/// [`ServerSpan`], or a [`SpanParent`] taken from it.
+pub trait ClientSpans: Sync {
+    /// Starts a CLIENT span for one upstream attempt.
+    fn client_span(&self, method: &http::Method) -> ClientSpan;
+    /// An owned handle starting the same CLIENT spans, for another task.
+    fn parent(&self) -> SpanParent;
+}
+
+impl ClientSpans for ServerSpan {
+    fn client_span(&self, method: &http::Method) -> ClientSpan {
+        ServerSpan::client_span(self, method)
+    }
+
+    fn parent(&self) -> SpanParent {
+        ServerSpan::parent(self)
+    }
+}
+
+impl ClientSpans for SpanParent {
+    fn client_span(&self, method: &http::Method) -> ClientSpan {
+        client_span_under(self.ctx, self.tracer.as_ref(), method)
+    }
+
+    fn parent(&self) -> SpanParent {
+        self.clone()
     }
 }
 

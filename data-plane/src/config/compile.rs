@@ -12,19 +12,21 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_proto::v1::{AuthMode, ConfigSnapshot, Upstream};
+use gateway_proto::v1::{AuthMode, ConfigSnapshot, Route, Upstream};
 use gateway_proto::validate::parse_instance_url;
 use gateway_proto::{ValidationError, validate_config};
 use http::Method;
 
 use super::{
-    Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, UpstreamEntry,
+    Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, Target, UpstreamEntry,
 };
+use crate::aggregate::{Aggregate, Part};
 use crate::balancer::Policy;
 use crate::breaker::BreakerSettings;
-use crate::dns::{Members, Target};
+use crate::coalesce::{CoalesceLimits, Coalescer};
+use crate::dns::{self, Members};
 use crate::health::HealthSettings;
-use crate::metrics::RouteMetrics;
+use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::pool::PoolSettings;
 use crate::router::{Router, RouterError};
 
@@ -106,6 +108,20 @@ pub fn compile_with_members(
         .iter()
         .map(|r| (&*r.name, &r.metrics))
         .collect();
+    let old_part_metrics: HashMap<(&str, &str), &Arc<PartMetrics>> = previous
+        .router
+        .routes()
+        .iter()
+        .filter_map(|r| match &r.target {
+            Target::Aggregate(a) => Some((r, a)),
+            Target::Upstream(_) => None,
+        })
+        .flat_map(|(r, a)| {
+            a.parts()
+                .iter()
+                .map(|p| ((&*r.name, p.name()), p.metrics()))
+        })
+        .collect();
 
     let mut upstreams: Vec<Arc<UpstreamEntry>> = snapshot
         .upstreams
@@ -128,24 +144,44 @@ pub fn compile_with_members(
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let upstream =
+        let timeout = match r.timeout_ms {
+            0 => DEFAULT_ROUTE_TIMEOUT,
+            ms => Duration::from_millis(ms.into()),
+        };
+        let upstream = |name: &str| {
             by_name
-                .get(r.upstream.as_str())
+                .get(name)
+                .map(|u| Arc::clone(u))
                 .ok_or_else(|| CompileError::UnknownUpstream {
                     route: r.name.clone(),
-                    upstream: r.upstream.clone(),
-                })?;
+                    upstream: name.to_owned(),
+                })
+        };
+        let target = match &r.aggregate {
+            None => Target::Upstream(upstream(&r.upstream)?),
+            Some(_) => Target::Aggregate(Arc::new(compile_aggregate(
+                r,
+                timeout,
+                upstream,
+                &old_part_metrics,
+            )?)),
+        };
+        // An aggregate route with no methods listed serves GET only (validated as such).
+        let methods = match (&target, methods.is_empty()) {
+            (Target::Aggregate(_), true) => vec![Method::GET],
+            _ => methods,
+        };
         let entry = RouteEntry {
             name: r.name.as_str().into(),
             prefix: r.path_prefix.as_str().into(),
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
             auth: AuthMode::try_from(r.auth).unwrap_or(AuthMode::AuthJwt),
             rate_limit: r.rate_limit.clone(),
-            timeout: match r.timeout_ms {
-                0 => DEFAULT_ROUTE_TIMEOUT,
-                ms => Duration::from_millis(ms.into()),
-            },
-            upstream: Arc::clone(upstream),
+            timeout,
+            target,
+            coalesce: r
+                .coalesce
+                .then(|| Arc::new(Coalescer::new(CoalesceLimits::default()))),
             metrics: old_route_metrics
                 .get(r.name.as_str())
                 .map_or_else(Default::default, |m| Arc::clone(m)),
@@ -167,6 +203,37 @@ pub fn compile_with_members(
     })
 }
 
+/// The parts of aggregate route `r`, keeping the counters of parts the
+/// previous snapshot had under the same route and part names.
+fn compile_aggregate(
+    r: &Route,
+    route_timeout: Duration,
+    upstream: impl Fn(&str) -> Result<Arc<UpstreamEntry>, CompileError>,
+    old_metrics: &HashMap<(&str, &str), &Arc<PartMetrics>>,
+) -> Result<Aggregate, CompileError> {
+    let parts = r.aggregate.iter().flat_map(|a| &a.parts);
+    let parts = parts
+        .map(|p| {
+            let timeout = match p.timeout_ms {
+                0 => route_timeout,
+                ms => Duration::from_millis(ms.into()),
+            };
+            let metrics = old_metrics
+                .get(&(r.name.as_str(), p.name.as_str()))
+                .map_or_else(Default::default, |m| Arc::clone(m));
+            Ok(Part::new(
+                &p.name,
+                upstream(&p.upstream)?,
+                &p.path,
+                p.required,
+                timeout,
+                metrics,
+            ))
+        })
+        .collect::<Result<Vec<_>, CompileError>>()?;
+    Ok(Aggregate::new(parts))
+}
+
 fn compile_upstream(
     u: &Upstream,
     old: &HashMap<&InstanceKey, &Arc<InstanceState>>,
@@ -174,7 +241,7 @@ fn compile_upstream(
     members: &Members,
 ) -> Result<UpstreamEntry, CompileError> {
     let name: Arc<str> = u.name.as_str().into();
-    let target = u.discovery.as_ref().map(Target::from_proto);
+    let target = u.discovery.as_ref().map(dns::Target::from_proto);
     // (id, url) of every instance: listed, or one per discovered address
     // (id "ADDRESS:port", url "http://ADDRESS:port").
     let listed: Vec<(Arc<str>, Arc<str>)> = match &target {
@@ -278,9 +345,13 @@ mod tests {
         assert_eq!(&*r.name, "orders");
         assert_eq!(r.timeout, DEFAULT_ROUTE_TIMEOUT);
         assert_eq!(r.rewrite.as_deref(), Some("/orders"));
-        assert_eq!(r.upstream.breaker, BreakerSettings::default());
-        assert!(r.upstream.health.is_none());
-        assert_eq!(r.upstream.instances[0].pool.authority(), "127.0.0.1:1");
+        assert!(r.coalesce.is_none());
+        let Target::Upstream(u) = &r.target else {
+            panic!("a proxied route");
+        };
+        assert_eq!(u.breaker, BreakerSettings::default());
+        assert!(u.health.is_none());
+        assert_eq!(u.instances[0].pool.authority(), "127.0.0.1:1");
     }
 
     #[test]
@@ -315,6 +386,97 @@ mod tests {
         assert!(Arc::ptr_eq(&ra.metrics, &rb.metrics), "route counters kept");
     }
 
+    fn with_overview(version: u64, orders_timeout_ms: u32) -> ConfigSnapshot {
+        use gateway_proto::v1::{Aggregate as AggregateProto, AggregatePart};
+        let mut s = snapshot(version, &[("o1", "http://127.0.0.1:1")]);
+        s.routes[0].coalesce = true;
+        s.routes.push(Route {
+            name: "overview".into(),
+            path_prefix: "/api/overview".into(),
+            timeout_ms: 700,
+            aggregate: Some(AggregateProto {
+                parts: vec![
+                    AggregatePart {
+                        name: "user".into(),
+                        upstream: "orders".into(),
+                        path: "/users/{rest}".into(),
+                        required: true,
+                        timeout_ms: 0,
+                    },
+                    AggregatePart {
+                        name: "orders".into(),
+                        upstream: "orders".into(),
+                        path: "/orders/{rest}".into(),
+                        required: false,
+                        timeout_ms: orders_timeout_ms,
+                    },
+                ],
+            }),
+            ..Default::default()
+        });
+        s
+    }
+
+    #[test]
+    fn aggregate_routes_compile_their_parts_and_answer_get_only() {
+        let c = compile(
+            &with_overview(1, 250),
+            &Compiled::default(),
+            PoolSettings::default(),
+        )
+        .unwrap();
+        assert!(
+            c.router
+                .find(None, &Method::POST, "/api/overview/7")
+                .is_none()
+        );
+        let r = c
+            .router
+            .find(None, &Method::GET, "/api/overview/7")
+            .unwrap();
+        let Target::Aggregate(agg) = &r.target else {
+            panic!("an aggregate route");
+        };
+        let parts: Vec<_> = agg
+            .parts()
+            .iter()
+            .map(|p| (p.name(), p.required(), p.timeout()))
+            .collect();
+        assert_eq!(
+            parts,
+            [
+                ("user", true, Duration::from_millis(700)),
+                ("orders", false, Duration::from_millis(250)),
+            ],
+            "in order; timeout 0 is the route's"
+        );
+        assert!(r.coalesce.is_none());
+        let orders = c.router.find(None, &Method::GET, "/api/orders/7").unwrap();
+        assert!(orders.coalesce.is_some(), "coalesce: true");
+    }
+
+    #[test]
+    fn part_counters_survive_a_new_version_while_their_names_stay() {
+        use crate::metrics::PartOutcome;
+        let v1 = compile(
+            &with_overview(1, 250),
+            &Compiled::default(),
+            PoolSettings::default(),
+        )
+        .unwrap();
+        let parts = |c: &Compiled| {
+            let r = c.router.find(None, &Method::GET, "/api/overview").unwrap();
+            match &r.target {
+                Target::Aggregate(a) => a.parts().iter().map(|p| p.metrics().clone()).collect(),
+                Target::Upstream(_) => Vec::new(),
+            }
+        };
+        parts(&v1)[1].record(PartOutcome::Timeout);
+        let v2 = compile(&with_overview(2, 300), &v1, PoolSettings::default()).unwrap();
+        assert_eq!(parts(&v2)[1].count(PartOutcome::Timeout), 1);
+        assert!(Arc::ptr_eq(&parts(&v1)[0], &parts(&v2)[0]));
+    }
+
     #[test]
     fn discovered_members_are_instances_and_keep_state_by_address() {
         use gateway_proto::v1::{DnsDiscovery, LbPolicy};
@@ -325,7 +487,7 @@ mod tests {
             refresh_ms: 0,
         });
         s.upstreams[0].lb_policy = LbPolicy::LeastRequest as i32;
-        let target = Target::from_proto(s.upstreams[0].discovery.as_ref().unwrap());
+        let target = dns::Target::from_proto(s.upstreams[0].discovery.as_ref().unwrap());
         assert_eq!(target.refresh, Duration::from_millis(5000), "the default");
         let members = |addrs: &[&str]| {
             let mut m = Members::default();

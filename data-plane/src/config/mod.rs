@@ -17,9 +17,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use gateway_proto::v1::{AuthMode, RateLimit};
 
+use crate::aggregate::Aggregate;
 use crate::balancer::Policy;
 use crate::breaker::{Breaker, BreakerSettings};
-use crate::dns::Target;
+use crate::coalesce::Coalescer;
+use crate::dns;
 use crate::health::HealthSettings;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
@@ -61,9 +63,20 @@ pub struct RouteEntry {
     /// Time allowed until the upstream's response head.
     pub timeout: Duration,
     /// Where the traffic goes.
-    pub upstream: Arc<UpstreamEntry>,
+    pub target: Target,
+    /// Shares identical concurrent GET/HEAD upstream calls (`Route.coalesce`).
+    pub coalesce: Option<Arc<Coalescer>>,
     /// Counters, carried over while the route keeps its name.
     pub metrics: Arc<RouteMetrics>,
+}
+
+/// What a route sends its traffic to.
+#[derive(Debug)]
+pub enum Target {
+    /// Proxied to one upstream.
+    Upstream(Arc<UpstreamEntry>),
+    /// Fanned out to the parts of an aggregation (`Route.aggregate`).
+    Aggregate(Arc<Aggregate>),
 }
 
 /// An upstream of one version: settings plus its instances' long-lived state.
@@ -81,7 +94,7 @@ pub struct UpstreamEntry {
     /// How requests are spread over the instances.
     pub policy: Policy,
     /// Where the instances come from when they are discovered in DNS.
-    pub discovery: Option<Target>,
+    pub discovery: Option<dns::Target>,
     /// Breaker settings (explicit or the defaults).
     pub breaker: BreakerSettings,
     /// Active health checking, if configured.
@@ -116,7 +129,7 @@ impl UpstreamEntry {
     }
 
     /// The same entry, marked as discovered through `target`.
-    pub fn with_discovery(mut self, target: Target) -> Self {
+    pub fn with_discovery(mut self, target: dns::Target) -> Self {
         self.discovery = Some(target);
         self
     }

@@ -376,6 +376,43 @@ fn tracer_and_spans_cross_threads() {
     send_sync::<Tracer>();
     send::<ServerSpan>();
     send::<ClientSpan>();
+    send_sync::<SpanParent>();
+}
+
+#[test]
+fn a_span_parent_starts_client_spans_after_its_server_span_ended() {
+    let collect = Collect::default();
+    let tracer = Tracer::with_exporter(options(Sampler::always_on()), collect.clone());
+    let server = tracer.server_span(None, &http::Method::GET, "/x");
+    let server_ctx = server.context();
+    let parent = server.parent();
+    assert_eq!(parent.context(), server_ctx);
+    server.end();
+    let client = std::thread::spawn(move || {
+        let client = ClientSpans::client_span(&parent, &http::Method::HEAD);
+        let ctx = client.context();
+        client.end();
+        ctx
+    })
+    .join()
+    .unwrap();
+    assert_eq!(client.trace_id, server_ctx.trace_id);
+    tracer.force_flush().unwrap();
+    let spans = collect.spans.lock().unwrap().clone();
+    let c = spans
+        .iter()
+        .find(|s| s.span_kind == SpanKind::Client)
+        .expect("client span exported");
+    assert_eq!(c.name, "HEAD");
+    assert_eq!(c.span_context.span_id().to_bytes(), client.span_id);
+    assert_eq!(c.parent_span_id.to_bytes(), server_ctx.span_id);
+
+    // Unsampled: ids still propagate, nothing is recorded.
+    let off = Tracer::with_exporter(options(Sampler::always_off()), Collect::default());
+    let parent = off.server_span(None, &http::Method::GET, "/x").parent();
+    let client = ClientSpans::client_span(&parent, &http::Method::GET);
+    assert!(!client.is_recording());
+    assert_eq!(client.context().trace_id, parent.context().trace_id);
 }
 
 #[test]

@@ -1,0 +1,519 @@
+//! Request coalescing (`Route.coalesce`, DESIGN §7 "Composition"): identical
+//! concurrent GET/HEAD requests share one upstream call.
+//!
+//! * **Identical** ([`Key`]): same route (one [`Coalescer`] per route), method,
+//!   normalised path, query, identity (`X-User-Id` / `X-User-Role` after
+//!   authentication, and `Authorization` / `Cookie` as forwarded) and `Accept` /
+//!   `Accept-Encoding` (so nobody gets a representation they did not ask for).
+//!   Requests with a body or `Cache-Control: no-cache` are never coalesced.
+//! * The first request of a key is the **leader**: its upstream call (balancer,
+//!   breaker, pool, CLIENT span under the leader's SERVER span, through
+//!   [`proxy::forward`]) runs in a spawned task, so a leader whose client goes
+//!   away still completes for its followers, and a follower that goes away
+//!   cancels nothing. The task reads the response body (at most
+//!   [`CoalesceLimits::max_body`], within the route timeout) and publishes
+//!   status, headers and body; every **follower** answers with a copy, keeping
+//!   its own `X-Request-Id` and `traceresponse` (added by the pipeline).
+//! * A body over the limit is not shared: the leader streams it (the bytes read
+//!   so far, then the rest), followers make their own upstream call. A body not
+//!   complete within the route timeout: the leader streams it, followers get 504.
+//!   Upstream errors (502, 503, 504) are shared like any answer.
+//! * At most [`CoalesceLimits::max_waiters`] followers per key; beyond that a
+//!   request goes upstream on its own.
+//!
+//! The flight map's lock is held only to look up, insert or remove a key.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut as _, Bytes, BytesMut};
+use gateway_telemetry::SpanParent;
+use http::header::{self, HeaderName};
+use http::request::Parts;
+use http::{HeaderMap, Method, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::balancer::{self, Affinity};
+use crate::body::{RequestBody, ResponseBody};
+use crate::config::{RouteEntry, UpstreamEntry};
+use crate::error::ProxyError;
+use crate::metrics::CoalesceAlone;
+use crate::proxy::{self, upstream_request};
+use crate::sanitize::{X_USER_ID, X_USER_ROLE};
+
+/// Default [`CoalesceLimits::max_waiters`].
+pub const MAX_WAITERS: usize = 1024;
+/// Default [`CoalesceLimits::max_body`]: 1 MiB.
+pub const MAX_SHARED_BODY: usize = 1 << 20;
+
+/// Request headers that are part of a request's identity for coalescing.
+static KEY_HEADERS: [&HeaderName; 6] = [
+    &X_USER_ID,
+    &X_USER_ROLE,
+    &header::AUTHORIZATION,
+    &header::COOKIE,
+    &header::ACCEPT,
+    &header::ACCEPT_ENCODING,
+];
+
+/// Bounds of one route's coalescing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoalesceLimits {
+    /// Followers per in-flight call; later identical requests go upstream on their own.
+    pub max_waiters: usize,
+    /// Largest response body shared, in bytes; a larger one is streamed to the leader only.
+    pub max_body: usize,
+}
+
+impl Default for CoalesceLimits {
+    fn default() -> Self {
+        Self {
+            max_waiters: MAX_WAITERS,
+            max_body: MAX_SHARED_BODY,
+        }
+    }
+}
+
+/// What makes two requests of one route identical: method, path, query and
+/// the [`KEY_HEADERS`], each length-prefixed so no two requests collide.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key(Bytes);
+
+impl Key {
+    /// The key of a bodiless request with normalised path `path`, or `None`
+    /// when it must not be coalesced (not GET/HEAD, or `Cache-Control: no-cache`).
+    pub fn of(parts: &Parts, path: &str) -> Option<Self> {
+        if !matches!(parts.method, Method::GET | Method::HEAD) || no_cache(&parts.headers) {
+            return None;
+        }
+        let query = parts.uri.query();
+        let mut k = BytesMut::with_capacity(128 + path.len() + query.map_or(0, str::len));
+        k.put_u8(u8::from(parts.method == Method::HEAD));
+        field(&mut k, path.as_bytes());
+        match query {
+            Some(q) => {
+                k.put_u8(1);
+                field(&mut k, q.as_bytes());
+            }
+            None => k.put_u8(0),
+        }
+        for name in KEY_HEADERS {
+            let values = parts.headers.get_all(name);
+            k.put_u32(values.iter().count() as u32);
+            for v in values {
+                field(&mut k, v.as_bytes());
+            }
+        }
+        Some(Self(k.freeze()))
+    }
+}
+
+fn field(k: &mut BytesMut, bytes: &[u8]) {
+    k.put_u32(bytes.len() as u32);
+    k.put_slice(bytes);
+}
+
+/// Whether a `Cache-Control` field carries the `no-cache` directive.
+fn no_cache(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            let name = d.split('=').next().unwrap_or_default().trim();
+            name.eq_ignore_ascii_case("no-cache")
+        })
+}
+
+/// A complete upstream answer, shared by every request of one flight.
+#[derive(Debug)]
+pub struct Snapshot {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Snapshot {
+    /// A copy of the answer for one caller.
+    pub fn response(&self) -> Response<ResponseBody> {
+        let mut resp = Response::new(ResponseBody::full(self.body.clone()));
+        *resp.status_mut() = self.status;
+        *resp.headers_mut() = self.headers.clone();
+        resp
+    }
+
+    /// The answer a gateway error gives (problem documents are complete bodies).
+    fn of_error(e: &ProxyError) -> Self {
+        let (head, body) = e.to_response().into_parts();
+        let body = match body {
+            ResponseBody::Full(b) => b.unwrap_or_default(),
+            _ => Bytes::new(),
+        };
+        Self {
+            status: head.status,
+            headers: head.headers,
+            body,
+        }
+    }
+}
+
+/// What a flight's followers get.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The shared answer.
+    Shared(Arc<Snapshot>),
+    /// The answer could not be shared (body over the limit): go upstream alone.
+    Alone,
+}
+
+#[derive(Debug)]
+struct Flight {
+    outcome: watch::Receiver<Option<Outcome>>,
+    waiters: usize,
+}
+
+/// The in-flight upstream calls of one `coalesce` route.
+#[derive(Debug)]
+pub struct Coalescer {
+    limits: CoalesceLimits,
+    flights: Mutex<HashMap<Key, Flight>>,
+}
+
+/// A request's role in a flight.
+#[derive(Debug)]
+pub enum Join {
+    /// First of its key: makes the upstream call and publishes the outcome.
+    Leader(Lead),
+    /// Waits for the leader's outcome.
+    Follower(watch::Receiver<Option<Outcome>>),
+    /// The flight has its maximum of followers: go upstream alone.
+    Full,
+}
+
+/// The leader's side of a flight. Publishing ([`finish`](Self::finish)) or
+/// dropping it (panic, cancellation) removes the flight, so the next request
+/// of the key starts a new one; followers of a dropped lead go upstream alone.
+#[derive(Debug)]
+pub struct Lead {
+    coalescer: Arc<Coalescer>,
+    key: Key,
+    tx: watch::Sender<Option<Outcome>>,
+}
+
+impl Lead {
+    /// Removes the flight and hands `outcome` to its followers.
+    pub fn finish(self, outcome: Outcome) {
+        self.tx.send_replace(Some(outcome));
+        // `Drop` removes the flight: a request arriving from now on starts a new one.
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        let mut flights = self.coalescer.flights.lock().expect("coalesce lock");
+        flights.remove(&self.key);
+    }
+}
+
+impl Coalescer {
+    /// An empty coalescer with these bounds.
+    pub fn new(limits: CoalesceLimits) -> Self {
+        Self {
+            limits,
+            flights: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Its bounds.
+    pub fn limits(&self) -> CoalesceLimits {
+        self.limits
+    }
+
+    /// Calls in flight now (tests and diagnostics).
+    pub fn in_flight(&self) -> usize {
+        self.flights.lock().map_or(0, |f| f.len())
+    }
+
+    /// Joins the flight of `key`, starting it if there is none.
+    pub fn join(self: &Arc<Self>, key: Key) -> Join {
+        let mut flights = self.flights.lock().expect("coalesce lock");
+        if let Some(flight) = flights.get_mut(&key) {
+            if flight.waiters >= self.limits.max_waiters {
+                return Join::Full;
+            }
+            flight.waiters += 1;
+            return Join::Follower(flight.outcome.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        flights.insert(
+            key.clone(),
+            Flight {
+                outcome: rx,
+                waiters: 0,
+            },
+        );
+        Join::Leader(Lead {
+            coalescer: Arc::clone(self),
+            key,
+            tx,
+        })
+    }
+}
+
+/// Waits for a flight's outcome; `None` if its leader ended without one.
+pub async fn wait(mut rx: watch::Receiver<Option<Outcome>>) -> Option<Outcome> {
+    rx.wait_for(Option::is_some)
+        .await
+        .ok()
+        .and_then(|o| o.clone())
+}
+
+/// What the coalescing stage did with a request.
+pub enum Coalesced<'s, 'a> {
+    /// Answered, as a leader or a follower.
+    Answered(Result<Response<ResponseBody>, ProxyError>),
+    /// Not coalesced: proxy it as usual (everything handed back).
+    Alone(Parts, Incoming, proxy::Trace<'s, 'a>),
+}
+
+/// The coalescing stage of the pipeline, for a request of `route` (whose
+/// coalescer is `coalescer` and upstream `upstream`) after authentication and
+/// rate limiting. `affinity` is the request's balancing key.
+// The request's pieces travel separately because an uncoalesced request gets them back untouched.
+#[allow(clippy::too_many_arguments)]
+pub async fn stage<'s, 'a>(
+    coalescer: &Arc<Coalescer>,
+    route: &RouteEntry,
+    upstream: &'a Arc<UpstreamEntry>,
+    parts: Parts,
+    body: Incoming,
+    path: &str,
+    affinity: Affinity,
+    trace: proxy::Trace<'s, 'a>,
+) -> Coalesced<'s, 'a> {
+    let key = if body.is_end_stream() {
+        Key::of(&parts, path)
+    } else {
+        None
+    };
+    let Some(key) = key else {
+        return Coalesced::Alone(parts, body, trace);
+    };
+    match coalescer.join(key) {
+        Join::Full => {
+            route.metrics.coalesce_alone(CoalesceAlone::WaitersFull);
+            Coalesced::Alone(parts, body, trace)
+        }
+        Join::Follower(rx) => match wait(rx).await {
+            Some(Outcome::Shared(snapshot)) => {
+                route.metrics.coalesced.fetch_add(1, Ordering::Relaxed);
+                Coalesced::Answered(Ok(snapshot.response()))
+            }
+            Some(Outcome::Alone) => {
+                route.metrics.coalesce_alone(CoalesceAlone::BodyTooLarge);
+                Coalesced::Alone(parts, body, trace)
+            }
+            None => Coalesced::Alone(parts, body, trace),
+        },
+        Join::Leader(lead) => {
+            let limits = coalescer.limits;
+            let call = CallOptions { limits, affinity };
+            Coalesced::Answered(lead_call(lead, route, upstream, parts, path, trace, call).await)
+        }
+    }
+}
+
+/// How the leader's call is made.
+struct CallOptions {
+    limits: CoalesceLimits,
+    /// The balancing key (the same for every coalesced request: the identity is part of the coalescing key).
+    affinity: Affinity,
+}
+
+/// The leader: the upstream call in a task of its own, then the leader's own answer.
+async fn lead_call<'a>(
+    lead: Lead,
+    route: &RouteEntry,
+    upstream: &'a Arc<UpstreamEntry>,
+    parts: Parts,
+    path: &str,
+    trace: proxy::Trace<'_, 'a>,
+    CallOptions { limits, affinity }: CallOptions,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let req = match upstream_request(parts, route, path, RequestBody::empty()) {
+        Ok(req) => req,
+        Err(e) => {
+            lead.finish(Outcome::Shared(Arc::new(Snapshot::of_error(&e))));
+            return Err(e);
+        }
+    };
+    let call = Call {
+        upstream: Arc::clone(upstream),
+        timeout: route.timeout,
+        span: trace.span.parent(),
+        tracestate: trace.tracestate.cloned(),
+        max_body: limits.max_body,
+        affinity,
+    };
+    let task = tokio::spawn(async move {
+        let (mine, theirs, served) = call.run(req).await;
+        lead.finish(theirs);
+        (mine, served)
+    });
+    let (result, served) = match task.await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only when the runtime shuts down.
+        Err(_) => return Err(ProxyError::NotReady),
+    };
+    *trace.served_by = served
+        .and_then(|i| upstream.instances.get(i))
+        .map(|i| &*i.id);
+    result
+}
+
+/// An upstream call owned by a spawned task.
+struct Call {
+    upstream: Arc<UpstreamEntry>,
+    timeout: Duration,
+    span: SpanParent,
+    tracestate: Option<http::HeaderValue>,
+    max_body: usize,
+    /// The balancing key of the request (identical for every coalesced request:
+    /// the identity is part of the coalescing key).
+    affinity: Affinity,
+}
+
+impl Call {
+    /// Balances, forwards and reads the body. Returns the leader's answer, the
+    /// followers' outcome, and the index of the instance that answered.
+    async fn run(
+        self,
+        req: http::Request<RequestBody>,
+    ) -> (
+        Result<Response<ResponseBody>, ProxyError>,
+        Outcome,
+        Option<usize>,
+    ) {
+        let deadline = Instant::now() + self.timeout;
+        let mut served_by = None;
+        let result = match balancer::pick(&self.upstream, self.affinity, None) {
+            None => Err(ProxyError::NoInstance),
+            Some(pick) => {
+                let trace = proxy::Trace {
+                    span: &self.span,
+                    tracestate: self.tracestate.as_ref(),
+                    served_by: &mut served_by,
+                };
+                proxy::forward(&self.upstream, pick, req, self.timeout, trace).await
+            }
+        };
+        let served =
+            served_by.and_then(|id| self.upstream.instances.iter().position(|i| *i.id == *id));
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(e) => {
+                let theirs = Outcome::Shared(Arc::new(Snapshot::of_error(&e)));
+                return (Err(e), theirs, served);
+            }
+        };
+        let (head, body) = resp.into_parts();
+        if body.size_hint().lower() > self.max_body as u64 {
+            let mine = Response::from_parts(head, body);
+            return (Ok(mine), Outcome::Alone, served);
+        }
+        let (mine, theirs) = match read(body, self.max_body, deadline).await {
+            Read::Complete(bytes) => {
+                let snapshot = Arc::new(Snapshot {
+                    status: head.status,
+                    headers: head.headers,
+                    body: bytes,
+                });
+                (Ok(snapshot.response()), Outcome::Shared(snapshot))
+            }
+            Read::Stopped {
+                read,
+                rest,
+                timed_out,
+            } => {
+                let read = (!read.is_empty()).then_some(read);
+                let mine = Response::from_parts(head, ResponseBody::Resumed(read, Box::new(rest)));
+                let theirs = if timed_out {
+                    let e = ProxyError::Timeout(self.timeout);
+                    Outcome::Shared(Arc::new(Snapshot::of_error(&e)))
+                } else {
+                    Outcome::Alone
+                };
+                (Ok(mine), theirs)
+            }
+            Read::Failed(e) => {
+                let e = ProxyError::Upstream(e);
+                let theirs = Outcome::Shared(Arc::new(Snapshot::of_error(&e)));
+                (Err(e), theirs)
+            }
+        };
+        (mine, theirs, served)
+    }
+}
+
+/// How reading a body to share it ended.
+#[derive(Debug)]
+pub enum Read<B, E> {
+    /// The whole body (trailers are not kept).
+    Complete(Bytes),
+    /// Past the size limit or the deadline: what was read, and the rest.
+    Stopped {
+        /// The bytes read so far.
+        read: Bytes,
+        /// The unread rest.
+        rest: B,
+        /// True when the deadline stopped it, false for the size limit.
+        timed_out: bool,
+    },
+    /// The body failed.
+    Failed(E),
+}
+
+/// Reads `body` whole if it is at most `max` bytes and ends before `deadline`.
+pub async fn read<B>(mut body: B, max: usize, deadline: Instant) -> Read<B, B::Error>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let hint = usize::try_from(body.size_hint().lower()).unwrap_or(max);
+    let mut buf = BytesMut::with_capacity(hint.min(max));
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_elapsed) => {
+                return Read::Stopped {
+                    read: buf.freeze(),
+                    rest: body,
+                    timed_out: true,
+                };
+            }
+            Ok(None) => return Read::Complete(buf.freeze()),
+            Ok(Some(Err(e))) => return Read::Failed(e),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.put_slice(&data);
+                    if buf.len() > max {
+                        return Read::Stopped {
+                            read: buf.freeze(),
+                            rest: body,
+                            timed_out: false,
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,224 @@
+//! Request coalescing (issue 11, `Route.coalesce`) against real processes:
+//! identical concurrent GETs share one upstream call, counted at the mock
+//! (`GET /stats`).
+//!
+//! Needs every binary built in the same target directory
+//! (`cargo build --workspace --bins`) and `redis-server` on PATH.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use devstack::Stack;
+use futures::future::join_all;
+use gateway_proto::v1::{AuthMode, Route};
+use gateway_tests::{client, login, open_route, poll, upsert_route_synced};
+use serde_json::Value;
+
+/// Deadline for anything that should happen "soon".
+const SOON: Duration = Duration::from_secs(30);
+/// How long the mock holds each request: long enough for every concurrent
+/// request of a test to reach the gateway while the first is in flight.
+const DELAY_MS: u32 = 3000;
+
+async fn start(auth: bool) -> Stack {
+    Stack::new()
+        .data_planes(1)
+        .auth(auth)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("stack did not start: {e}"))
+}
+
+/// `/slow/users` → users (`/users`), without auth, coalescing.
+fn coalescing_route() -> Route {
+    Route {
+        coalesce: true,
+        timeout_ms: 10_000,
+        ..open_route("slow-users", "/slow/users", "users", "/users")
+    }
+}
+
+/// Requests the users mock has received so far.
+async fn users_requests(stack: &Stack) -> Result<u64> {
+    let stats: Value = client()
+        .get(format!("http://127.0.0.1:{}/stats", stack.ports().users_1))
+        .send()
+        .await?
+        .json()
+        .await?;
+    stats["requests"].as_u64().context("no request count")
+}
+
+async fn coalesced_total(stack: &Stack, route: &str) -> Result<f64> {
+    let text = client()
+        .get(format!("{}/metrics", stack.gateway_admins()[0]))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let series = format!("gateway_coalesced_requests_total{{route=\"{route}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+        .with_context(|| format!("no {series} in /metrics"))
+}
+
+/// Status, `X-Request-Id` and body of `n` concurrent GETs of `url`, each
+/// with `headers`.
+async fn concurrent_gets(
+    url: &str,
+    n: usize,
+    headers: &[(&str, &str)],
+) -> Result<Vec<(u16, String, String)>> {
+    let http = client();
+    let requests = (0..n).map(|_| {
+        let mut r = http.get(url);
+        for (name, value) in headers {
+            r = r.header(*name, *value);
+        }
+        async move {
+            let response = r.send().await?;
+            let status = response.status().as_u16();
+            let id = response
+                .headers()
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            Ok::<_, anyhow::Error>((status, id, response.text().await?))
+        }
+    });
+    join_all(requests).await.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_identical_concurrent_gets_make_one_upstream_call() -> Result<()> {
+    let stack = start(false).await;
+    upsert_route_synced(&stack, coalescing_route()).await?;
+    let url = format!("{}/slow/users/1?delay_ms={DELAY_MS}", stack.gateways()[0]);
+    let before = users_requests(&stack).await?;
+
+    let answers = concurrent_gets(&url, 50, &[]).await?;
+
+    ensure!(
+        users_requests(&stack).await? - before == 1,
+        "the mock must see one request for 50 identical ones"
+    );
+    let (_, _, first_body) = &answers[0];
+    let doc: Value = serde_json::from_str(first_body)?;
+    ensure!(doc["name"] == "Alice", "{doc}");
+    let mut ids = HashSet::new();
+    for (status, id, body) in &answers {
+        ensure!(*status == 200, "status {status}");
+        ensure!(body == first_body, "every caller gets the same body");
+        ensure!(ids.insert(id.clone()), "X-Request-Id {id:?} given twice");
+    }
+    ensure!(coalesced_total(&stack, "slow-users").await? == 49.0);
+    stack.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_with_cache_control_no_cache_are_not_coalesced() -> Result<()> {
+    let stack = start(false).await;
+    upsert_route_synced(&stack, coalescing_route()).await?;
+    let url = format!("{}/slow/users/1?delay_ms=1000", stack.gateways()[0]);
+    let before = users_requests(&stack).await?;
+
+    let answers = concurrent_gets(&url, 5, &[("cache-control", "no-cache")]).await?;
+
+    ensure!(answers.iter().all(|(s, _, _)| *s == 200));
+    ensure!(
+        users_requests(&stack).await? - before == 5,
+        "no-cache requests each go upstream"
+    );
+    ensure!(coalesced_total(&stack, "slow-users").await? == 0.0);
+    stack.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn different_users_are_not_coalesced() -> Result<()> {
+    let stack = start(true).await;
+    upsert_route_synced(
+        &stack,
+        Route {
+            auth: AuthMode::AuthJwt as i32,
+            ..coalescing_route()
+        },
+    )
+    .await?;
+    let alice = login(&stack.auth_url(), "alice", "wonderland").await?;
+    let bob = login(&stack.auth_url(), "bob", "builder").await?;
+    let url = format!("{}/slow/users/1?delay_ms={DELAY_MS}", stack.gateways()[0]);
+    let before = users_requests(&stack).await?;
+
+    let (alice, bob) = (format!("Bearer {alice}"), format!("Bearer {bob}"));
+    let (alice, bob) = (
+        [("authorization", alice.as_str())],
+        [("authorization", bob.as_str())],
+    );
+    let (alices, bobs) = tokio::join!(
+        concurrent_gets(&url, 5, &alice),
+        concurrent_gets(&url, 5, &bob),
+    );
+
+    ensure!(
+        users_requests(&stack).await? - before == 2,
+        "one upstream call per user"
+    );
+    for (who, answers) in [("alice", alices?), ("bob", bobs?)] {
+        for (status, _, body) in answers {
+            ensure!(status == 200, "{who}: status {status}");
+            let doc: Value = serde_json::from_str(&body)?;
+            ensure!(
+                doc["headers"]["x-user-id"] == who,
+                "{who} got someone else's answer: {doc}"
+            );
+        }
+    }
+    ensure!(coalesced_total(&stack, "slow-users").await? == 8.0);
+    stack.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_whose_client_left_still_answers_its_followers() -> Result<()> {
+    let stack = start(false).await;
+    upsert_route_synced(&stack, coalescing_route()).await?;
+    let url = format!("{}/slow/users/1?delay_ms={DELAY_MS}", stack.gateways()[0]);
+    let before = users_requests(&stack).await?;
+
+    // The leader gives up long before the mock answers.
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(300))
+        .build()?;
+    let leader = tokio::spawn(impatient.get(&url).send());
+    poll(SOON, "the leader's call to reach the mock", || async {
+        match users_requests(&stack).await {
+            Ok(n) if n > before => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    let left = leader.await?;
+    ensure!(
+        left.as_ref().is_err_and(reqwest::Error::is_timeout),
+        "the leader's client must have given up: {left:?}"
+    );
+
+    // Followers join the call still in flight and get its answer.
+    let answers = concurrent_gets(&url, 5, &[]).await?;
+    for (status, _, body) in &answers {
+        ensure!(*status == 200, "status {status}");
+        let doc: Value = serde_json::from_str(body)?;
+        ensure!(doc["name"] == "Alice", "{doc}");
+    }
+    ensure!(
+        users_requests(&stack).await? - before == 1,
+        "the followers shared the abandoned leader's call"
+    );
+    stack.shutdown().await;
+    Ok(())
+}
