@@ -220,7 +220,10 @@ impl DataPlane {
             http,
             move |req, peer| {
                 let pipeline = pipeline.clone();
-                async move { pipeline.handle(req, peer).await }
+                // Boxed: hyper keeps one slot the size of this future per connection for the
+                // connection's whole life; a pointer there instead of the whole request state
+                // keeps idle keep-alive connections small (the state is freed after each request).
+                Box::pin(async move { pipeline.handle(req, peer).await })
             },
             &stopped,
         )

@@ -29,7 +29,9 @@ use crate::stats::{Stats, StatsSnapshot};
 #[derive(Debug, Clone)]
 pub struct RateLimiterOptions {
     /// Longest a request waits for Redis before deciding locally. Default 5 ms:
-    /// a loopback or same-zone round trip takes well under 1 ms.
+    /// a loopback or same-zone round trip takes well under 1 ms. A request
+    /// merged with others of its key ([`crate::merge`]) may wait for the run in
+    /// flight and then its own: at most twice this.
     pub decision_timeout: Duration,
     /// Consecutive Redis failures or timeouts that open the breaker. Default 3.
     pub breaker_failure_threshold: u32,
@@ -188,19 +190,20 @@ impl RateLimiter {
         let lead = match shared.merger.join(&key) {
             Role::Lead(lead) => lead,
             Role::Alone => shared.merger.lead_alone(key),
-            Role::Queued(turn) => match timeout(inner.options.decision_timeout, turn).await {
-                Ok(Ok(Turn::Decided(outcome))) => {
+            // Queued behind the run in flight, then decided by the next one: up to two runs.
+            Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
+                Some(Turn::Decided(outcome)) => {
                     inner.stats.merged();
                     inner.stats.decision(Source::Shared, outcome.allowed);
                     return Decision::from_outcome(policy, outcome, Source::Shared);
                 }
-                Ok(Ok(Turn::Lead(followers))) => shared.merger.lead(key, followers),
+                Some(Turn::Lead(followers)) => shared.merger.lead(key, followers),
                 // The run this request waited for failed (and was counted by its leader).
-                Ok(Ok(Turn::Failed) | Err(_)) => {
+                Some(Turn::Failed) => {
                     inner.stats.fallback();
                     return inner.local(policy, subject);
                 }
-                Err(_elapsed) => {
+                None => {
                     inner.stats.redis_timeout();
                     inner.stats.fallback();
                     return inner.local(policy, subject);

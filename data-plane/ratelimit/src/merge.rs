@@ -10,8 +10,9 @@
 //! the verdicts. A key has at most one run in flight; a queued request waits
 //! for at most one run before its own; different keys never wait on each other.
 //!
-//! Every request keeps its own deadline: one that is not answered in time
-//! decides locally (as on any Redis timeout), and a run that fails makes every
+//! Every request keeps its own deadline (a queued one: two decision
+//! deadlines, one for the run it waits behind and one for its own): one that
+//! is not answered in time decides locally (as on any Redis timeout), and a run that fails makes every
 //! request of its batch decide locally. A leader that is cancelled mid-run
 //! (its client went away) still hands the key on, through [`Lead`]'s `Drop`.
 
@@ -80,9 +81,50 @@ pub(crate) enum Role<'m> {
     /// Run the script for this request alone and then hand the key on.
     Lead(Lead<'m>),
     /// Wait for a verdict, or for the lead.
-    Queued(oneshot::Receiver<Turn>),
+    Queued(Queued<'m>),
     /// The queue is full: ask Redis on its own, outside the merging.
     Alone,
+}
+
+/// A request waiting in a key's queue.
+///
+/// If it stops waiting (deadline, or its client went away) just as it is
+/// handed the lead, dropping it passes the lead on — otherwise the key would
+/// stay taken with no one to run it.
+#[derive(Debug)]
+pub(crate) struct Queued<'m> {
+    merger: &'m Merger,
+    key: Vec<u8>,
+    rx: Option<oneshot::Receiver<Turn>>,
+}
+
+impl Queued<'_> {
+    /// Waits at most `deadline` for the verdict or the lead. `None`: no answer in
+    /// time (or the run was abandoned): decide locally.
+    pub(crate) async fn wait(mut self, deadline: std::time::Duration) -> Option<Turn> {
+        let rx = self.rx.as_mut()?;
+        match tokio::time::timeout(deadline, rx).await {
+            Ok(Ok(turn)) => {
+                self.rx = None;
+                Some(turn)
+            }
+            Ok(Err(_)) | Err(_) => None,
+        }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        rx.close();
+        if let Ok(Turn::Lead(followers)) = rx.try_recv() {
+            self.merger
+                .lead(std::mem::take(&mut self.key), followers)
+                .pass_on();
+        }
+    }
 }
 
 /// The keys with a run in flight, each with the requests queued behind it.
@@ -100,7 +142,11 @@ impl Merger {
             Some(queue) => {
                 let (tx, rx) = oneshot::channel();
                 queue.push(tx);
-                Role::Queued(rx)
+                Role::Queued(Queued {
+                    merger: self,
+                    key: key.to_vec(),
+                    rx: Some(rx),
+                })
             }
             None => {
                 keys.insert(key.to_vec(), Vec::new());
@@ -193,6 +239,25 @@ impl Lead<'_> {
         u32::try_from(self.followers.len() + 1).unwrap_or(u32::MAX)
     }
 
+    /// Gives the lead to the first follower still waiting (with the rest as its
+    /// followers), for a leader that will not run the script itself.
+    pub(crate) fn pass_on(mut self) {
+        let mut rest = std::mem::take(&mut self.followers);
+        while !rest.is_empty() {
+            let next = rest.remove(0);
+            match next.send(Turn::Lead(rest)) {
+                Ok(()) => {
+                    // The new leader hands the key on when its run ends.
+                    self.registered = false;
+                    return;
+                }
+                Err(Turn::Lead(back)) => rest = back,
+                Err(_) => return,
+            }
+        }
+        // No follower left: dropping `self` hands the key to the queue, or releases it.
+    }
+
     /// Tells every follower its verdict; returns the leader's own (position 0).
     pub(crate) fn decided(mut self, batch: &Batch) -> Outcome {
         for (i, follower) in self.followers.drain(..).enumerate() {
@@ -219,6 +284,8 @@ impl Drop for Lead<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const W: std::time::Duration = std::time::Duration::from_secs(5);
 
     fn batch(requests: u32, admitted: u32) -> Batch {
         Batch {
@@ -274,14 +341,14 @@ mod tests {
         };
         assert!(first.decided(&batch(1, 1)).allowed);
         // `a` leads the next run for itself, `b` and `c`.
-        let Turn::Lead(followers) = a.await.unwrap() else {
+        let Turn::Lead(followers) = a.wait(W).await.unwrap() else {
             panic!("a leads")
         };
         assert_eq!(followers.len(), 2);
         let second = m.lead(b"k".to_vec(), followers);
         assert_eq!(second.requests(), 3);
         assert!(second.decided(&batch(3, 2)).allowed);
-        match (b.await.unwrap(), c.await.unwrap()) {
+        match (b.wait(W).await.unwrap(), c.wait(W).await.unwrap()) {
             (Turn::Decided(ob), Turn::Decided(oc)) => {
                 assert!(ob.allowed);
                 assert!(!oc.allowed);
@@ -301,7 +368,7 @@ mod tests {
             panic!()
         };
         drop(first);
-        let Turn::Lead(none) = a.await.unwrap() else {
+        let Turn::Lead(none) = a.wait(W).await.unwrap() else {
             panic!()
         };
         let Role::Queued(b) = m.join(b"k") else {
@@ -314,7 +381,7 @@ mod tests {
         drop(b);
         let lead = m.lead(b"k".to_vec(), none);
         drop(lead);
-        assert!(matches!(c.await.unwrap(), Turn::Lead(f) if f.is_empty()));
+        assert!(matches!(c.wait(W).await.unwrap(), Turn::Lead(f) if f.is_empty()));
         // A run that failed with followers tells them.
         let Role::Queued(d) = m.join(b"k") else {
             panic!()
@@ -322,7 +389,7 @@ mod tests {
         let Turn::Lead(_) = ({
             let l = m.lead(b"k".to_vec(), Vec::new());
             drop(l);
-            d.await.unwrap()
+            d.wait(W).await.unwrap()
         }) else {
             panic!()
         };
@@ -330,6 +397,30 @@ mod tests {
         drop(m.lead(b"k".to_vec(), vec![tx]));
         assert!(matches!(rx.await.unwrap(), Turn::Failed));
         assert_eq!(m.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_that_stops_waiting_as_it_is_handed_the_lead_passes_it_on() {
+        let m = Merger::default();
+        let Role::Lead(first) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(a) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(b) = m.join(b"k") else {
+            panic!()
+        };
+        // The run ends and hands the lead to `a` (with `b` as follower) ...
+        assert!(first.decided(&batch(1, 1)).allowed);
+        // ... but `a` gave up at that very moment, without reading it.
+        drop(a);
+        let Turn::Lead(followers) = b.wait(W).await.unwrap() else {
+            panic!("b leads instead")
+        };
+        assert!(followers.is_empty());
+        drop(m.lead(b"k".to_vec(), followers));
+        assert_eq!(m.in_flight(), 0, "the key is not left taken");
     }
 
     #[test]
