@@ -70,6 +70,9 @@ pub enum ProxyError {
     /// No route matches host, path and method (404).
     #[error("no route matches the request")]
     NoRoute,
+    /// The client address is refused by the route's IP rules (403).
+    #[error("the client address is not allowed on this route")]
+    IpDenied,
     /// Authentication failed (401).
     #[error(transparent)]
     Unauthorized(#[from] AuthError),
@@ -108,6 +111,7 @@ impl ProxyError {
             Self::NotReady | Self::NoInstance => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::IpDenied => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Connect(_) | Self::Upstream(_) | Self::AggregatePart { .. } => {
                 StatusCode::BAD_GATEWAY
@@ -127,6 +131,7 @@ impl ProxyError {
             Self::NotReady => "not_ready",
             Self::NoRoute => "no_route",
             Self::Unauthorized(_) => "unauthorized",
+            Self::IpDenied => "ip_denied",
             Self::RateLimited(_) => "rate_limited",
             Self::NoInstance => "no_instance",
             Self::Connect(_) => "connect",
@@ -217,6 +222,12 @@ impl ProxyError {
                 "no-route",
                 "No route",
                 "No route matches the request's host, path and method."
+            ),
+            Self::IpDenied => problem!(
+                403,
+                "ip-denied",
+                "Forbidden",
+                "The client address is not allowed on this route."
             ),
             Self::Unauthorized(AuthError::Missing) => problem!(
                 401,
@@ -350,6 +361,7 @@ mod tests {
             ProxyError::BodyTooLarge { limit: 1 },
             ProxyError::NotReady,
             ProxyError::NoRoute,
+            ProxyError::IpDenied,
             ProxyError::Unauthorized(AuthError::Missing),
             ProxyError::Unauthorized(AuthError::Invalid),
             ProxyError::Unauthorized(AuthError::NotConfigured),

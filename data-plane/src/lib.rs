@@ -35,6 +35,7 @@ pub mod dns;
 pub mod error;
 pub mod health;
 pub mod hooks;
+pub mod ip_rules;
 pub mod jwt;
 pub mod metrics;
 pub mod normalize;

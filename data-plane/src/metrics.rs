@@ -17,9 +17,12 @@ use crate::breaker::BreakerState;
 use crate::config::Compiled;
 
 mod composition;
+mod policy;
 
 use composition::render_composition;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
+use policy::render_policy;
+pub use policy::{PolicyMetrics, PolicyRefusal};
 
 const METHODS: [&str; 8] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER",
@@ -97,6 +100,8 @@ pub struct RouteMetrics {
     /// Requests answered with an identical request's upstream response (`coalesce` routes).
     pub coalesced: AtomicU64,
     coalesce_alone: [AtomicU64; 2],
+    /// Requests refused by a route policy, by reason.
+    pub policy: PolicyMetrics,
 }
 
 impl RouteMetrics {
@@ -284,6 +289,7 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
     }
 
     render_composition(&mut out, cfg);
+    render_policy(&mut out, cfg);
 
     let instances = || {
         cfg.upstreams

@@ -1,5 +1,5 @@
 //! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
-//! sanitise → route → authenticate → rate-limit → [aggregate | coalesce →]
+//! sanitise → route → IP rules → authenticate → rate-limit → [aggregate | coalesce →]
 //! balance → breaker → proxy.
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
@@ -27,7 +27,7 @@ use crate::coalesce::{self, Coalesced};
 use crate::config::{Compiled, ConfigStore, RouteEntry, Target, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PolicyRefusal};
 use crate::normalize::normalize_path;
 use crate::proxy::{self, upstream_request};
 use crate::router::host_of;
@@ -171,6 +171,9 @@ impl Pipeline {
         seen.route = Some(route);
         span.set_route(&route.name);
 
+        // IP rules: right after routing (the route holds the lists), before authentication, so a refused address costs nothing.
+        self.check_ip(route, &parts, peer)?;
+
         // Authenticate: after routing (the route says whether a token is needed), before rate limiting (KEY_USER counts per subject).
         let identity = self.authenticate(route, &mut parts).await?;
 
@@ -262,6 +265,23 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+
+    /// The IP-rules stage: the real client address (trusted-proxy rule) against the route's lists.
+    fn check_ip(
+        &self,
+        route: &RouteEntry,
+        parts: &Parts,
+        peer: SocketAddr,
+    ) -> Result<(), ProxyError> {
+        let Some(rules) = &route.policies.ip_rules else {
+            return Ok(());
+        };
+        if rules.admits(client_ip(&parts.headers, peer.ip(), &self.trusted_proxies)) {
+            return Ok(());
+        }
+        route.metrics.policy.refused(PolicyRefusal::Ip);
+        Err(ProxyError::IpDenied)
     }
 
     async fn authenticate(

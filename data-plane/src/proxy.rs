@@ -315,6 +315,7 @@ mod tests {
                 None,
             ))),
             coalesce: None,
+            policies: Default::default(),
             metrics: Default::default(),
         }
     }

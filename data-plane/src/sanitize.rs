@@ -146,67 +146,7 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr) {
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
 }
 
-/// An IP network, `addr/prefix` (a bare address means a single host).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    addr: IpAddr,
-    prefix: u8,
-}
-
-/// A malformed CIDR.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not an IP network like 10.0.0.0/8 or fd00::/8")]
-pub struct CidrError(String);
-
-impl FromStr for Cidr {
-    type Err = CidrError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || CidrError(s.to_string());
-        let (addr, prefix) = match s.trim().split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (s.trim(), None),
-        };
-        let addr: IpAddr = addr.parse().map_err(|_| err())?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            None => max,
-            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(err)?,
-        };
-        Ok(Self { addr, prefix })
-    }
-}
-
-impl std::fmt::Display for Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-impl Cidr {
-    /// Whether `ip` is inside this network (IPv4-mapped IPv6 addresses count as IPv4).
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
-    }
-}
+pub use gateway_proto::cidr::{Cidr, CidrError};
 
 /// The client address: the peer, unless the peer is a trusted proxy, in which
 /// case the right-most `X-Forwarded-For` entry that is not a trusted proxy.

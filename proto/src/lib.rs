@@ -3,6 +3,7 @@
 //! control plane applies before commit and data planes apply before use.
 #![forbid(unsafe_code)]
 
+pub mod cidr;
 pub mod hash;
 pub mod validate;
 

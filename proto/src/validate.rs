@@ -5,6 +5,7 @@
 //! valid. Every problem names the resource, the field and the reason, e.g.
 //! `route "orders": path_prefix must start with "/"`.
 
+use crate::cidr::Cidr;
 use crate::v1::{
     Aggregate, AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy,
     RateLimit, RateLimitAlgorithm, RateLimitKey, Route, Upstream,
@@ -39,6 +40,8 @@ const HOP_BY_HOP: &[&str] = &[
     "transfer-encoding",
     "upgrade",
 ];
+/// Most entries in one of a route's `ip_allow` / `ip_deny` lists.
+pub const MAX_IP_RULES: usize = 1000;
 /// Most parts an aggregation route may fan out to.
 pub const MAX_AGGREGATE_PARTS: usize = 16;
 /// The one placeholder an aggregate part's path may use.
@@ -370,6 +373,34 @@ impl Validator {
         if let Some(rl) = &r.rate_limit {
             self.rate_limit(&who, rl, auth.ok());
         }
+        self.ip_rules(&who, "ip_allow", &r.ip_allow);
+        self.ip_rules(&who, "ip_deny", &r.ip_deny);
+    }
+
+    /// One of a route's client network lists: each entry a CIDR (or bare
+    /// address) without host bits, not IPv4-mapped, at most [`MAX_IP_RULES`].
+    fn ip_rules(&mut self, who: &str, field: &str, list: &[String]) {
+        if list.len() > MAX_IP_RULES {
+            self.push(format!(
+                "{who}: {field} lists {} entries, at most {MAX_IP_RULES} are allowed",
+                list.len()
+            ));
+        }
+        for entry in list {
+            match entry.parse::<Cidr>() {
+                Err(_) => self.push(format!(
+                    "{who}: {field}: \"{entry}\" is not an IP address or network like 203.0.113.0/24 or 2001:db8::/32"
+                )),
+                Ok(net) if net.has_host_bits() => self.push(format!(
+                    "{who}: {field}: \"{entry}\" has host bits set (did you mean {}?)",
+                    net.network()
+                )),
+                Ok(net) if net.is_ipv4_mapped() => self.push(format!(
+                    "{who}: {field}: \"{entry}\" is an IPv4-mapped IPv6 network; write it as IPv4 (mapped client addresses are matched as IPv4)"
+                )),
+                Ok(_) => {}
+            }
+        }
     }
 
     /// The route-level rules of an aggregation route and its parts (that each
@@ -620,3 +651,6 @@ mod tests;
 
 #[cfg(test)]
 mod composition_tests;
+
+#[cfg(test)]
+mod policy_tests;

@@ -18,7 +18,8 @@ use gateway_proto::{ValidationError, validate_config};
 use http::Method;
 
 use super::{
-    Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, Target, UpstreamEntry,
+    Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, RoutePolicies, Target,
+    UpstreamEntry,
 };
 use crate::aggregate::{Aggregate, Part};
 use crate::balancer::Policy;
@@ -26,9 +27,11 @@ use crate::breaker::BreakerSettings;
 use crate::coalesce::{CoalesceLimits, Coalescer};
 use crate::dns::{self, Members};
 use crate::health::HealthSettings;
+use crate::ip_rules::IpRules;
 use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::pool::PoolSettings;
 use crate::router::{Router, RouterError};
+use crate::sanitize::CidrError;
 
 /// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +66,16 @@ pub enum CompileError {
         url: String,
         /// Why.
         reason: &'static str,
+    },
+    /// An `ip_allow` / `ip_deny` entry that is not a network (validation
+    /// refuses it first; kept so compiling never panics).
+    #[error("route {route:?}: {source}")]
+    IpRule {
+        /// Route name.
+        route: String,
+        /// Why.
+        #[source]
+        source: CidrError,
     },
     /// The router refused a route.
     #[error("route {route:?}: {source}")]
@@ -175,6 +188,7 @@ pub fn compile_with_members(
             name: r.name.as_str().into(),
             prefix: r.path_prefix.as_str().into(),
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
+            policies: compile_policies(r)?,
             auth: AuthMode::try_from(r.auth).unwrap_or(AuthMode::AuthJwt),
             rate_limit: r.rate_limit.clone(),
             timeout,
@@ -299,6 +313,16 @@ fn compile_upstream(
         Some(t) => entry.with_discovery(t),
         None => entry,
     })
+}
+
+/// Parses a route's policies once, off the request path.
+fn compile_policies(r: &Route) -> Result<RoutePolicies, CompileError> {
+    let ip_rules =
+        IpRules::compile(&r.ip_allow, &r.ip_deny).map_err(|source| CompileError::IpRule {
+            route: r.name.clone(),
+            source,
+        })?;
+    Ok(RoutePolicies { ip_rules })
 }
 
 #[cfg(test)]

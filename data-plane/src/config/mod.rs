@@ -23,6 +23,7 @@ use crate::breaker::{Breaker, BreakerSettings};
 use crate::coalesce::Coalescer;
 use crate::dns;
 use crate::health::HealthSettings;
+use crate::ip_rules::IpRules;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
 use crate::router::Router;
@@ -56,6 +57,8 @@ pub struct RouteEntry {
     pub prefix: Box<str>,
     /// Replacement for the prefix, if any.
     pub rewrite: Option<Box<str>>,
+    /// Route policies (IP rules), checked by their pipeline stages.
+    pub policies: RoutePolicies,
     /// Authentication the route requires.
     pub auth: AuthMode,
     /// Rate limit applied after authentication.
@@ -68,6 +71,14 @@ pub struct RouteEntry {
     pub coalesce: Option<Arc<Coalescer>>,
     /// Counters, carried over while the route keeps its name.
     pub metrics: Arc<RouteMetrics>,
+}
+
+/// A route's policies (`Route` fields 10 to 29), each compiled once per
+/// snapshot. The default is no policy at all.
+#[derive(Debug, Default)]
+pub struct RoutePolicies {
+    /// Client networks admitted / refused (`None`: everyone, no lookup).
+    pub ip_rules: Option<IpRules>,
 }
 
 /// What a route sends its traffic to.

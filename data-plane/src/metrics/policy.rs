@@ -1,0 +1,65 @@
+//! Counters of the route policy stages: requests refused by a policy
+//! (`gateway_policy_refusals_total{route,reason}`), one `reason` per policy.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{esc, header};
+use crate::config::Compiled;
+
+/// Which policy refused a request (label `reason` of `gateway_policy_refusals_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyRefusal {
+    /// The client address is refused by `ip_allow` / `ip_deny` (403).
+    Ip,
+}
+
+impl PolicyRefusal {
+    const ALL: [Self; 1] = [Self::Ip];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ip => "ip",
+        }
+    }
+}
+
+/// Refusal counters of one route, one slot per [`PolicyRefusal`].
+#[derive(Debug, Default)]
+pub struct PolicyMetrics {
+    refusals: [AtomicU64; PolicyRefusal::ALL.len()],
+}
+
+impl PolicyMetrics {
+    /// Counts one refused request.
+    pub fn refused(&self, reason: PolicyRefusal) {
+        self.refusals[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals counted for one reason.
+    pub fn count(&self, reason: PolicyRefusal) -> u64 {
+        self.refusals[reason as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Appends the refusal counters of every route (zeros included, so a rate
+/// query works before the first refusal).
+pub(super) fn render_policy(out: &mut String, cfg: &Compiled) {
+    header(
+        out,
+        "gateway_policy_refusals_total",
+        "counter",
+        "Requests refused by a route policy, by route and reason (ip).",
+    );
+    for r in cfg.router.routes() {
+        for reason in PolicyRefusal::ALL {
+            let _ = writeln!(
+                out,
+                "gateway_policy_refusals_total{{route=\"{}\",reason=\"{}\"}} {}",
+                esc(&r.name),
+                reason.as_str(),
+                r.metrics.policy.count(reason)
+            );
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Route policies (issue 10) against real processes: IP allow/deny rules.
+//!
+//! Needs every binary built in the same target directory
+//! (`cargo build --workspace --bins`) and `redis-server` on PATH.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use devstack::Stack;
+use gateway_proto::v1::Route;
+use gateway_tests::{client, open_route, upsert_route_synced};
+use serde_json::Value;
+
+/// The address the tests' "proxy" connects from: the only trusted proxy.
+/// Linux routes all of 127.0.0.0/8 to loopback, so a client bound to
+/// 127.0.0.2 reaches the data plane on 127.0.0.1 while an ordinary client
+/// (127.0.0.1) is an untrusted peer whose `X-Forwarded-For` is ignored.
+const PROXY: &str = "127.0.0.2";
+
+async fn start(data_plane_args: &[&str]) -> Stack {
+    data_plane_args
+        .iter()
+        .fold(Stack::new().data_planes(1).auth(false), |b, a| {
+            b.data_plane_arg(*a)
+        })
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("stack did not start: {e}"))
+}
+
+/// A client connecting from `local` (an address of the loopback network).
+fn client_from(local: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .local_address(local.parse::<IpAddr>().expect("an IP address"))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("a plain HTTP client always builds")
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// One sample of the data plane's `/metrics`, by its full series text.
+async fn metric(stack: &Stack, series: &str) -> Result<f64> {
+    let text = client()
+        .get(format!("{}/metrics", stack.gateway_admins()[0]))
+        .send()
+        .await?
+        .text()
+        .await?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .with_context(|| format!("no sample {series} in /metrics"))
+}
+
+/// Status of `GET url` sent by `http` with `X-Forwarded-For: xff` (if any);
+/// a 403 must be the ip-denied problem.
+async fn status(http: &reqwest::Client, url: &str, xff: Option<&str>) -> Result<u16> {
+    let mut req = http.get(url);
+    if let Some(xff) = xff {
+        req = req.header("x-forwarded-for", xff);
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    if status == 403 {
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        ensure!(ct == "application/problem+json", "403 with {ct:?}");
+        let doc: Value = resp.json().await?;
+        ensure!(
+            doc["type"] == "urn:gateway:problem:ip-denied" && doc["status"] == 403,
+            "unexpected problem {doc}"
+        );
+    }
+    Ok(status)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ip_rules_allow_and_deny_ipv4_and_ipv6_behind_a_trusted_proxy() -> Result<()> {
+    let stack = start(&["--trusted-proxies=127.0.0.2/32"]).await;
+    let gw = &stack.gateways()[0];
+    upsert_route_synced(
+        &stack,
+        Route {
+            ip_allow: strings(&["203.0.113.0/24", "2001:db8::/32"]),
+            ip_deny: strings(&["203.0.113.7", "2001:db8::bad"]),
+            ..open_route("ip-allow", "/allow/users", "users", "/users")
+        },
+    )
+    .await?;
+    upsert_route_synced(
+        &stack,
+        Route {
+            ip_deny: strings(&["127.0.0.1", "2001:db8::/32"]),
+            ..open_route("ip-deny", "/deny/users", "users", "/users")
+        },
+    )
+    .await?;
+    let proxy = client_from(PROXY);
+    let direct = client();
+    let allow = format!("{gw}/allow/users/1");
+    let deny = format!("{gw}/deny/users/1");
+
+    // Through the trusted proxy, X-Forwarded-For names the client.
+    for (xff, want) in [
+        ("203.0.113.5", 200),
+        ("203.0.113.7", 403),  // in both lists: deny wins
+        ("198.51.100.1", 403), // not in the allow list
+        ("2001:db8::1", 200),
+        ("2001:db8::bad", 403),
+        ("2001:db9::1", 403),
+        // A chain: the right-most untrusted hop is the client.
+        ("198.51.100.1, 203.0.113.5", 200),
+    ] {
+        assert_eq!(
+            status(&proxy, &allow, Some(xff)).await?,
+            want,
+            "allow, XFF {xff}"
+        );
+    }
+    for (xff, want) in [
+        ("203.0.113.5", 200),
+        ("2001:db8::1", 403),
+        ("2001:db9::1", 200),
+    ] {
+        assert_eq!(
+            status(&proxy, &deny, Some(xff)).await?,
+            want,
+            "deny, XFF {xff}"
+        );
+    }
+    // The proxy itself (no XFF) is the client: 127.0.0.2 is not denied.
+    assert_eq!(status(&proxy, &deny, None).await?, 200);
+
+    // From an untrusted peer a forged X-Forwarded-For is ignored: the peer
+    // 127.0.0.1 is the client, outside the allow list and in the deny list.
+    assert_eq!(status(&direct, &allow, Some("203.0.113.5")).await?, 403);
+    assert_eq!(status(&direct, &deny, Some("2001:db9::1")).await?, 403);
+
+    // Refusals are counted per route under reason="ip".
+    let allow_refused = r#"gateway_policy_refusals_total{route="ip-allow",reason="ip"}"#;
+    let deny_refused = r#"gateway_policy_refusals_total{route="ip-deny",reason="ip"}"#;
+    assert_eq!(metric(&stack, allow_refused).await?, 5.0);
+    assert_eq!(metric(&stack, deny_refused).await?, 2.0);
+    Ok(())
+}
