@@ -48,6 +48,7 @@ pub mod router;
 pub mod runtime;
 pub mod sanitize;
 pub mod server;
+pub mod transform;
 pub mod workers;
 pub mod xds;
 

@@ -1,10 +1,11 @@
 //! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
-//! sanitise → route → IP rules → authenticate → rate-limit → [aggregate | coalesce →]
-//! balance → breaker → proxy.
+//! sanitise → route → IP rules → authenticate → rate-limit → request headers →
+//! [aggregate | coalesce →] balance → breaker → proxy, then response headers.
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
 //! reason it sits where it does. [`Pipeline::handle`] wraps it with what every
-//! request gets whatever happens: the error mapping, `X-Request-Id`, metrics,
+//! request gets whatever happens: the route's response header transforms (on an
+//! upstream answer), the error mapping, `X-Request-Id`, metrics,
 //! the SERVER span (`traceresponse` on every response) and the access-log line.
 
 use std::borrow::Cow;
@@ -118,7 +119,13 @@ impl Pipeline {
             )
             .await
         {
-            Ok(resp) => resp,
+            // Response headers: the route's transforms on the upstream's answer (never the gateway's own errors), before the gateway's own headers below so those cannot be changed.
+            Ok(mut resp) => {
+                if let Some(route) = seen.route {
+                    route.policies.response_headers.apply(resp.headers_mut());
+                }
+                resp
+            }
             Err(e) => {
                 span.set_status_error(e.kind());
                 e.into_response()
@@ -186,6 +193,9 @@ impl Pipeline {
             span.set_attribute(attr::RATE_LIMIT_DECISION, decision);
         }
         seen.response_headers = limited?;
+
+        // Request headers: the route's set/add/remove, after authentication set the identity (validation keeps transforms off it) and before balancing and forwarding read the headers.
+        route.policies.request_headers.apply(&mut parts.headers);
 
         // Aggregate: an aggregation route fans out to its parts in parallel (each balanced, breaker-guarded, pooled) instead of proxying.
         let upstream = match &route.target {

@@ -7,8 +7,8 @@
 
 use crate::cidr::Cidr;
 use crate::v1::{
-    Aggregate, AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy,
-    RateLimit, RateLimitAlgorithm, RateLimitKey, Route, Upstream,
+    Aggregate, AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HeaderTransform, HealthCheck,
+    Instance, LbPolicy, RateLimit, RateLimitAlgorithm, RateLimitKey, Route, Upstream,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -30,6 +30,27 @@ pub const MAX_HEADER_NAME_LEN: usize = 128;
 /// Headers removed before balancing (hop-by-hop), so hashing on them would
 /// never find a key.
 const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+/// Most entries (set + add + remove) of one header transform.
+pub const MAX_HEADER_TRANSFORMS: usize = 64;
+/// Longest value a header transform may set or add.
+pub const MAX_HEADER_VALUE_LEN: usize = 4096;
+/// Headers a transform may not touch: the gateway owns them (identity,
+/// routing, framing and hop-by-hop headers). Lower case.
+pub const PROTECTED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "x-user-id",
+    "x-user-role",
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -183,6 +204,15 @@ pub fn is_valid_header_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
+}
+
+/// True for a header value a transform may send: at most
+/// [`MAX_HEADER_VALUE_LEN`] visible ASCII characters, spaces and tabs, with
+/// no leading or trailing whitespace (which HTTP would strip).
+pub fn is_valid_header_value(v: &str) -> bool {
+    v.len() <= MAX_HEADER_VALUE_LEN
+        && v.bytes().all(|c| c == b'\t' || (b' '..=b'~').contains(&c))
+        && v.trim_matches([' ', '\t']).len() == v.len()
 }
 
 /// Checks a path prefix: starts with "/", no trailing "/" (except "/" itself),
@@ -375,6 +405,61 @@ impl Validator {
         }
         self.ip_rules(&who, "ip_allow", &r.ip_allow);
         self.ip_rules(&who, "ip_deny", &r.ip_deny);
+        if let Some(t) = &r.request_headers {
+            if r.aggregate.is_some() {
+                self.push(format!(
+                    "{who}: request_headers is not supported on an aggregate route (its parts build their own requests)"
+                ));
+            }
+            self.header_transform(&who, "request_headers", t);
+        }
+        if let Some(t) = &r.response_headers {
+            self.header_transform(&who, "response_headers", t);
+        }
+    }
+
+    /// One header transform: valid, unprotected names, each used once; valid
+    /// values; at most [`MAX_HEADER_TRANSFORMS`] entries.
+    fn header_transform(&mut self, who: &str, field: &str, t: &HeaderTransform) {
+        let total = t.set.len() + t.add.len() + t.remove.len();
+        if total > MAX_HEADER_TRANSFORMS {
+            self.push(format!(
+                "{who}: {field} has {total} entries, at most {MAX_HEADER_TRANSFORMS} are allowed"
+            ));
+        }
+        let mut seen = HashSet::new();
+        // Maps are sorted so problems come out in a stable order.
+        let set: BTreeSet<(&String, &String)> = t.set.iter().collect();
+        let add: BTreeSet<(&String, &String)> = t.add.iter().collect();
+        let named = set
+            .iter()
+            .map(|(n, v)| ("set", *n, Some(*v)))
+            .chain(add.iter().map(|(n, v)| ("add", *n, Some(*v))))
+            .chain(t.remove.iter().map(|n| ("remove", n, None)));
+        for (op, name, value) in named {
+            let at = format!("{who}: {field}.{op}");
+            let lower = name.to_ascii_lowercase();
+            if !is_valid_header_name(name) {
+                self.push(format!(
+                    "{at}: \"{name}\" is not a valid header name (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME_LEN})"
+                ));
+            } else if PROTECTED_HEADERS.contains(&lower.as_str()) {
+                self.push(format!(
+                    "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role and hop-by-hop headers are the gateway's)"
+                ));
+            } else if !seen.insert(lower) {
+                self.push(format!(
+                    "{at}: \"{name}\" is named more than once (each header may appear once across set, add and remove)"
+                ));
+            }
+            if let Some(v) = value
+                && !is_valid_header_value(v)
+            {
+                self.push(format!(
+                    "{at}: the value of \"{name}\" must be at most {MAX_HEADER_VALUE_LEN} visible ASCII characters, spaces or tabs, without leading or trailing whitespace"
+                ));
+            }
+        }
     }
 
     /// One of a route's client network lists: each entry a CIDR (or bare

@@ -1,4 +1,5 @@
-//! Route policies (issue 10) against real processes: IP allow/deny rules.
+//! Route policies (issue 10) against real processes: IP allow/deny rules and
+//! header transforms.
 //!
 //! Needs every binary built in the same target directory
 //! (`cargo build --workspace --bins`) and `redis-server` on PATH.
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
-use gateway_proto::v1::Route;
+use gateway_proto::v1::{HeaderTransform, Route, UpsertRouteRequest};
 use gateway_tests::{client, open_route, upsert_route_synced};
 use serde_json::Value;
 
@@ -149,5 +150,104 @@ async fn ip_rules_allow_and_deny_ipv4_and_ipv6_behind_a_trusted_proxy() -> Resul
     let deny_refused = r#"gateway_policy_refusals_total{route="ip-deny",reason="ip"}"#;
     assert_eq!(metric(&stack, allow_refused).await?, 5.0);
     assert_eq!(metric(&stack, deny_refused).await?, 2.0);
+    Ok(())
+}
+
+fn transform(set: &[(&str, &str)], add: &[(&str, &str)], remove: &[&str]) -> HeaderTransform {
+    let map = |v: &[(&str, &str)]| {
+        v.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    HeaderTransform {
+        set: map(set),
+        add: map(add),
+        remove: strings(remove),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn header_transforms_set_add_and_remove_both_ways() -> Result<()> {
+    let stack = start(&[]).await;
+    let gw = &stack.gateways()[0];
+    upsert_route_synced(
+        &stack,
+        Route {
+            request_headers: Some(transform(
+                &[("X-Env", "test")],
+                &[("x-tag", "gateway")],
+                &["x-debug"],
+            )),
+            response_headers: Some(transform(
+                &[("content-type", "application/json; charset=utf-8")],
+                &[("x-frame-options", "DENY")],
+                &["X-Instance-Id"],
+            )),
+            ..open_route("shaped", "/shaped/users", "users", "/users")
+        },
+    )
+    .await?;
+
+    let resp = client()
+        .get(format!("{gw}/shaped/users/1"))
+        .header("x-env", "prod")
+        .header("x-tag", "client")
+        .header("x-debug", "1")
+        .header("x-request-id", "shaped-1")
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    let h = resp.headers();
+    // Response: set replaced, add added, remove deleted; the gateway's own headers stay.
+    assert_eq!(h["content-type"], "application/json; charset=utf-8");
+    assert_eq!(h["x-frame-options"], "DENY");
+    assert!(h.get("x-instance-id").is_none(), "{h:?}");
+    assert_eq!(h["x-request-id"], "shaped-1");
+    // Request, as the mock received it: set replaced, add appended, remove deleted.
+    let doc: Value = resp.json().await?;
+    let seen = &doc["headers"];
+    assert_eq!(seen["x-env"], "test", "{seen}");
+    assert_eq!(seen["x-tag"], "client, gateway", "{seen}");
+    assert!(seen.get("x-debug").is_none(), "{seen}");
+
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn header_transforms_touching_protected_headers_are_refused() -> Result<()> {
+    let stack = start(&[]).await;
+    let mut admin = stack.admin_client().await;
+    let before = stack.seeded_version();
+    for (request, response) in [
+        (Some(transform(&[("X-User-Id", "admin")], &[], &[])), None),
+        (Some(transform(&[], &[("x-user-role", "admin")], &[])), None),
+        (None, Some(transform(&[], &[], &["Connection"]))),
+        (Some(transform(&[("host", "evil.example")], &[], &[])), None),
+    ] {
+        let route = Route {
+            request_headers: request,
+            response_headers: response,
+            ..open_route("forge", "/forge", "users", "/users")
+        };
+        let err = admin
+            .upsert_route(UpsertRouteRequest {
+                route: Some(route),
+                expected_version: None,
+            })
+            .await
+            .expect_err("a protected header must be refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message().contains("is a protected header"),
+            "{}",
+            err.message()
+        );
+    }
+    // Nothing was committed.
+    let config = admin
+        .get_config(gateway_proto::v1::GetConfigRequest::default())
+        .await?
+        .into_inner();
+    assert_eq!(config.version, before);
     Ok(())
 }

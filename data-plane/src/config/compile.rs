@@ -32,6 +32,7 @@ use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::pool::PoolSettings;
 use crate::router::{Router, RouterError};
 use crate::sanitize::CidrError;
+use crate::transform::{HeaderTransform, TransformError};
 
 /// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +77,18 @@ pub enum CompileError {
         /// Why.
         #[source]
         source: CidrError,
+    },
+    /// A header transform naming an invalid header or value (validation
+    /// refuses it first; kept so compiling never panics).
+    #[error("route {route:?}: {field}: {source}")]
+    Transform {
+        /// Route name.
+        route: String,
+        /// `request_headers` or `response_headers`.
+        field: &'static str,
+        /// Why.
+        #[source]
+        source: TransformError,
     },
     /// The router refused a route.
     #[error("route {route:?}: {source}")]
@@ -322,7 +335,18 @@ fn compile_policies(r: &Route) -> Result<RoutePolicies, CompileError> {
             route: r.name.clone(),
             source,
         })?;
-    Ok(RoutePolicies { ip_rules })
+    let transform = |field, t| {
+        HeaderTransform::compile(t).map_err(|source| CompileError::Transform {
+            route: r.name.clone(),
+            field,
+            source,
+        })
+    };
+    Ok(RoutePolicies {
+        ip_rules,
+        request_headers: transform("request_headers", r.request_headers.as_ref())?,
+        response_headers: transform("response_headers", r.response_headers.as_ref())?,
+    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use crate::ip_rules::IpRules;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
 use crate::router::Router;
+use crate::transform::HeaderTransform;
 
 pub use compile::{CompileError, compile, compile_with_members};
 
@@ -57,7 +58,7 @@ pub struct RouteEntry {
     pub prefix: Box<str>,
     /// Replacement for the prefix, if any.
     pub rewrite: Option<Box<str>>,
-    /// Route policies (IP rules), checked by their pipeline stages.
+    /// Route policies (IP rules, header transforms), applied by their pipeline stages.
     pub policies: RoutePolicies,
     /// Authentication the route requires.
     pub auth: AuthMode,
@@ -79,6 +80,10 @@ pub struct RouteEntry {
 pub struct RoutePolicies {
     /// Client networks admitted / refused (`None`: everyone, no lookup).
     pub ip_rules: Option<IpRules>,
+    /// Changes to the request headers before forwarding.
+    pub request_headers: HeaderTransform,
+    /// Changes to the upstream's response headers.
+    pub response_headers: HeaderTransform,
 }
 
 /// What a route sends its traffic to.

@@ -1,7 +1,7 @@
-//! Validation rules of route policies: `ip_allow` / `ip_deny`.
+//! Validation rules of route policies: `ip_allow` / `ip_deny`, `request_headers` / `response_headers`.
 
 use super::*;
-use crate::v1::Instance;
+use crate::v1::{HeaderTransform, Instance};
 
 fn upstream() -> Upstream {
     Upstream {
@@ -117,4 +117,186 @@ fn ip_lists_are_bounded() {
         }),
         Ok(())
     );
+}
+
+fn transform(set: &[(&str, &str)], add: &[(&str, &str)], remove: &[&str]) -> HeaderTransform {
+    let map = |v: &[(&str, &str)]| {
+        v.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    HeaderTransform {
+        set: map(set),
+        add: map(add),
+        remove: strings(remove),
+    }
+}
+
+#[test]
+fn header_transforms_accept_ordinary_headers_both_ways() {
+    let r = Route {
+        request_headers: Some(transform(
+            &[("X-Env", "prod"), ("accept", "application/json")],
+            &[("x-tag", "gateway; v=1")],
+            &["X-Debug", "cookie"],
+        )),
+        response_headers: Some(transform(
+            &[("cache-control", "no-store")],
+            &[("x-frame-options", "DENY")],
+            &["server", "x-powered-by"],
+        )),
+        ..route()
+    };
+    assert_eq!(check(r), Ok(()));
+}
+
+#[test]
+fn protected_headers_are_refused_in_every_operation_and_direction() {
+    for name in [
+        "X-User-Id",
+        "x-user-role",
+        "Host",
+        "content-length",
+        "Connection",
+        "te",
+        "Transfer-Encoding",
+        "upgrade",
+        "keep-alive",
+        "proxy-authorization",
+    ] {
+        fails_with(
+            Route {
+                request_headers: Some(transform(&[(name, "v")], &[], &[])),
+                ..route()
+            },
+            &format!("request_headers.set: \"{name}\" is a protected header"),
+        );
+        fails_with(
+            Route {
+                request_headers: Some(transform(&[], &[(name, "v")], &[])),
+                ..route()
+            },
+            &format!("request_headers.add: \"{name}\" is a protected header"),
+        );
+        fails_with(
+            Route {
+                response_headers: Some(transform(&[], &[], &[name])),
+                ..route()
+            },
+            &format!("response_headers.remove: \"{name}\" is a protected header"),
+        );
+    }
+}
+
+#[test]
+fn header_names_and_values_must_be_valid_http() {
+    fails_with(
+        Route {
+            request_headers: Some(transform(&[("bad name", "v")], &[], &[])),
+            ..route()
+        },
+        "request_headers.set: \"bad name\" is not a valid header name",
+    );
+    fails_with(
+        Route {
+            response_headers: Some(transform(&[], &[], &[""])),
+            ..route()
+        },
+        "response_headers.remove: \"\" is not a valid header name",
+    );
+    for bad in [
+        "a\r\nx-injected: 1",
+        "tab\u{0}",
+        " lead",
+        "trail ",
+        "é",
+        &"v".repeat(4097),
+    ] {
+        fails_with(
+            Route {
+                request_headers: Some(transform(&[], &[("x-a", bad)], &[])),
+                ..route()
+            },
+            "request_headers.add: the value of \"x-a\" must be at most 4096 visible ASCII",
+        );
+    }
+    assert_eq!(
+        check(Route {
+            request_headers: Some(transform(&[("x-a", "")], &[("x-b", "a\tb c")], &[])),
+            ..route()
+        }),
+        Ok(()),
+        "an empty value and inner whitespace are fine"
+    );
+}
+
+#[test]
+fn a_header_is_named_once_per_transform() {
+    fails_with(
+        Route {
+            request_headers: Some(transform(&[("X-A", "1")], &[("x-a", "2")], &[])),
+            ..route()
+        },
+        "request_headers.add: \"x-a\" is named more than once",
+    );
+    fails_with(
+        Route {
+            response_headers: Some(transform(&[("x-a", "1")], &[], &["X-A"])),
+            ..route()
+        },
+        "response_headers.remove: \"X-A\" is named more than once",
+    );
+    // The two directions are independent.
+    assert_eq!(
+        check(Route {
+            request_headers: Some(transform(&[("x-a", "1")], &[], &[])),
+            response_headers: Some(transform(&[], &[], &["x-a"])),
+            ..route()
+        }),
+        Ok(())
+    );
+}
+
+#[test]
+fn header_transforms_are_bounded() {
+    let names: Vec<String> = (0..=MAX_HEADER_TRANSFORMS)
+        .map(|i| format!("x-h{i}"))
+        .collect();
+    let r = Route {
+        response_headers: Some(HeaderTransform {
+            remove: names,
+            ..HeaderTransform::default()
+        }),
+        ..route()
+    };
+    fails_with(r, "response_headers has 65 entries, at most 64 are allowed");
+}
+
+#[test]
+fn request_transforms_are_refused_on_aggregate_routes() {
+    use crate::v1::{Aggregate, AggregatePart};
+    let r = Route {
+        upstream: String::new(),
+        aggregate: Some(Aggregate {
+            parts: vec![AggregatePart {
+                name: "u".into(),
+                upstream: "users".into(),
+                path: "/users/{rest}".into(),
+                ..AggregatePart::default()
+            }],
+        }),
+        request_headers: Some(transform(&[("x-a", "1")], &[], &[])),
+        response_headers: Some(transform(&[("x-b", "1")], &[], &[])),
+        ..route()
+    };
+    match check(r) {
+        Err(e) => {
+            assert!(
+                e.contains("request_headers is not supported on an aggregate route"),
+                "{e}"
+            );
+            assert!(!e.contains("response_headers"), "{e}");
+        }
+        Ok(()) => panic!("accepted"),
+    }
 }
