@@ -73,6 +73,9 @@ pub enum ProxyError {
     /// The client address is refused by the route's IP rules (403).
     #[error("the client address is not allowed on this route")]
     IpDenied,
+    /// A CORS preflight from an origin, or for a method or header, the route does not allow (403).
+    #[error("the CORS preflight is not allowed on this route")]
+    CorsRefused,
     /// Authentication failed (401).
     #[error(transparent)]
     Unauthorized(#[from] AuthError),
@@ -111,7 +114,7 @@ impl ProxyError {
             Self::NotReady | Self::NoInstance => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::IpDenied => StatusCode::FORBIDDEN,
+            Self::IpDenied | Self::CorsRefused => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Connect(_) | Self::Upstream(_) | Self::AggregatePart { .. } => {
                 StatusCode::BAD_GATEWAY
@@ -132,6 +135,7 @@ impl ProxyError {
             Self::NoRoute => "no_route",
             Self::Unauthorized(_) => "unauthorized",
             Self::IpDenied => "ip_denied",
+            Self::CorsRefused => "cors_refused",
             Self::RateLimited(_) => "rate_limited",
             Self::NoInstance => "no_instance",
             Self::Connect(_) => "connect",
@@ -228,6 +232,12 @@ impl ProxyError {
                 "ip-denied",
                 "Forbidden",
                 "The client address is not allowed on this route."
+            ),
+            Self::CorsRefused => problem!(
+                403,
+                "cors-refused",
+                "Forbidden",
+                "The CORS preflight's origin, method or headers are not allowed on this route."
             ),
             Self::Unauthorized(AuthError::Missing) => problem!(
                 401,
@@ -362,6 +372,7 @@ mod tests {
             ProxyError::NotReady,
             ProxyError::NoRoute,
             ProxyError::IpDenied,
+            ProxyError::CorsRefused,
             ProxyError::Unauthorized(AuthError::Missing),
             ProxyError::Unauthorized(AuthError::Invalid),
             ProxyError::Unauthorized(AuthError::NotConfigured),

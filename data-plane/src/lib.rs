@@ -31,6 +31,7 @@ pub mod breaker;
 pub mod cache;
 pub mod coalesce;
 pub mod config;
+pub mod cors;
 pub mod dns;
 pub mod error;
 pub mod health;

@@ -1,6 +1,7 @@
 //! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
-//! sanitise → route → IP rules → authenticate → rate-limit → request headers →
-//! [aggregate | coalesce →] balance → breaker → proxy, then response headers.
+//! sanitise → route → IP rules → CORS preflight → authenticate → rate-limit →
+//! request headers → [aggregate | coalesce →] balance → breaker → proxy, then
+//! response headers and CORS response headers.
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
 //! reason it sits where it does. [`Pipeline::handle`] wraps it with what every
@@ -26,6 +27,7 @@ use crate::balancer::{self, Affinity};
 use crate::body::{RequestBody, ResponseBody};
 use crate::coalesce::{self, Coalesced};
 use crate::config::{Compiled, ConfigStore, RouteEntry, Target, UpstreamEntry};
+use crate::cors::{Cors, preflight_method};
 use crate::error::ProxyError;
 use crate::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
 use crate::metrics::{Metrics, PolicyRefusal};
@@ -94,6 +96,10 @@ struct Seen<'c> {
     response_headers: Option<http::HeaderMap>,
     /// The instance that answered (the last attempt), for the access log.
     upstream: Option<&'c str>,
+    /// The `Access-Control-Allow-Origin` value of a request from an origin the route's CORS allows.
+    cors_origin: Option<HeaderValue>,
+    /// The gateway answered a CORS preflight itself: no upstream response to transform or decorate.
+    preflight: bool,
 }
 
 impl Pipeline {
@@ -121,7 +127,7 @@ impl Pipeline {
         {
             // Response headers: the route's transforms on the upstream's answer (never the gateway's own errors), before the gateway's own headers below so those cannot be changed.
             Ok(mut resp) => {
-                if let Some(route) = seen.route {
+                if let Some(route) = seen.route.filter(|_| !seen.preflight) {
                     route.policies.response_headers.apply(resp.headers_mut());
                 }
                 resp
@@ -136,6 +142,12 @@ impl Pipeline {
         }
         if let Some(extra) = seen.response_headers {
             resp.headers_mut().extend(extra);
+        }
+        // CORS: `Vary: Origin` on every response of a CORS route, the Access-Control-* headers when the origin is allowed (errors included, so scripts can read them).
+        if let Some(cors) = seen.route.and_then(|r| r.policies.cors.as_ref())
+            && !seen.preflight
+        {
+            cors.decorate(resp.headers_mut(), seen.cors_origin.as_ref());
         }
         let status = resp.status();
         let latency = started.elapsed();
@@ -173,13 +185,18 @@ impl Pipeline {
         // oversized requests stop here, the path gets its one canonical form for routing and forwarding.
         let path = self.sanitise(&mut parts, &uri, peer, seen)?;
 
-        // Route: host + longest whole-segment prefix + method; every later stage depends on the route.
+        // Route: host + longest whole-segment prefix + method (a CORS preflight's: the one it asks about); every later stage depends on the route.
         let route = route(cfg, &parts, &path)?;
         seen.route = Some(route);
         span.set_route(&route.name);
 
         // IP rules: right after routing (the route holds the lists), before authentication, so a refused address costs nothing.
         self.check_ip(route, &parts, peer)?;
+
+        // CORS: a preflight is answered here, before authentication (it carries no credentials), rate limiting and the upstream.
+        if let Some(answer) = cors_preflight(route, &parts, seen)? {
+            return Ok(answer);
+        }
 
         // Authenticate: after routing (the route says whether a token is needed), before rate limiting (KEY_USER counts per subject).
         let identity = self.authenticate(route, &mut parts).await?;
@@ -356,6 +373,32 @@ impl Pipeline {
     }
 }
 
+/// The CORS stage: answers (or refuses) a preflight on a CORS route; for
+/// other requests notes the allowed origin in `seen`.
+fn cors_preflight(
+    route: &RouteEntry,
+    parts: &Parts,
+    seen: &mut Seen<'_>,
+) -> Result<Option<Response<ResponseBody>>, ProxyError> {
+    let Some(cors) = &route.policies.cors else {
+        return Ok(None);
+    };
+    match cors.check(&parts.method, &parts.headers) {
+        Cors::Actual(origin) => {
+            seen.cors_origin = origin;
+            Ok(None)
+        }
+        Cors::Preflight(answer) => {
+            seen.preflight = true;
+            Ok(Some(answer))
+        }
+        Cors::Refused => {
+            route.metrics.policy.refused(PolicyRefusal::Cors);
+            Err(ProxyError::CorsRefused)
+        }
+    }
+}
+
 /// Finds the route for a sanitised request.
 fn route<'c>(cfg: &'c Compiled, parts: &Parts, path: &str) -> Result<&'c RouteEntry, ProxyError> {
     if !cfg.loaded {
@@ -369,6 +412,14 @@ fn route<'c>(cfg: &'c Compiled, parts: &Parts, path: &str) -> Result<&'c RouteEn
         }
         None => parts.uri.authority().map(|a| host_of(a.as_str())),
     };
+    // A CORS preflight goes to the route of the method it asks about (whose
+    // `methods` need not list OPTIONS), when that route handles CORS.
+    if let Some(asked) = preflight_method(&parts.method, &parts.headers)
+        && let Some(r) = cfg.router.find(host.as_deref(), &asked, path)
+        && r.policies.cors.is_some()
+    {
+        return Ok(r);
+    }
     cfg.router
         .find(host.as_deref(), &parts.method, path)
         .ok_or(ProxyError::NoRoute)

@@ -7,7 +7,7 @@
 
 use crate::cidr::Cidr;
 use crate::v1::{
-    Aggregate, AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HeaderTransform, HealthCheck,
+    Aggregate, AuthMode, CircuitBreaker, Cors, DnsDiscovery, HashOn, HeaderTransform, HealthCheck,
     Instance, LbPolicy, RateLimit, RateLimitAlgorithm, RateLimitKey, Route, Upstream,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -61,6 +61,14 @@ pub const PROTECTED_HEADERS: &[&str] = &[
     "transfer-encoding",
     "upgrade",
 ];
+/// Most `cors.allow_origins` entries.
+pub const MAX_CORS_ORIGINS: usize = 100;
+/// Most `cors.allow_methods` entries.
+pub const MAX_CORS_METHODS: usize = 32;
+/// Most `cors.allow_headers` / `cors.expose_headers` entries.
+pub const MAX_CORS_HEADERS: usize = 64;
+/// Largest `cors.max_age_seconds`: one day.
+pub const MAX_CORS_MAX_AGE_SECONDS: u32 = 86_400;
 /// Most entries in one of a route's `ip_allow` / `ip_deny` lists.
 pub const MAX_IP_RULES: usize = 1000;
 /// Most parts an aggregation route may fan out to.
@@ -213,6 +221,44 @@ pub fn is_valid_header_value(v: &str) -> bool {
     v.len() <= MAX_HEADER_VALUE_LEN
         && v.bytes().all(|c| c == b'\t' || (b' '..=b'~').contains(&c))
         && v.trim_matches([' ', '\t']).len() == v.len()
+}
+
+/// Checks a CORS origin: `http://` or `https://`, then a lower-case host
+/// name, IPv4 address or bracketed IPv6 address, then an optional port
+/// 1–65535, and nothing else (browsers send exactly that form).
+pub fn check_origin(o: &str) -> Result<(), &'static str> {
+    const MSG: &str = "is not an origin like https://app.example.com or http://localhost:3000 (lower case, no path)";
+    let rest = o
+        .strip_prefix("https://")
+        .or_else(|| o.strip_prefix("http://"))
+        .ok_or(MSG)?;
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (h, after) = v6.split_once(']').ok_or(MSG)?;
+        if h.parse::<std::net::Ipv6Addr>().is_err() || h != h.to_ascii_lowercase() {
+            return Err(MSG);
+        }
+        match after {
+            "" => (h, None),
+            p => (h, Some(p.strip_prefix(':').ok_or(MSG)?)),
+        }
+    } else {
+        match rest.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (rest, None),
+        }
+    };
+    if !rest.starts_with('[') && !is_valid_hostname(host) {
+        return Err(MSG);
+    }
+    if let Some(p) = port
+        && (p.is_empty()
+            || p.starts_with('0')
+            || !p.bytes().all(|c| c.is_ascii_digit())
+            || !matches!(p.parse::<u16>(), Ok(1..)))
+    {
+        return Err(MSG);
+    }
+    Ok(())
 }
 
 /// Checks a path prefix: starts with "/", no trailing "/" (except "/" itself),
@@ -415,6 +461,71 @@ impl Validator {
         }
         if let Some(t) = &r.response_headers {
             self.header_transform(&who, "response_headers", t);
+        }
+        if let Some(c) = &r.cors {
+            self.cors(&who, c);
+        }
+    }
+
+    fn cors(&mut self, who: &str, c: &Cors) {
+        let n = c.allow_origins.len();
+        if n == 0 || n > MAX_CORS_ORIGINS {
+            self.push(format!(
+                "{who}: cors.allow_origins must list 1 to {MAX_CORS_ORIGINS} origins (got {n})"
+            ));
+        }
+        let any = c.allow_origins.iter().any(|o| o == "*");
+        if any && n > 1 {
+            self.push(format!(
+                "{who}: cors.allow_origins: \"*\" must be the only entry"
+            ));
+        }
+        if any && c.allow_credentials {
+            self.push(format!(
+                "{who}: cors: allow_origins \"*\" cannot be combined with allow_credentials (browsers refuse it; list the origins)"
+            ));
+        }
+        let mut seen = HashSet::new();
+        for o in c.allow_origins.iter().filter(|o| *o != "*") {
+            if let Err(why) = check_origin(o) {
+                self.push(format!("{who}: cors.allow_origins: \"{o}\" {why}"));
+            } else if !seen.insert(o.as_str()) {
+                self.push(format!(
+                    "{who}: cors.allow_origins: \"{o}\" is listed twice"
+                ));
+            }
+        }
+        if c.allow_methods.len() > MAX_CORS_METHODS {
+            self.push(format!(
+                "{who}: cors.allow_methods lists more than {MAX_CORS_METHODS} methods"
+            ));
+        }
+        for m in &c.allow_methods {
+            if m.is_empty() || m.len() > 32 || !m.bytes().all(|c| c.is_ascii_uppercase()) {
+                self.push(format!(
+                    "{who}: cors.allow_methods: \"{m}\" is not an upper-case HTTP method"
+                ));
+            }
+        }
+        for (field, list) in [
+            ("allow_headers", &c.allow_headers),
+            ("expose_headers", &c.expose_headers),
+        ] {
+            if list.len() > MAX_CORS_HEADERS {
+                self.push(format!(
+                    "{who}: cors.{field} lists more than {MAX_CORS_HEADERS} headers"
+                ));
+            }
+            for h in list.iter().filter(|h| !is_valid_header_name(h)) {
+                self.push(format!(
+                    "{who}: cors.{field}: \"{h}\" is not a valid header name"
+                ));
+            }
+        }
+        if c.max_age_seconds > MAX_CORS_MAX_AGE_SECONDS {
+            self.push(format!(
+                "{who}: cors.max_age_seconds must be at most {MAX_CORS_MAX_AGE_SECONDS}"
+            ));
         }
     }
 

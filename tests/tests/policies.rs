@@ -1,5 +1,5 @@
-//! Route policies (issue 10) against real processes: IP allow/deny rules and
-//! header transforms.
+//! Route policies (issue 10) against real processes: IP allow/deny rules,
+//! header transforms and CORS.
 //!
 //! Needs every binary built in the same target directory
 //! (`cargo build --workspace --bins`) and `redis-server` on PATH.
@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
-use gateway_proto::v1::{HeaderTransform, Route, UpsertRouteRequest};
+use gateway_proto::v1::{
+    Cors, HeaderTransform, RateLimit, RateLimitAlgorithm, RateLimitKey, Route, UpsertRouteRequest,
+};
 use gateway_tests::{client, open_route, upsert_route_synced};
 use serde_json::Value;
 
@@ -249,5 +251,150 @@ async fn header_transforms_touching_protected_headers_are_refused() -> Result<()
         .await?
         .into_inner();
     assert_eq!(config.version, before);
+    Ok(())
+}
+
+/// Requests the users mock has received so far.
+async fn users_requests(stack: &Stack) -> Result<u64> {
+    let stats: Value = client()
+        .get(format!("http://127.0.0.1:{}/stats", stack.ports().users_1))
+        .send()
+        .await?
+        .json()
+        .await?;
+    stats["requests"].as_u64().context("no request count")
+}
+
+fn header<'r>(resp: &'r reqwest::Response, name: &str) -> Option<&'r str> {
+    resp.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+const APP: &str = "https://app.example";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorated() -> Result<()> {
+    let stack = start(&[]).await;
+    let gw = &stack.gateways()[0];
+    upsert_route_synced(
+        &stack,
+        Route {
+            // OPTIONS is not among the route's methods: preflights must still
+            // work. DELETE is served but not allowed cross-origin.
+            methods: strings(&["GET", "PUT", "DELETE"]),
+            rate_limit: Some(RateLimit {
+                policy: "cors-budget".into(),
+                algorithm: RateLimitAlgorithm::FixedWindow as i32,
+                key: RateLimitKey::KeyIp as i32,
+                limit: 3,
+                window_seconds: 3600,
+            }),
+            cors: Some(Cors {
+                allow_origins: strings(&[APP, "http://localhost:3000"]),
+                allow_methods: strings(&["GET", "PUT"]),
+                allow_headers: strings(&["content-type", "x-requested-with"]),
+                expose_headers: strings(&["x-request-id"]),
+                allow_credentials: true,
+                max_age_seconds: 600,
+            }),
+            ..open_route("browser", "/browser/users", "users", "/users")
+        },
+    )
+    .await?;
+    let http = client();
+    let url = format!("{gw}/browser/users/1");
+    let before = users_requests(&stack).await?;
+
+    // Preflights: answered by the gateway, no upstream call, no budget.
+    for _ in 0..5 {
+        let resp = http
+            .request(reqwest::Method::OPTIONS, &url)
+            .header("origin", APP)
+            .header("access-control-request-method", "PUT")
+            .header(
+                "access-control-request-headers",
+                "Content-Type, X-Requested-With",
+            )
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 204);
+        assert_eq!(header(&resp, "access-control-allow-origin"), Some(APP));
+        assert_eq!(
+            header(&resp, "access-control-allow-methods"),
+            Some("GET, PUT")
+        );
+        assert_eq!(
+            header(&resp, "access-control-allow-headers"),
+            Some("content-type, x-requested-with")
+        );
+        assert_eq!(
+            header(&resp, "access-control-allow-credentials"),
+            Some("true")
+        );
+        assert_eq!(header(&resp, "access-control-max-age"), Some("600"));
+        assert_eq!(header(&resp, "vary"), Some("origin"));
+        assert!(header(&resp, "x-ratelimit-remaining").is_none());
+        assert!(header(&resp, "x-request-id").is_some());
+    }
+    assert_eq!(
+        users_requests(&stack).await?,
+        before,
+        "a preflight reached the backend"
+    );
+
+    // The actual request: proxied, decorated, and the first to spend budget.
+    let resp = http.get(&url).header("origin", APP).send().await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "access-control-allow-origin"), Some(APP));
+    assert_eq!(
+        header(&resp, "access-control-allow-credentials"),
+        Some("true")
+    );
+    assert_eq!(
+        header(&resp, "access-control-expose-headers"),
+        Some("x-request-id")
+    );
+    assert_eq!(header(&resp, "vary"), Some("origin"));
+    assert_eq!(
+        header(&resp, "x-ratelimit-remaining"),
+        Some("2"),
+        "preflights spent rate-limit budget"
+    );
+    assert_eq!(users_requests(&stack).await?, before + 1);
+
+    // A disallowed origin: its preflight is refused (and counted) ...
+    let refused = r#"gateway_policy_refusals_total{route="browser",reason="cors"}"#;
+    assert_eq!(metric(&stack, refused).await?, 0.0);
+    for (origin, method, asked) in [
+        ("https://evil.example", "PUT", None),
+        (APP, "DELETE", None),
+        (APP, "PUT", Some("x-secret")),
+    ] {
+        let mut req = http
+            .request(reqwest::Method::OPTIONS, &url)
+            .header("origin", origin)
+            .header("access-control-request-method", method);
+        if let Some(asked) = asked {
+            req = req.header("access-control-request-headers", asked);
+        }
+        let resp = req.send().await?;
+        assert_eq!(resp.status(), 403, "{origin} {method} {asked:?}");
+        assert!(header(&resp, "access-control-allow-origin").is_none());
+        let doc: Value = resp.json().await?;
+        assert_eq!(doc["type"], "urn:gateway:problem:cors-refused");
+    }
+    assert_eq!(metric(&stack, refused).await?, 3.0);
+    assert_eq!(users_requests(&stack).await?, before + 1);
+
+    // ... and its actual request is proxied without CORS headers (the browser blocks it).
+    let resp = http
+        .get(&url)
+        .header("origin", "https://evil.example")
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    assert!(header(&resp, "access-control-allow-origin").is_none());
+    assert!(header(&resp, "access-control-allow-credentials").is_none());
+    assert_eq!(header(&resp, "vary"), Some("origin"));
+    assert_eq!(users_requests(&stack).await?, before + 2);
     Ok(())
 }

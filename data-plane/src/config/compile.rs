@@ -25,6 +25,7 @@ use crate::aggregate::{Aggregate, Part};
 use crate::balancer::Policy;
 use crate::breaker::BreakerSettings;
 use crate::coalesce::{CoalesceLimits, Coalescer};
+use crate::cors::{CorsError, CorsPolicy};
 use crate::dns::{self, Members};
 use crate::health::HealthSettings;
 use crate::ip_rules::IpRules;
@@ -89,6 +90,16 @@ pub enum CompileError {
         /// Why.
         #[source]
         source: TransformError,
+    },
+    /// CORS settings the HTTP library does not accept (validation refuses
+    /// them first; kept so compiling never panics).
+    #[error("route {route:?}: cors: {source}")]
+    Cors {
+        /// Route name.
+        route: String,
+        /// Why.
+        #[source]
+        source: CorsError,
     },
     /// The router refused a route.
     #[error("route {route:?}: {source}")]
@@ -346,6 +357,10 @@ fn compile_policies(r: &Route) -> Result<RoutePolicies, CompileError> {
         ip_rules,
         request_headers: transform("request_headers", r.request_headers.as_ref())?,
         response_headers: transform("response_headers", r.response_headers.as_ref())?,
+        cors: CorsPolicy::compile(r.cors.as_ref()).map_err(|source| CompileError::Cors {
+            route: r.name.clone(),
+            source,
+        })?,
     })
 }
 

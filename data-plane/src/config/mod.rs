@@ -21,6 +21,7 @@ use crate::aggregate::Aggregate;
 use crate::balancer::Policy;
 use crate::breaker::{Breaker, BreakerSettings};
 use crate::coalesce::Coalescer;
+use crate::cors::CorsPolicy;
 use crate::dns;
 use crate::health::HealthSettings;
 use crate::ip_rules::IpRules;
@@ -58,7 +59,7 @@ pub struct RouteEntry {
     pub prefix: Box<str>,
     /// Replacement for the prefix, if any.
     pub rewrite: Option<Box<str>>,
-    /// Route policies (IP rules, header transforms), applied by their pipeline stages.
+    /// Route policies (IP rules, header transforms, CORS), applied by their pipeline stages.
     pub policies: RoutePolicies,
     /// Authentication the route requires.
     pub auth: AuthMode,
@@ -84,6 +85,8 @@ pub struct RoutePolicies {
     pub request_headers: HeaderTransform,
     /// Changes to the upstream's response headers.
     pub response_headers: HeaderTransform,
+    /// Cross-origin settings (`None`: no CORS handling, preflights are proxied).
+    pub cors: Option<CorsPolicy>,
 }
 
 /// What a route sends its traffic to.

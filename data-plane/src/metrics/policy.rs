@@ -12,14 +12,17 @@ use crate::config::Compiled;
 pub enum PolicyRefusal {
     /// The client address is refused by `ip_allow` / `ip_deny` (403).
     Ip,
+    /// A CORS preflight from an origin, or for a method or header, not allowed (403).
+    Cors,
 }
 
 impl PolicyRefusal {
-    const ALL: [Self; 1] = [Self::Ip];
+    const ALL: [Self; 2] = [Self::Ip, Self::Cors];
 
     fn as_str(self) -> &'static str {
         match self {
             Self::Ip => "ip",
+            Self::Cors => "cors",
         }
     }
 }
@@ -49,7 +52,7 @@ pub(super) fn render_policy(out: &mut String, cfg: &Compiled) {
         out,
         "gateway_policy_refusals_total",
         "counter",
-        "Requests refused by a route policy, by route and reason (ip).",
+        "Requests refused by a route policy, by route and reason (ip, cors).",
     );
     for r in cfg.router.routes() {
         for reason in PolicyRefusal::ALL {

@@ -1,4 +1,4 @@
-//! Validation rules of route policies: `ip_allow` / `ip_deny`, `request_headers` / `response_headers`.
+//! Validation rules of route policies: `ip_allow` / `ip_deny`, `request_headers` / `response_headers`, `cors`.
 
 use super::*;
 use crate::v1::{HeaderTransform, Instance};
@@ -299,4 +299,115 @@ fn request_transforms_are_refused_on_aggregate_routes() {
         }
         Ok(()) => panic!("accepted"),
     }
+}
+
+fn cors(origins: &[&str]) -> crate::v1::Cors {
+    crate::v1::Cors {
+        allow_origins: strings(origins),
+        ..Default::default()
+    }
+}
+
+fn with_cors(c: crate::v1::Cors) -> Route {
+    Route {
+        cors: Some(c),
+        ..route()
+    }
+}
+
+#[test]
+fn cors_accepts_exact_origins_or_a_lone_star() {
+    let full = crate::v1::Cors {
+        allow_origins: strings(&[
+            "https://app.example.com",
+            "http://localhost:3000",
+            "http://127.0.0.1:8080",
+            "https://[::1]:8443",
+        ]),
+        allow_methods: strings(&["GET", "PUT", "DELETE"]),
+        allow_headers: strings(&["Content-Type", "x-requested-with"]),
+        expose_headers: strings(&["X-Request-Id"]),
+        allow_credentials: true,
+        max_age_seconds: 600,
+    };
+    assert_eq!(check(with_cors(full)), Ok(()));
+    assert_eq!(check(with_cors(cors(&["*"]))), Ok(()));
+}
+
+#[test]
+fn cors_star_with_credentials_is_refused() {
+    fails_with(
+        with_cors(crate::v1::Cors {
+            allow_credentials: true,
+            ..cors(&["*"])
+        }),
+        "cors: allow_origins \"*\" cannot be combined with allow_credentials",
+    );
+    fails_with(
+        with_cors(cors(&["*", "https://a.example"])),
+        "cors.allow_origins: \"*\" must be the only entry",
+    );
+}
+
+#[test]
+fn cors_origins_must_be_scheme_host_port() {
+    for bad in [
+        "app.example.com",
+        "https://app.example.com/",
+        "https://app.example.com/path",
+        "ftp://app.example.com",
+        "https://App.Example.com",
+        "https://app.example.com:0",
+        "https://app.example.com:65536",
+        "https://app.example.com:",
+        "https://user@app.example.com",
+        "https://[::1",
+        "null",
+        "",
+    ] {
+        fails_with(
+            with_cors(cors(&[bad])),
+            &format!("cors.allow_origins: \"{bad}\" is not an origin"),
+        );
+    }
+    fails_with(
+        with_cors(cors(&[])),
+        "cors.allow_origins must list 1 to 100 origins (got 0)",
+    );
+    fails_with(
+        with_cors(cors(&["https://a.example", "https://a.example"])),
+        "\"https://a.example\" is listed twice",
+    );
+}
+
+#[test]
+fn cors_methods_headers_and_max_age_are_checked() {
+    fails_with(
+        with_cors(crate::v1::Cors {
+            allow_methods: strings(&["get"]),
+            ..cors(&["*"])
+        }),
+        "cors.allow_methods: \"get\" is not an upper-case HTTP method",
+    );
+    fails_with(
+        with_cors(crate::v1::Cors {
+            allow_headers: strings(&["bad header"]),
+            ..cors(&["*"])
+        }),
+        "cors.allow_headers: \"bad header\" is not a valid header name",
+    );
+    fails_with(
+        with_cors(crate::v1::Cors {
+            expose_headers: strings(&["x:y"]),
+            ..cors(&["*"])
+        }),
+        "cors.expose_headers: \"x:y\" is not a valid header name",
+    );
+    fails_with(
+        with_cors(crate::v1::Cors {
+            max_age_seconds: 86_401,
+            ..cors(&["*"])
+        }),
+        "cors.max_age_seconds must be at most 86400",
+    );
 }
