@@ -90,8 +90,19 @@ impl NonBlocking {
                     let closed = {
                         let mut state = shared.lock();
                         while state.buf.is_empty() && !state.closed {
+                            // Asleep for good: the next line wakes it (see `write`).
+                            state.idle = true;
                             state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
                         }
+                        // Awake: collect for FLUSH_INTERVAL, unless a high-water
+                        // wake-up or shutdown says to write now.
+                        let (mut state, _) = shared
+                            .wake
+                            .wait_timeout_while(state, FLUSH_INTERVAL, |s| {
+                                !s.closed && s.buf.len() < HIGH_WATER
+                            })
+                            .unwrap_or_else(|e| e.into_inner());
+                        state.urged = false;
                         std::mem::swap(&mut state.buf, &mut batch);
                         state.closed
                     };
@@ -211,6 +222,27 @@ mod tests {
         assert_eq!(lines.len(), 1000);
         assert_eq!(lines[999], "line 999");
         assert_eq!(w.dropped_lines(), 0);
+    }
+
+    /// A long-running process's lines reach the output soon after they are
+    /// written, not only at high water or at shutdown (a log tailed by a
+    /// person, or scanned by a test, while the process runs).
+    #[test]
+    fn lines_are_written_while_the_process_runs() {
+        let out = Capture::default();
+        let (mut w, _guard) = NonBlocking::new(out.clone(), 1 << 20).unwrap();
+        for round in 0..3 {
+            let line = format!("round {round}\n");
+            w.write_all(line.as_bytes()).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !String::from_utf8_lossy(&out.0.lock().unwrap()).contains(&line) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{line:?} not written within 5 s"
+                );
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// An output that blocks until released, like a full pipe.
