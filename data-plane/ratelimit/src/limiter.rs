@@ -70,7 +70,8 @@ impl Default for RateLimiterOptions {
 /// Why a limiter could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum RateLimitError {
-    /// The Redis URL does not parse (`redis://[user:password@]host:port[/db]`).
+    /// The Redis URL does not parse (`redis://[user:password@]host:port[/db]`),
+    /// or the client cannot be set up. The message never contains the URL.
     #[error("invalid rate-limit Redis URL: {0}")]
     InvalidRedisUrl(#[source] ::redis::RedisError),
     /// [`RateLimiter::new`] was called outside a Tokio runtime.
@@ -104,8 +105,10 @@ struct Shared {
 }
 
 impl RateLimiter {
-    /// Builds a limiter. With `redis_url`, budgets are shared through that
-    /// Redis; without, every decision is local (one replica, or tests).
+    /// Builds a limiter. With `redis_url` (a plain `redis://` URL, password
+    /// allowed), budgets are shared through that Redis; without, every
+    /// decision is local (one replica, or tests). For TLS with a custom CA,
+    /// build the client yourself and use [`RateLimiter::with_client`].
     ///
     /// Never waits on Redis: the connection is opened in the background and
     /// decisions are local until it is up. Must be called inside a Tokio
@@ -114,17 +117,30 @@ impl RateLimiter {
         redis_url: Option<String>,
         options: RateLimiterOptions,
     ) -> Result<Self, RateLimitError> {
+        let client = redis_url
+            .map(|url| ::redis::Client::open(url.as_str()))
+            .transpose()
+            .map_err(RateLimitError::InvalidRedisUrl)?;
+        Self::with_client(client, options)
+    }
+
+    /// Like [`RateLimiter::new`], with a ready `redis::Client` (e.g. a
+    /// `rediss://` one trusting a private CA, from `gateway-redis`).
+    pub fn with_client(
+        redis: Option<::redis::Client>,
+        options: RateLimiterOptions,
+    ) -> Result<Self, RateLimitError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(RateLimitError::NoRuntime);
         }
-        let shared = match redis_url {
+        let shared = match redis {
             None => None,
-            Some(url) => {
+            Some(client) => {
                 let store_options = StoreOptions {
                     connect_timeout: options.connect_timeout,
                     response_timeout: options.probe_timeout.max(options.decision_timeout),
                 };
-                let store = RedisStore::new(&url, &store_options)
+                let store = RedisStore::new(client, &store_options)
                     .map_err(RateLimitError::InvalidRedisUrl)?;
                 Some(Shared {
                     store,
@@ -310,14 +326,19 @@ impl Inner {
     }
 
     /// One probe: `PING`, twice if needed, since the first attempt on a dead
-    /// connection only starts the reconnect.
-    async fn probe(&self, shared: &Shared) -> bool {
+    /// connection only starts the reconnect. `Err` says why Redis did not
+    /// answer (refused credentials, an untrusted certificate, a timeout…);
+    /// the redis crate's messages never contain the URL or its password.
+    async fn probe(&self, shared: &Shared) -> Result<(), String> {
+        let mut last = String::new();
         for _ in 0..2 {
-            if let Ok(Ok(())) = timeout(self.options.probe_timeout, shared.store.ping()).await {
-                return true;
+            match timeout(self.options.probe_timeout, shared.store.ping()).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(error)) => last = error.to_string(),
+                Err(_) => last = format!("no answer within {:?}", self.options.probe_timeout),
             }
         }
-        false
+        Err(last)
     }
 }
 
@@ -350,7 +371,12 @@ struct Elapsed;
 
 /// Background task: while the breaker is open, probe Redis every
 /// `breaker_open_for` and close the breaker when it answers.
+///
+/// Why a probe failed is logged once per outage, and again only when the
+/// reason changes: a wrong password (`WRONGPASS`) or an untrusted certificate
+/// must be visible to an operator, without one line per second.
 async fn probe_loop(inner: Weak<Inner>, breaker: Arc<Breaker>) {
+    let mut logged: Option<String> = None;
     loop {
         if !breaker.is_open() {
             breaker.opened().await;
@@ -362,11 +388,23 @@ async fn probe_loop(inner: Weak<Inner>, breaker: Arc<Breaker>) {
         let Some(shared) = strong.shared.as_ref() else {
             return;
         };
-        if strong.probe(shared).await {
-            breaker.close();
-            strong.stats.breaker_closed();
-            tracing::info!("rate-limit Redis reachable; shared limits resumed");
-            continue;
+        let error = match strong.probe(shared).await {
+            Ok(()) => {
+                breaker.close();
+                strong.stats.breaker_closed();
+                tracing::info!("rate-limit Redis reachable; shared limits resumed");
+                logged = None;
+                continue;
+            }
+            Err(error) => error,
+        };
+        if logged.as_deref() != Some(error.as_str()) {
+            tracing::warn!(
+                %error,
+                retry_every = ?strong.options.breaker_open_for,
+                "rate-limit Redis does not answer; limits are replica-local until it does"
+            );
+            logged = Some(error);
         }
         strong.stats.probe_failed();
         let wait = strong.options.breaker_open_for;

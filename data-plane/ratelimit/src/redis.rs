@@ -40,9 +40,10 @@ pub(crate) struct RedisStore {
 }
 
 impl RedisStore {
-    /// Opens (lazily) the connection to `url`. Must run inside a Tokio runtime.
-    pub(crate) fn new(url: &str, options: &StoreOptions) -> RedisResult<Self> {
-        let client = Client::open(url)?;
+    /// Opens (lazily) the connection of `client` (plain or TLS, with or
+    /// without a password: the client carries all of it). Must run inside a
+    /// Tokio runtime.
+    pub(crate) fn new(client: Client, options: &StoreOptions) -> RedisResult<Self> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout))
