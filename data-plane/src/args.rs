@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use gateway_redis::{RedisTarget, RedisTargetError, RedisUrl, RedisUrlParser};
 
 use crate::pipeline::Limits;
 use crate::pool::PoolSettings;
@@ -74,9 +75,18 @@ pub struct Args {
     #[arg(long, env = "DP_JWT_AUDIENCE", default_value = "gateway")]
     pub jwt_audience: String,
 
-    /// Redis holding the shared rate-limit budgets.
-    #[arg(long, env = "DP_REDIS_URL")]
-    pub redis_url: Option<String>,
+    /// Redis holding the shared rate-limit budgets:
+    /// `redis://[[user]:password@]host:port[/db]`, or `rediss://…` for TLS.
+    /// Printed only redacted (`redis://:***@host:port`); prefer the environment
+    /// variable to the flag for a URL with a password (a command line is
+    /// visible in `ps`).
+    #[arg(long, env = "DP_REDIS_URL", value_parser = RedisUrlParser, hide_env_values = true)]
+    pub redis_url: Option<RedisUrl>,
+
+    /// PEM CA certificate(s) a `rediss://` Redis's certificate must chain to
+    /// (default: the system's roots).
+    #[arg(long, env = "DP_REDIS_CA")]
+    pub redis_ca: Option<PathBuf>,
 
     /// Longest a rate-limit decision waits for Redis before the replica-local
     /// limiter decides, in milliseconds.
@@ -211,7 +221,19 @@ impl Args {
         if self.node_id.as_deref().is_some_and(str::is_empty) {
             return invalid("node-id", "must not be empty");
         }
+        if self.redis_ca.is_some() && !self.redis_url.as_ref().is_some_and(RedisUrl::is_tls) {
+            return invalid("redis-ca", "needs a rediss:// (TLS) --redis-url");
+        }
         Ok(())
+    }
+
+    /// The rate-limit Redis (`--redis-url`, `--redis-ca`), with the CA file
+    /// read and checked; `None` without `--redis-url`.
+    pub fn redis(&self) -> Result<Option<RedisTarget>, RedisTargetError> {
+        self.redis_url
+            .clone()
+            .map(|url| RedisTarget::new(url, self.redis_ca.as_deref()))
+            .transpose()
     }
 
     /// The node id: `--node-id`, or `hostname-pid`.
@@ -325,6 +347,51 @@ mod tests {
         let debug = format!("{a:?} {a:#?}");
         assert!(!debug.contains("very-secret-token-42"), "{debug}");
         assert!(debug.contains("<redacted>"), "{debug}");
+    }
+
+    #[test]
+    fn the_redis_password_is_never_shown() {
+        let a = Args::try_parse_from([
+            "data-plane",
+            "--redis-url",
+            "rediss://:redis-secret-91@cache:6380/1",
+        ])
+        .unwrap();
+        a.validate().unwrap();
+        let target = a.redis().unwrap().unwrap();
+        assert_eq!(
+            target.url().expose(),
+            "rediss://:redis-secret-91@cache:6380/1"
+        );
+        let shown = format!("{a:?} {target} {target:?}");
+        assert!(!shown.contains("redis-secret-91"), "{shown}");
+        assert!(shown.contains("rediss://:***@cache:6380/1"), "{shown}");
+        // A refused URL is quoted redacted in clap's error.
+        let err = Args::try_parse_from(["data-plane", "--redis-url", "redis://:redis-secret-91@"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--redis-url"), "{err}");
+        assert!(!err.contains("redis-secret-91"), "{err}");
+        // --redis-ca is for TLS only.
+        let a = Args::try_parse_from([
+            "data-plane",
+            "--redis-url",
+            "redis://:redis-secret-91@cache:6379",
+            "--redis-ca",
+            "ca.pem",
+        ])
+        .unwrap();
+        let err = a.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--redis-ca") && err.contains("rediss://"),
+            "{err}"
+        );
+        assert!(
+            Args::try_parse_from(["data-plane", "--redis-ca", "ca.pem"])
+                .unwrap()
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]

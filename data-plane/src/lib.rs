@@ -79,9 +79,12 @@ pub enum StartError {
     /// The token verifier cannot be built (bad `--jwks-url`, empty issuer or audience).
     #[error("token verification: {0}")]
     Jwt(#[from] gateway_jwt::JwtConfigError),
-    /// The rate limiter cannot be built (bad `--redis-url`).
+    /// The rate limiter cannot be built.
     #[error(transparent)]
     RateLimit(#[from] gateway_ratelimit::RateLimitError),
+    /// The rate-limit Redis settings are unusable (`--redis-ca`, the TLS client).
+    #[error("rate-limit Redis: {0}")]
+    Redis(#[from] gateway_redis::RedisTargetError),
     /// The control plane TLS files are unusable.
     #[error("control plane TLS: {0}")]
     ControlPlaneTls(#[from] xds::TlsFilesError),
@@ -144,6 +147,7 @@ impl DataPlane {
     pub async fn start(self) -> Result<Running, StartError> {
         let args = self.args;
         args.validate()?;
+        let redis = args.redis()?;
         let control_plane_tls = match &args.control_plane_ca {
             Some(ca) => Some(xds::client_tls(
                 ca,
@@ -189,13 +193,14 @@ impl DataPlane {
         let rate_limiter = match self.rate_limiter {
             Some(r) => r,
             None => {
-                if args.redis_url.is_none() {
+                if redis.is_none() {
                     tracing::warn!(
                         "no --redis-url: rate limits are enforced per replica, not shared"
                     );
                 }
+                let client = redis.as_ref().map(|r| r.client()).transpose()?;
                 let limiter =
-                    gateway_ratelimit::RateLimiter::new(args.redis_url.clone(), args.ratelimit())?;
+                    gateway_ratelimit::RateLimiter::with_client(client, args.ratelimit())?;
                 Arc::new(ratelimit::RouteLimiter::new(limiter))
             }
         };
@@ -252,8 +257,12 @@ impl DataPlane {
             hostname: args::hostname(),
             build_version: env!("CARGO_PKG_VERSION").to_string(),
         };
+        // The Redis URL only ever appears redacted (`redis://:***@host:port`).
+        let redis_shown = redis
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |r| r.to_string());
         tracing::info!(proxy = %proxy_addr, ops = %admin_addr, node = %node.id, workers,
-            control_plane = %args.control_plane, "data plane started");
+            control_plane = %args.control_plane, redis = %redis_shown, "data plane started");
         let xds = tokio::spawn(xds::run(
             runtime.clone(),
             XdsSettings {
