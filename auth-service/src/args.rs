@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use gateway_redis::{RedisTarget, RedisTargetError, RedisUrl, RedisUrlParser};
 
 use crate::keys::RotationPolicy;
 
@@ -27,9 +28,23 @@ pub struct Cli {
     #[arg(long, env = "AUTH_DATABASE", default_value = "auth.db")]
     pub database: PathBuf,
 
-    /// Redis holding refresh-token families (only SHA-256 hashes of tokens are stored).
-    #[arg(long, env = "AUTH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    pub redis_url: String,
+    /// Redis holding refresh-token families (only SHA-256 hashes of tokens are stored):
+    /// `redis://[[user]:password@]host:port[/db]`, or `rediss://…` for TLS. Printed only
+    /// redacted (`redis://:***@host:port`); prefer the environment variable to the flag for a
+    /// URL with a password (a command line is visible in `ps`).
+    #[arg(
+        long,
+        env = "AUTH_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        value_parser = RedisUrlParser,
+        hide_env_values = true
+    )]
+    pub redis_url: RedisUrl,
+
+    /// PEM CA certificate(s) a `rediss://` Redis's certificate must chain to (default: the
+    /// system's roots).
+    #[arg(long, env = "AUTH_REDIS_CA")]
+    pub redis_ca: Option<PathBuf>,
 
     /// `iss` claim of issued access tokens.
     #[arg(long, env = "AUTH_ISSUER", default_value = "gateway-auth")]
@@ -104,8 +119,8 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// SQLite path.
     pub database: PathBuf,
-    /// Redis URL.
-    pub redis_url: String,
+    /// Redis holding refresh tokens (its `Debug` and `Display` are redacted).
+    pub redis: RedisTarget,
     /// Token issuer.
     pub issuer: String,
     /// Token audience.
@@ -127,14 +142,9 @@ pub enum ArgsError {
     /// Issuer or audience is empty.
     #[error("--{0} must not be empty")]
     Empty(&'static str),
-    /// The Redis URL does not parse.
-    #[error("--redis-url {url:?} is not a redis:// URL: {reason}")]
-    RedisUrl {
-        /// What was given.
-        url: String,
-        /// Why it was refused.
-        reason: String,
-    },
+    /// The Redis settings cannot be used (`--redis-ca` without TLS, an unreadable CA file).
+    #[error(transparent)]
+    Redis(#[from] RedisTargetError),
 }
 
 impl Cli {
@@ -149,16 +159,11 @@ impl Cli {
         if self.audience.is_empty() {
             return Err(ArgsError::Empty("audience"));
         }
-        if let Err(e) = redis::Client::open(self.redis_url.as_str()) {
-            return Err(ArgsError::RedisUrl {
-                url: self.redis_url.clone(),
-                reason: e.to_string(),
-            });
-        }
+        let redis = RedisTarget::new(self.redis_url.clone(), self.redis_ca.as_deref())?;
         Ok(ServerConfig {
             listen: self.listen,
             database: self.database.clone(),
-            redis_url: self.redis_url.clone(),
+            redis,
             issuer: self.issuer.clone(),
             audience: self.audience.clone(),
             key_dir: self.key_dir.clone(),
@@ -241,12 +246,50 @@ mod tests {
                 .to_string()
                 .contains("at least 2")
         );
-        let cli = Cli::try_parse_from(["auth-service", "--redis-url", "http://x"]).unwrap();
+        let err = Cli::try_parse_from(["auth-service", "--redis-url", "http://:pw-77@x"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--redis-url"), "{err}");
+        assert!(err.contains("http://:***@x"), "{err}");
+        assert!(!err.contains("pw-77"), "{err}");
+        let cli = Cli::try_parse_from([
+            "auth-service",
+            "--redis-url",
+            "redis://:pw-77@x:6379",
+            "--redis-ca",
+            "/nonexistent/ca.pem",
+        ])
+        .unwrap();
+        let err = cli.server_config().unwrap_err().to_string();
         assert!(
-            cli.server_config()
-                .unwrap_err()
-                .to_string()
-                .contains("--redis-url")
+            err.contains("--redis-ca") && err.contains("rediss://"),
+            "{err}"
         );
+        assert!(!err.contains("pw-77"), "{err}");
+        let cli = Cli::try_parse_from([
+            "auth-service",
+            "--redis-url",
+            "rediss://:pw-77@x:6380",
+            "--redis-ca",
+            "/nonexistent/ca.pem",
+        ])
+        .unwrap();
+        let err = cli.server_config().unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    }
+
+    #[test]
+    fn the_redis_password_is_never_shown() {
+        let cli = Cli::try_parse_from([
+            "auth-service",
+            "--redis-url",
+            "redis://app:pw-77@cache:6379/2",
+        ])
+        .unwrap();
+        let cfg = cli.server_config().unwrap();
+        assert_eq!(cfg.redis.url().expose(), "redis://app:pw-77@cache:6379/2");
+        let shown = format!("{cli:?} {cfg:?} {}", cfg.redis);
+        assert!(!shown.contains("pw-77"), "{shown}");
+        assert!(shown.contains("redis://***:***@cache:6379/2"), "{shown}");
     }
 }

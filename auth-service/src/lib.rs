@@ -26,6 +26,7 @@ use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use gateway_redis::{RedisTarget, RedisTargetError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::net::TcpListener;
 
@@ -46,9 +47,9 @@ pub enum RunError {
     /// Keys could not be loaded or created.
     #[error(transparent)]
     Keys(#[from] keys::KeyError),
-    /// Bad Redis URL.
+    /// The Redis client cannot be set up (the message never holds the URL's password).
     #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(#[from] gateway_redis::RedisTargetError),
     /// Binding or serving failed.
     #[error("listening on {addr}: {source}")]
     Listen {
@@ -61,14 +62,42 @@ pub enum RunError {
 
 /// The process's one Redis connection manager: connects lazily (the service starts even while
 /// Redis is down and answers 503 on token endpoints) and fails requests fast when Redis is slow.
-pub fn redis_connection(url: &str) -> Result<ConnectionManager, redis::RedisError> {
-    let client = redis::Client::open(url)?;
+/// `redis://` or `rediss://`, with or without a password: the target's client carries it all.
+pub fn redis_connection(target: &RedisTarget) -> Result<ConnectionManager, RedisTargetError> {
+    let client = target.client()?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(1)))
         .set_response_timeout(Some(Duration::from_secs(2)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
-    ConnectionManager::new_lazy_with_config(client, config)
+    ConnectionManager::new_lazy_with_config(client, config).map_err(|source| {
+        RedisTargetError::Client {
+            url: target.url().redacted().to_owned(),
+            source,
+        }
+    })
+}
+
+/// One `PING` at start-up, so a wrong password, an untrusted certificate or an unreachable
+/// Redis is reported at once with its reason (the URL only redacted), not at the first login.
+async fn check_redis(mut conn: ConnectionManager, target: RedisTarget) {
+    let ping = redis::cmd("PING");
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        ping.query_async::<String>(&mut conn),
+    )
+    .await
+    {
+        Ok(Ok(_)) => tracing::info!(redis = %target, "redis reachable"),
+        Ok(Err(error)) => tracing::warn!(
+            redis = %target, %error,
+            "redis refused or failed: login, refresh and logout answer 503 until it works"
+        ),
+        Err(_) => tracing::warn!(
+            redis = %target,
+            "redis did not answer within 5 s: login, refresh and logout answer 503 until it does"
+        ),
+    }
 }
 
 /// Binds `config.listen` and runs the service until `shutdown` resolves.
@@ -99,7 +128,9 @@ pub async fn run_with_listener(
         "signing keys loaded"
     );
     let keys = Arc::new(RwLock::new(ring));
-    let refresh = RefreshStore::new(redis_connection(&config.redis_url)?);
+    let conn = redis_connection(&config.redis)?;
+    tokio::spawn(check_redis(conn.clone(), config.redis.clone()));
+    let refresh = RefreshStore::new(conn);
     let issuer = TokenIssuer {
         issuer: config.issuer.clone(),
         audience: config.audience.clone(),

@@ -76,7 +76,9 @@ impl RedisServer {
 
     /// A connection manager configured like the service's.
     pub(crate) async fn connection_manager(&self) -> ConnectionManager {
-        crate::redis_connection(&self.url).expect("redis url")
+        let target = gateway_redis::RedisTarget::new(self.url.parse().expect("redis url"), None)
+            .expect("redis target");
+        crate::redis_connection(&target).expect("redis client")
     }
 
     /// Kills the server and waits for it to exit.
