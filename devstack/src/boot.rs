@@ -12,7 +12,7 @@ use crate::demo::demo_config;
 use crate::error::StackError;
 use crate::process::{ProcessSpec, Readiness};
 use crate::stack::{Slot, Stack, try_join_all};
-use crate::sys;
+use crate::{secrets, sys};
 
 /// The demo users seeded into the auth service: (name, role, password).
 pub const DEMO_USERS: [(&str, &str, &str); 2] =
@@ -189,7 +189,7 @@ impl Stack {
         data_plane_bin: PathBuf,
         mock_bin: PathBuf,
         auth_bin: Option<PathBuf>,
-    ) {
+    ) -> Result<(), StackError> {
         let p = self.ports.clone();
         let dir = self.dir.clone();
         let local = |port: u16| format!("127.0.0.1:{port}");
@@ -198,23 +198,44 @@ impl Stack {
         if let Some(bin) = redis_bin {
             let redis_dir = dir.join("redis");
             let _ = std::fs::create_dir_all(&redis_dir);
-            self.register(
-                "redis",
-                bin,
-                vec![
+            let mut args = Vec::new();
+            if let Some(password) = &self.redis_password {
+                // In a config file (mode 0600), not on the command line: `ps` shows that,
+                // and so does the "starting" line of the log.
+                let conf = redis_dir.join("redis.conf");
+                secrets::write_private(&conf, &format!("requirepass {password}\n"))?;
+                args.push(conf.display().to_string());
+            }
+            let port = p.redis.to_string();
+            match &self.redis_pki {
+                // TLS only: no plain-text port at all.
+                Some(pki) => args.extend([
                     "--port".into(),
-                    p.redis.to_string(),
-                    "--bind".into(),
-                    "127.0.0.1".into(),
-                    "--save".into(),
-                    String::new(),
-                    "--appendonly".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    port,
+                    "--tls-cert-file".into(),
+                    pki.server_cert.display().to_string(),
+                    "--tls-key-file".into(),
+                    pki.server_key.display().to_string(),
+                    "--tls-ca-cert-file".into(),
+                    pki.ca.display().to_string(),
+                    "--tls-auth-clients".into(),
                     "no".into(),
-                    "--dir".into(),
-                    redis_dir.display().to_string(),
-                ],
-                Readiness::RedisPing(local(p.redis)),
-            );
+                ]),
+                None => args.extend(["--port".into(), port]),
+            }
+            args.extend([
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--save".into(),
+                String::new(),
+                "--appendonly".into(),
+                "no".into(),
+                "--dir".into(),
+                redis_dir.display().to_string(),
+            ]);
+            self.register("redis", bin, args, Readiness::Redis(self.redis_target()));
         }
 
         let database = self
@@ -277,17 +298,23 @@ impl Stack {
                     local(p.auth),
                     "--database".into(),
                     path("auth.db"),
-                    "--redis-url".into(),
-                    self.redis_url(),
+                ]
+                .into_iter()
+                .chain(self.redis_ca_args())
+                .chain([
                     "--key-dir".into(),
                     path("auth-keys"),
                     "--issuer".into(),
                     JWT_ISSUER.into(),
                     "--audience".into(),
                     JWT_AUDIENCE.into(),
-                ],
+                ])
+                .collect(),
                 Readiness::Http(format!("{}/healthz", self.auth_url())),
             );
+            // The URL may hold the password: environment, not command line.
+            self.set_env("auth-service", "AUTH_REDIS_URL", self.redis_url())
+                .expect("auth-service was just registered");
         }
 
         for (i, name) in self.data_plane_names().into_iter().enumerate() {
@@ -314,7 +341,7 @@ impl Stack {
                 ]);
             }
             if self.options.redis {
-                args.extend(["--redis-url".into(), self.redis_url()]);
+                args.extend(self.redis_ca_args());
             }
             if let Some(pki) = &self.pki {
                 // mTLS: the client certificate authenticates the data plane.
@@ -337,21 +364,28 @@ impl Stack {
                     &name,
                     "DP_CONTROL_PLANE_TOKEN",
                     self.tokens.data_plane.clone(),
-                );
+                )
+                .expect("the data plane was just registered");
+            }
+            // Like the token: the URL may hold Redis's password.
+            if self.options.redis {
+                self.set_env(&name, "DP_REDIS_URL", self.redis_url())
+                    .expect("the data plane was just registered");
             }
         }
+        Ok(())
+    }
+
+    /// `--redis-ca FILE` for the clients of a TLS Redis, else nothing.
+    fn redis_ca_args(&self) -> Vec<String> {
+        self.redis_ca()
+            .map(|ca| vec!["--redis-ca".to_owned(), ca.display().to_string()])
+            .unwrap_or_default()
     }
 
     /// The control plane's tokens file, in the stack directory.
     pub(crate) fn tokens_file(&self) -> PathBuf {
         self.dir.join("control-plane-tokens")
-    }
-
-    /// Adds an environment variable to a registered process.
-    fn set_env(&mut self, name: &str, key: &str, value: String) {
-        if let Some(slot) = self.lock().get_mut(name) {
-            slot.spec.env.push((key.to_owned(), value));
-        }
     }
 
     fn register(&mut self, name: &str, program: PathBuf, args: Vec<String>, readiness: Readiness) {

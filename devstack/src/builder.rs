@@ -11,7 +11,7 @@ use crate::pki::Pki;
 use crate::ports::Ports;
 use crate::prereq::redis_install_hint;
 use crate::readiness::http_client;
-use crate::secrets::Tokens;
+use crate::secrets::{Tokens, random_token};
 use crate::stack::Stack;
 
 /// Builder options; defaults written down in [`StackBuilder::default`].
@@ -29,6 +29,8 @@ pub(crate) struct Options {
     pub(crate) env: Vec<(String, String, String)>,
     pub(crate) data_plane_args: Vec<String>,
     pub(crate) tls: bool,
+    pub(crate) redis_password: bool,
+    pub(crate) redis_tls: bool,
 }
 
 /// Configures a [`Stack`]; get one with [`Stack::new`].
@@ -55,6 +57,8 @@ impl Default for StackBuilder {
                 env: Vec::new(),
                 data_plane_args: Vec::new(),
                 tls: false,
+                redis_password: false,
+                redis_tls: false,
             },
         }
     }
@@ -86,6 +90,23 @@ impl StackBuilder {
     /// control-plane URL becomes `https://127.0.0.1:P`.
     pub fn tls(mut self, on: bool) -> Self {
         self.options.tls = on;
+        self
+    }
+
+    /// Protect Redis with a random password (default false). redis-server reads
+    /// it from a config file (mode 0600); data planes and the auth service get
+    /// `redis://:PASSWORD@…` through the environment (`DP_REDIS_URL`,
+    /// `AUTH_REDIS_URL`), never on a command line.
+    pub fn redis_password(mut self, on: bool) -> Self {
+        self.options.redis_password = on;
+        self
+    }
+
+    /// Serve Redis over TLS only (default false), with a throwaway CA: no
+    /// plain-text port, data planes and the auth service use `rediss://` and
+    /// `--redis-ca`.
+    pub fn redis_tls(mut self, on: bool) -> Self {
+        self.options.redis_tls = on;
         self
     }
 
@@ -161,6 +182,11 @@ impl StackBuilder {
                 "at least one data plane is needed".into(),
             ));
         }
+        if (o.redis_password || o.redis_tls) && !o.redis {
+            return Err(StackError::Options(
+                ".redis_password(true) and .redis_tls(true) need .redis(true)".into(),
+            ));
+        }
         if o.auth && !o.redis {
             return Err(StackError::Options(
                 "the auth service stores refresh tokens in Redis: .auth(true) needs .redis(true)"
@@ -214,11 +240,19 @@ impl StackBuilder {
             auth_bin: auth_bin.clone(),
             tokens: Tokens::generate()?,
             pki: None,
+            redis_password: None,
+            redis_pki: None,
             options: o,
         };
         stack.tokens.write_file(&stack.tokens_file())?;
         if stack.options.tls {
             stack.pki = Some(Pki::generate(&stack.dir.join("tls"))?);
+        }
+        if stack.options.redis_password {
+            stack.redis_password = Some(random_token()?);
+        }
+        if stack.options.redis_tls {
+            stack.redis_pki = Some(Pki::generate(&stack.dir.join("redis-tls"))?);
         }
         stack.register_all(
             redis_bin,
@@ -226,7 +260,7 @@ impl StackBuilder {
             data_plane_bin,
             mock_bin,
             auth_bin,
-        );
+        )?;
         tracing::info!(dir = %stack.dir.display(), "starting the stack; logs in {}", stack.log_dir().display());
         stack.seeded_version = stack.boot().await?;
         tracing::info!(version = stack.seeded_version, "stack ready");

@@ -55,6 +55,16 @@ struct Cli {
     #[arg(long, env = "DEVSTACK_TLS")]
     tls: bool,
 
+    /// Protect Redis with a random password (redis-server reads it from
+    /// <stack dir>/redis/redis.conf; the services get it through the environment).
+    /// The JSON line's "redis" shows the URL redacted.
+    #[arg(long, env = "DEVSTACK_REDIS_PASSWORD")]
+    redis_password: bool,
+
+    /// Serve Redis over TLS only, with a throwaway CA (rediss:// and --redis-ca).
+    #[arg(long, env = "DEVSTACK_REDIS_TLS")]
+    redis_tls: bool,
+
     /// Seconds to wait for every process to become ready.
     #[arg(long, env = "DEVSTACK_STARTUP_TIMEOUT_SECS", default_value_t = 60)]
     startup_timeout_secs: u64,
@@ -93,6 +103,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .fixed_ports(!cli.json)
         .keep_temp_dir(cli.keep_temp)
         .tls(cli.tls)
+        .redis_password(cli.redis_password)
+        .redis_tls(cli.redis_tls)
         .startup_timeout(Duration::from_secs(cli.startup_timeout_secs));
     if let Some(url) = &cli.otlp_endpoint {
         builder = builder.otlp_endpoint(url.clone());

@@ -16,8 +16,8 @@ use crate::sys;
 pub(crate) enum Readiness {
     /// `GET url` answers 200.
     Http(String),
-    /// Redis at this address answers `PING`.
-    RedisPing(String),
+    /// Redis answers `PING` (over TLS and with the password, when it has them).
+    Redis(gateway_redis::RedisTarget),
     /// `grpc.health.v1.Health/Check("")` at this URL is SERVING.
     GrpcHealth(String),
 }

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tonic::transport::{Channel, ClientTlsConfig};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -31,29 +29,25 @@ pub(crate) async fn http_ok(client: &reqwest::Client, url: &str) -> Result<(), S
     }
 }
 
-/// Redis at `addr` ("127.0.0.1:P") answers `PING` with `+PONG`.
-pub(crate) async fn redis_ping(addr: &str) -> Result<(), String> {
+/// Redis answers `PING`, through the same client code the services use
+/// (`rediss://`, CA, password). Errors name the URL only redacted.
+pub(crate) async fn redis_ping(target: &gateway_redis::RedisTarget) -> Result<(), String> {
     let probe = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        stream
-            .write_all(b"PING\r\n")
+        let client = target.client().map_err(|e| e.to_string())?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
             .await
             .map_err(|e| e.to_string())?;
-        let mut buf = [0u8; 64];
-        let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
-        if buf[..n].starts_with(b"+PONG") {
-            Ok(())
-        } else {
-            Err(format!(
-                "answered {:?}",
-                String::from_utf8_lossy(&buf[..n]).trim_end()
-            ))
-        }
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
     };
-    tokio::time::timeout(PROBE_TIMEOUT, probe)
-        .await
-        .map_err(|_| "PING timed out".to_owned())?
-        .map_err(|e| format!("redis {addr}: {e}"))
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("redis {target}: {e}")),
+        Err(_) => Err(format!("redis {target}: PING timed out")),
+    }
 }
 
 /// `grpc.health.v1.Health/Check` for the whole server answers SERVING.

@@ -30,8 +30,8 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
-/// 32 random bytes from the kernel, hex-encoded.
-fn random_token() -> Result<String, StackError> {
+/// 32 random bytes from the kernel, hex-encoded (tokens, the Redis password).
+pub(crate) fn random_token() -> Result<String, StackError> {
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
@@ -57,15 +57,20 @@ impl Tokens {
              {ADMIN_NAME} admin {}\n{DATA_PLANE_NAME} data-plane {}\n",
             self.admin, self.data_plane
         );
-        std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
-            .and_then(|mut f| f.write_all(text.as_bytes()))
-            .map_err(StackError::io(format!("writing {}", path.display())))
+        write_private(path, &text)
     }
+}
+
+/// Writes `text` to a file only its owner can read (mode 0600).
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<(), StackError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(StackError::io(format!("writing {}", path.display())))
 }
 
 #[cfg(test)]

@@ -81,6 +81,10 @@ pub struct Stack {
     pub(crate) auth_bin: Option<PathBuf>,
     pub(crate) tokens: Tokens,
     pub(crate) pki: Option<Pki>,
+    /// With `.redis_password(true)`: Redis's `requirepass`.
+    pub(crate) redis_password: Option<String>,
+    /// With `.redis_tls(true)`: the CA and server certificate of the TLS-only Redis.
+    pub(crate) redis_pki: Option<Pki>,
 }
 
 /// The AdminService client of [`Stack::admin_client`]: every call carries the admin token.
@@ -172,9 +176,46 @@ impl Stack {
         format!("http://127.0.0.1:{}", self.ports.auth)
     }
 
-    /// Redis URL, `"redis://127.0.0.1:P"` (nothing listens there with `.redis(false)`).
+    /// Redis URL as the services get it: `"redis://127.0.0.1:P"`, with
+    /// `:PASSWORD@` after `.redis_password(true)` and `rediss://` after
+    /// `.redis_tls(true)` (nothing listens there with `.redis(false)`).
+    /// It may hold the password: print [`Stack::redis_url_redacted`] instead.
     pub fn redis_url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.ports.redis)
+        let scheme = if self.redis_pki.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let auth = self
+            .redis_password
+            .as_ref()
+            .map_or_else(String::new, |p| format!(":{p}@"));
+        format!("{scheme}://{auth}127.0.0.1:{}", self.ports.redis)
+    }
+
+    /// [`Stack::redis_url`] with the password hidden (`redis://:***@127.0.0.1:P`).
+    pub fn redis_url_redacted(&self) -> String {
+        gateway_redis::redact(&self.redis_url())
+    }
+
+    /// Redis's password, with `.redis_password(true)`.
+    pub fn redis_password(&self) -> Option<&str> {
+        self.redis_password.as_deref()
+    }
+
+    /// The CA of the TLS-only Redis (`--redis-ca`), with `.redis_tls(true)`.
+    pub fn redis_ca(&self) -> Option<&Path> {
+        self.redis_pki.as_ref().map(|p| p.ca.as_path())
+    }
+
+    /// How the services reach Redis (URL and CA), for clients of a test's own.
+    pub fn redis_target(&self) -> gateway_redis::RedisTarget {
+        let url = self
+            .redis_url()
+            .parse()
+            .expect("devstack's Redis URL is always valid");
+        gateway_redis::RedisTarget::new(url, self.redis_ca())
+            .expect("devstack's Redis CA was written at start")
     }
 
     /// Every port of the stack.
@@ -264,7 +305,8 @@ impl Stack {
             gateways: self.gateways(),
             gateway_admins: self.gateway_admins(),
             auth: self.auth_url(),
-            redis: self.redis_url(),
+            // Redacted: the JSON line is printed, and may be logged by whoever runs devstack.
+            redis: self.redis_url_redacted(),
             pids,
             log_dir: self.log_dir().display().to_string(),
             config_version: self.seeded_version,
@@ -303,6 +345,24 @@ impl Stack {
             Some(child) => Ok(Some(terminate(name, child).await)),
             None => Ok(None),
         }
+    }
+
+    /// Sets (or replaces) an environment variable of process `name` from its
+    /// next start on ([`Stack::start_process`]); e.g. a wrong Redis URL to
+    /// see how a service reports it.
+    pub fn set_env(
+        &self,
+        name: &str,
+        key: &str,
+        value: impl Into<String>,
+    ) -> Result<(), StackError> {
+        let mut procs = self.lock();
+        let slot = procs
+            .get_mut(name)
+            .ok_or_else(|| StackError::UnknownProcess(name.to_owned()))?;
+        slot.spec.env.retain(|(k, _)| k != key);
+        slot.spec.env.push((key.to_owned(), value.into()));
+        Ok(())
     }
 
     /// Starts process `name` again with its original arguments and ports,
@@ -478,7 +538,7 @@ impl Stack {
             self.check_alive(name)?;
             let probe = match &readiness {
                 Readiness::Http(url) => http_ok(&self.http, url).await,
-                Readiness::RedisPing(addr) => redis_ping(addr).await,
+                Readiness::Redis(target) => redis_ping(target).await,
                 Readiness::GrpcHealth(url) => {
                     grpc_serving(url, self.pki.as_ref().map(Pki::client_tls)).await
                 }
