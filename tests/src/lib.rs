@@ -9,11 +9,14 @@
 //! * [`raw_request`]: send bytes exactly as written, for requests `reqwest`
 //!   would normalise (`%2e%2e` paths, hop-by-hop headers);
 //! * [`open_route`]: an `AUTH_NONE` route for tests that are not about auth;
-//! * [`rss_kib`]: a process's resident memory, from `/proc`.
+//! * [`rss_kib`]: a process's resident memory, from `/proc`;
+//! * [`metric_sum`]: one metric from a data plane's `/metrics`;
+//! * [`secrets_in_logs`]: the log-hygiene scan (no secret in any log line).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use std::future::Future;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -217,6 +220,57 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("no VmRSS in /proc/{pid}/status"))
 }
 
+/// Sum of every sample of metric `name` (any labels) in the Prometheus text
+/// at `{ops}/metrics` (a data plane's ops URL).
+pub async fn metric_sum(ops: &str, name: &str) -> anyhow::Result<f64> {
+    let text = client()
+        .get(format!("{ops}/metrics"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    let mut found = false;
+    let mut sum = 0.0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        if &line[..name_end] == name {
+            found = true;
+            let value = line.rsplit(' ').next().unwrap_or_default();
+            sum += value
+                .parse::<f64>()
+                .with_context(|| format!("metric line {line:?}"))?;
+        }
+    }
+    if !found {
+        bail!("{ops}/metrics has no metric {name}");
+    }
+    Ok(sum)
+}
+
+/// The log-hygiene scan: reads every file in `dir` (a stack's log directory)
+/// and returns how many it read, and one "WHAT in FILE: LINE" for each file
+/// and secret where a line contains that secret. `secrets` are (what, secret).
+pub fn secrets_in_logs(
+    dir: &Path,
+    secrets: &[(String, String)],
+) -> anyhow::Result<(usize, Vec<String>)> {
+    let mut scanned = 0;
+    let mut leaks = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        scanned += 1;
+        for (what, secret) in secrets {
+            if let Some(line) = text.lines().find(|l| l.contains(secret.as_str())) {
+                leaks.push(format!("{what} in {}: {line}", path.display()));
+            }
+        }
+    }
+    Ok((scanned, leaks))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +290,19 @@ mod tests {
         assert_eq!(r.status, 400);
         assert_eq!(r.body, b"no");
         assert!(parse_response(b"garbage").is_err());
+    }
+
+    #[test]
+    fn the_log_scan_finds_secrets_and_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        std::fs::write(dir.join("a.log"), "fine\nthe token is s3cr3t-x here\n").unwrap();
+        std::fs::write(dir.join("b.log"), "nothing to see\n").unwrap();
+        let secrets = [("a token".to_owned(), "s3cr3t-x".to_owned())];
+        let (scanned, leaks) = secrets_in_logs(dir, &secrets).unwrap();
+        assert_eq!(scanned, 2);
+        assert_eq!(leaks.len(), 1, "{leaks:?}");
+        assert!(leaks[0].starts_with("a token in ") && leaks[0].contains("a.log"));
     }
 
     #[test]
