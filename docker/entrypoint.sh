@@ -2,6 +2,13 @@
 # gateway-entrypoint: prepares what a service needs on first start, then execs the binary
 # (so it runs as PID 1 and receives SIGTERM from `docker stop` / `--scale` down directly).
 #
+#   control-plane ...  unless --auth-tokens-file is given, writes one from GATEWAY_ADMIN_TOKEN,
+#                      GATEWAY_DATA_PLANE_TOKEN and GATEWAY_VIEWER_TOKEN (compose's .env; any may be
+#                      empty, not all) to $GATEWAY_TOKENS_FILE (default /var/lib/gateway/auth-tokens)
+#                      as SHA-256 digests under the names compose-admin, compose-data-plane and
+#                      compose-viewer, and adds --auth-tokens-file. A token shorter than 32
+#                      characters, or with spaces, stops the container with the reason. The tokens
+#                      are removed from the environment before the control plane starts.
 #   data-plane ...     adds `--node-id $(hostname)` unless a node id is given: the container
 #                      hostname is unique per replica and stable across `docker restart`.
 #   auth-service ...   when the database file does not exist yet, first creates the users listed in
@@ -42,7 +49,43 @@ seed_users() {
   done
 }
 
+# The tokens the control plane's tokens file is written from: VARIABLE:NAME:ROLE.
+TOKEN_VARS=(GATEWAY_ADMIN_TOKEN:compose-admin:admin GATEWAY_DATA_PLANE_TOKEN:compose-data-plane:data-plane
+  GATEWAY_VIEWER_TOKEN:compose-viewer:viewer)
+
+# Writes $1 from the non-empty GATEWAY_*_TOKEN variables, as SHA-256 digests (mode 0600). Every
+# token is checked before anything is written.
+write_tokens_file() {
+  local file=$1 entry var name role token lines=
+  for entry in "${TOKEN_VARS[@]}"; do
+    IFS=: read -r var name role <<<"$entry"
+    token=${!var:-}
+    [ -n "$token" ] || continue
+    if [ "${#token}" -lt 32 ]; then
+      echo "gateway-entrypoint: $var is too short (${#token} characters, at least 32): generate one with 'openssl rand -hex 32'" >&2
+      exit 64
+    fi
+    if ! [[ $token =~ ^[[:graph:]]+$ ]]; then
+      echo "gateway-entrypoint: $var must be printable characters without spaces" >&2
+      exit 64
+    fi
+    lines+="$name $role sha256:$(printf %s "$token" | sha256sum | cut -d' ' -f1)"$'\n'
+  done
+  (umask 077 && printf '# written by gateway-entrypoint at every start: SHA-256 of GATEWAY_*_TOKEN\n%s' "$lines" >"$file")
+  echo "gateway-entrypoint: wrote $file ($(printf %s "$lines" | grep -c .) tokens, as SHA-256)" >&2
+}
+
 case "${1:-}" in
+  control-plane)
+    if ! option_value --auth-tokens-file "$@" >/dev/null &&
+      [ -n "${GATEWAY_ADMIN_TOKEN:-}${GATEWAY_DATA_PLANE_TOKEN:-}${GATEWAY_VIEWER_TOKEN:-}" ]; then
+      tokens_file=${GATEWAY_TOKENS_FILE:-/var/lib/gateway/auth-tokens}
+      write_tokens_file "$tokens_file"
+      set -- "$@" --auth-tokens-file "$tokens_file"
+    fi
+    # The control plane needs only the file.
+    unset GATEWAY_ADMIN_TOKEN GATEWAY_DATA_PLANE_TOKEN GATEWAY_VIEWER_TOKEN
+    ;;
   data-plane)
     if ! option_value --node-id "$@" >/dev/null; then
       set -- "$@" --node-id "$(hostname)"
