@@ -37,6 +37,60 @@ pub struct Plane {
     pub acked_version: u64,
 }
 
+/// The control-channel tokens of the stack, generated per run and written into the env file
+/// made from `.env.example`.
+pub struct Tokens {
+    /// `GATEWAY_ADMIN_TOKEN` (role admin, name compose-admin).
+    pub admin: String,
+    /// `GATEWAY_DATA_PLANE_TOKEN` (role data-plane).
+    pub data_plane: String,
+    /// `GATEWAY_VIEWER_TOKEN` (role viewer).
+    pub viewer: String,
+}
+
+/// 32 random bytes from the kernel, hex-encoded (what `openssl rand -hex 32` makes).
+fn random_token() -> Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `.env.example` with its token lines set: the env file a user makes by following its comments.
+/// Fails if the example holds anything but empty token placeholders (no secret is ever committed).
+fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
+    let mut out = String::new();
+    let mut set = 0;
+    for line in example.lines() {
+        let value = match line.split_once('=') {
+            Some(("GATEWAY_ADMIN_TOKEN", v)) => Some((v, &tokens.admin)),
+            Some(("GATEWAY_DATA_PLANE_TOKEN", v)) => Some((v, &tokens.data_plane)),
+            Some(("GATEWAY_VIEWER_TOKEN", v)) => Some((v, &tokens.viewer)),
+            _ => None,
+        };
+        match value {
+            Some((placeholder, token)) => {
+                ensure!(
+                    placeholder.trim().is_empty(),
+                    ".env.example must not hold a token: {line:?}"
+                );
+                let (name, _) = line.split_once('=').unwrap_or_default();
+                out.push_str(&format!("{name}={token}\n"));
+                set += 1;
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    ensure!(
+        set == 3,
+        ".env.example lacks some of the 3 GATEWAY_*_TOKEN lines"
+    );
+    Ok(out)
+}
+
 /// A compose project started by the suite; `down -v` when dropped.
 pub struct Stack {
     compose_cmd: Vec<String>,
@@ -54,6 +108,12 @@ pub struct Stack {
     /// Anonymous volumes (data-plane caches) seen on this project's containers: `down -v` removes
     /// those of the containers still there, but replicas removed by a scale-down leave theirs.
     volumes: Mutex<BTreeSet<String>>,
+    /// The run's tokens.
+    tokens: Tokens,
+    /// Directory of the env file (`--env-file`) made from `.env.example`.
+    env_dir: PathBuf,
+    /// Removes `env_dir` when dropped (unless GATEWAY_COMPOSE_KEEP=1 keeps it).
+    env_guard: Option<tempfile::TempDir>,
 }
 
 impl Stack {
@@ -110,6 +170,22 @@ impl Stack {
             spans::Source::jaeger(format!("http://127.0.0.1:{jaeger_port}"))
         };
         let keep = std::env::var("GATEWAY_COMPOSE_KEEP").as_deref() == Ok("1");
+        let tokens = Tokens {
+            admin: random_token()?,
+            data_plane: random_token()?,
+            viewer: random_token()?,
+        };
+        let example =
+            std::fs::read_to_string(root.join(".env.example")).context("reading .env.example")?;
+        let env_dir = tempfile::Builder::new()
+            .prefix("gateway-compose-env-")
+            .tempdir()?;
+        std::fs::write(
+            env_dir.path().join("gateway.env"),
+            env_file_from_example(&example, &tokens)?,
+        )?;
+        // The example as shipped (empty tokens) must make compose refuse, saying what to do.
+        std::fs::write(env_dir.path().join("example.env"), &example)?;
         let stack = Stack {
             compose_cmd,
             project,
@@ -126,7 +202,11 @@ impl Stack {
             spans,
             keep,
             volumes: Mutex::new(BTreeSet::new()),
+            tokens,
+            env_dir: env_dir.path().to_path_buf(),
+            env_guard: Some(env_dir),
         };
+        stack.refuses_the_unfilled_example().await?;
         eprintln!(
             "compose: {} -p {} ({} files); edge 127.0.0.1:{edge_port}, control plane \
              127.0.0.1:{control_plane_port}, auth 127.0.0.1:{auth_port}",
@@ -155,10 +235,57 @@ impl Stack {
         Ok(stack)
     }
 
-    /// Runs the compose CLI with this project's files and environment; returns stdout.
+    /// The env file made from `.env.example` with this run's tokens.
+    fn env_file(&self) -> PathBuf {
+        self.env_dir.join("gateway.env")
+    }
+
+    /// The run's control-channel tokens.
+    pub fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+
+    /// `compose config` with `.env.example` as it is shipped (tokens empty) fails, and says
+    /// which setting is missing and what to do.
+    async fn refuses_the_unfilled_example(&self) -> Result<()> {
+        let mut cmd = Command::new(&self.compose_cmd[0]);
+        cmd.args(&self.compose_cmd[1..])
+            .arg("--env-file")
+            .arg(self.env_dir.join("example.env"))
+            .arg("-p")
+            .arg(&self.project)
+            .arg("--project-directory")
+            .arg(&self.root);
+        for f in &self.files {
+            cmd.arg("-f").arg(f);
+        }
+        cmd.arg("config")
+            .envs(self.env.iter().cloned())
+            .env_remove("GATEWAY_ADMIN_TOKEN")
+            .env_remove("GATEWAY_DATA_PLANE_TOKEN")
+            .stdin(Stdio::null());
+        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .context("`compose config` hung")??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success(),
+            "compose accepted .env.example without tokens"
+        );
+        ensure!(
+            stderr.contains("GATEWAY_ADMIN_TOKEN") && stderr.contains("copy .env.example to .env"),
+            "compose's refusal does not say what to do: {stderr}"
+        );
+        eprintln!("compose refuses .env.example as shipped (no tokens): ok");
+        Ok(())
+    }
+
+    /// Runs the compose CLI with this project's files, env file and environment; returns stdout.
     pub async fn compose(&self, args: &[&str]) -> Result<String> {
         let mut cmd = Command::new(&self.compose_cmd[0]);
         cmd.args(&self.compose_cmd[1..])
+            .arg("--env-file")
+            .arg(self.env_file())
             .arg("-p")
             .arg(&self.project)
             .arg("--project-directory")
@@ -200,14 +327,50 @@ impl Stack {
         format!("{}_{name}", self.project.replace('.', ""))
     }
 
-    /// Calls an AdminService RPC with grpcurl, as an operator would.
+    /// Calls an AdminService RPC with grpcurl and the admin token, as an operator would.
     pub async fn grpc(&self, method: &str, json: &str) -> Result<Value> {
+        let header = format!("authorization: Bearer {}", self.tokens.admin);
         let mut cmd = Command::new("grpcurl");
-        cmd.args(["-plaintext", "-max-time", "10", "-d", json])
+        cmd.args(["-plaintext", "-max-time", "10", "-H", &header, "-d", json])
             .arg(format!("127.0.0.1:{}", self.control_plane_port))
             .arg(format!("gateway.v1.AdminService/{method}"));
         let out = run(cmd, &format!("grpcurl {method}"), Duration::from_secs(20)).await?;
         serde_json::from_str(&out).with_context(|| format!("grpcurl {method} printed {out}"))
+    }
+
+    /// Runs `grpcurl [flags] CONTROL-PLANE what` (`what`: a method, or `list`) with `token` (or
+    /// none); returns whether it succeeded, and stdout + stderr.
+    pub async fn grpcurl_as(
+        &self,
+        token: Option<&str>,
+        flags: &[&str],
+        what: &str,
+    ) -> Result<(bool, String)> {
+        let mut cmd = Command::new("grpcurl");
+        cmd.args(["-plaintext", "-max-time", "10"]).args(flags);
+        if let Some(token) = token {
+            cmd.arg("-H").arg(format!("authorization: Bearer {token}"));
+        }
+        cmd.arg(format!("127.0.0.1:{}", self.control_plane_port))
+            .arg(what)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
+            .await
+            .context("grpcurl hung")??;
+        Ok((
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    }
+
+    /// Every container log of the project (`compose logs`), for the log-hygiene scan.
+    pub async fn all_logs(&self) -> Result<String> {
+        self.compose(&["logs", "--no-color"]).await
     }
 
     /// The control plane's current config version.
@@ -564,14 +727,23 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         if self.keep {
+            // The env file stays too: compose needs it for any later command on the project.
+            if let Some(dir) = self.env_guard.take() {
+                let _ = dir.keep();
+            }
             eprintln!(
-                "GATEWAY_COMPOSE_KEEP=1: leaving project {} up (edge 127.0.0.1:{})",
-                self.project, self.edge_port
+                "GATEWAY_COMPOSE_KEEP=1: leaving project {} up (edge 127.0.0.1:{}); its env file \
+                 (with this run's tokens) is {}",
+                self.project,
+                self.edge_port,
+                self.env_file().display()
             );
             return;
         }
         let mut cmd = std::process::Command::new(&self.compose_cmd[0]);
         cmd.args(&self.compose_cmd[1..])
+            .arg("--env-file")
+            .arg(self.env_file())
             .arg("-p")
             .arg(&self.project)
             .arg("--project-directory")
