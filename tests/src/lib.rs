@@ -209,6 +209,61 @@ pub async fn upsert_route_synced(stack: &devstack::Stack, route: Route) -> anyho
     Ok(version)
 }
 
+/// Creates or replaces `upstream` and waits until every data plane serves the
+/// new version. Returns the version.
+pub async fn upsert_upstream_synced(
+    stack: &devstack::Stack,
+    upstream: gateway_proto::v1::Upstream,
+) -> anyhow::Result<u64> {
+    let name = upstream.name.clone();
+    let version = stack
+        .admin_client()
+        .await
+        .upsert_upstream(gateway_proto::v1::UpsertUpstreamRequest {
+            upstream: Some(upstream),
+            expected_version: None,
+        })
+        .await
+        .with_context(|| format!("upserting upstream {name}"))?
+        .into_inner()
+        .version;
+    stack
+        .wait_synced(version)
+        .await
+        .with_context(|| format!("data planes syncing version {version}"))?;
+    Ok(version)
+}
+
+/// Requests a mock has served so far (its `GET /stats`), by the mock's port.
+pub async fn mock_requests(port: u16) -> anyhow::Result<u64> {
+    let stats: serde_json::Value = client()
+        .get(format!("http://127.0.0.1:{port}/stats"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    stats["requests"].as_u64().context("no request count")
+}
+
+/// A response header as text, if present and visible ASCII.
+pub fn header<'r>(response: &'r reqwest::Response, name: &str) -> Option<&'r str> {
+    response.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The value of one sample at `{ops}/metrics`, found by its full series text
+/// (name and labels exactly as exposed, e.g. `m_total{route="r"}`).
+pub async fn metric_sample(ops: &str, series: &str) -> anyhow::Result<f64> {
+    let text = client()
+        .get(format!("{ops}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .with_context(|| format!("no sample {series} in /metrics"))
+}
+
 /// Resident memory of process `pid` in KiB (`VmRSS` of `/proc/PID/status`).
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
-    Aggregate, AggregatePart, AuthMode, CircuitBreaker, Instance, Route, UpsertUpstreamRequest,
-    Upstream,
+    Aggregate, AggregatePart, AuthMode, CircuitBreaker, Instance, Route, Upstream,
 };
 use gateway_telemetry::TraceContext;
 use gateway_telemetry::receiver::{Kind, Receiver};
-use gateway_tests::{client, login, poll, upsert_route_synced};
+use gateway_tests::{
+    client, header, login, metric_sample, poll, upsert_route_synced, upsert_upstream_synced,
+};
 use serde_json::Value;
 
 /// Deadline for anything that should happen "soon".
@@ -51,23 +52,6 @@ fn aggregate_route(name: &str, prefix: &str, parts: Vec<AggregatePart>) -> Route
     }
 }
 
-/// Creates or replaces `upstream` and waits until every data plane serves it.
-async fn upsert_upstream_synced(stack: &Stack, upstream: Upstream) -> Result<u64> {
-    let version = stack
-        .admin_client()
-        .await
-        .upsert_upstream(UpsertUpstreamRequest {
-            upstream: Some(upstream),
-            expected_version: None,
-        })
-        .await
-        .context("upserting an upstream")?
-        .into_inner()
-        .version;
-    stack.wait_synced(version).await?;
-    Ok(version)
-}
-
 fn one_instance(name: &str, port: u16, breaker: Option<CircuitBreaker>) -> Upstream {
     Upstream {
         name: name.into(),
@@ -79,23 +63,6 @@ fn one_instance(name: &str, port: u16, breaker: Option<CircuitBreaker>) -> Upstr
         circuit_breaker: breaker,
         ..Upstream::default()
     }
-}
-
-fn header<'r>(response: &'r reqwest::Response, name: &str) -> Option<&'r str> {
-    response.headers().get(name).and_then(|v| v.to_str().ok())
-}
-
-/// One sample of the data plane's `/metrics`, by its full series text.
-async fn metric(stack: &Stack, series: &str) -> Result<f64> {
-    let text = client()
-        .get(format!("{}/metrics", stack.gateway_admins()[0]))
-        .send()
-        .await?
-        .text()
-        .await?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .with_context(|| format!("no sample {series} in /metrics"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -215,9 +182,9 @@ async fn a_failing_and_a_slow_optional_part_become_null_and_are_listed() -> Resu
     let outcome = |p: &str, o: &str| {
         format!("gateway_aggregate_parts_total{{route=\"partial\",part=\"{p}\",outcome=\"{o}\"}}")
     };
-    ensure!(metric(&stack, &outcome("user", "ok")).await? == 1.0);
-    ensure!(metric(&stack, &outcome("broken", "status")).await? == 1.0);
-    ensure!(metric(&stack, &outcome("slow", "timeout")).await? == 1.0);
+    ensure!(metric_sample(&stack.gateway_admins()[0], &outcome("user", "ok")).await? == 1.0);
+    ensure!(metric_sample(&stack.gateway_admins()[0], &outcome("broken", "status")).await? == 1.0);
+    ensure!(metric_sample(&stack.gateway_admins()[0], &outcome("slow", "timeout")).await? == 1.0);
     stack.shutdown().await;
     Ok(())
 }
@@ -313,7 +280,7 @@ async fn a_part_whose_breaker_is_open_fails_at_once() -> Result<()> {
     let open =
         "gateway_circuit_breaker_state{upstream=\"flaky\",instance=\"flaky-1\",state=\"open\"}";
     poll(SOON, "the flaky breaker to open", || async {
-        match metric(&stack, open).await {
+        match metric_sample(&stack.gateway_admins()[0], open).await {
             Ok(1.0) => Ok(()),
             other => Err(format!("{other:?}")),
         }
@@ -337,7 +304,7 @@ async fn a_part_whose_breaker_is_open_fails_at_once() -> Result<()> {
     );
     let unavailable =
         "gateway_aggregate_parts_total{route=\"guarded\",part=\"extra\",outcome=\"unavailable\"}";
-    ensure!(metric(&stack, unavailable).await? == 1.0);
+    ensure!(metric_sample(&stack.gateway_admins()[0], unavailable).await? == 1.0);
     stack.shutdown().await;
     Ok(())
 }

@@ -12,9 +12,9 @@ use devstack::Stack;
 use futures::StreamExt;
 use gateway_proto::v1::{
     AuthMode, DnsDiscovery, GetUpstreamRequest, HashOn, HealthCheck, Instance, LbPolicy, Route,
-    UpsertUpstreamRequest, Upstream,
+    Upstream,
 };
-use gateway_tests::{client, login, open_route, poll, upsert_route_synced};
+use gateway_tests::{client, login, open_route, poll, upsert_route_synced, upsert_upstream_synced};
 use serde_json::Value;
 
 /// Deadline for anything that should happen "soon" (config propagation, discovery).
@@ -31,24 +31,6 @@ async fn start_without_auth(env: &[(&str, &str, &str)]) -> Stack {
         .start()
         .await
         .unwrap_or_else(|e| panic!("stack did not start: {e}"))
-}
-
-/// Creates or replaces `upstream` and waits until every data plane serves it.
-async fn upsert_upstream_synced(stack: &Stack, upstream: Upstream) -> u64 {
-    let name = upstream.name.clone();
-    let version = stack
-        .admin_client()
-        .await
-        .upsert_upstream(UpsertUpstreamRequest {
-            upstream: Some(upstream),
-            expected_version: None,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("upserting upstream {name}: {e}"))
-        .into_inner()
-        .version;
-    stack.wait_synced(version).await.unwrap();
-    version
 }
 
 /// The current definition of upstream `name`.
@@ -121,7 +103,7 @@ async fn least_request_sends_a_slow_instance_clearly_fewer_requests_than_round_r
 
     let mut orders = get_upstream(&stack, "orders").await;
     orders.lb_policy = LbPolicy::LeastRequest as i32;
-    upsert_upstream_synced(&stack, orders).await;
+    upsert_upstream_synced(&stack, orders).await.unwrap();
     let lr = served_by(&url, 400, 16).await;
     let lr_slow = share(&lr, "orders-2");
     println!(
@@ -198,7 +180,8 @@ async fn consistent_hash_pins_a_header_key_and_removing_an_instance_moves_only_i
         &stack,
         spread_upstream(&stack, &all, LbPolicy::ConsistentHash, HashOn::Header),
     )
-    .await;
+    .await
+    .unwrap();
     upsert_route_synced(&stack, open_route("spread", "/spread", "spread", "/health"))
         .await
         .unwrap();
@@ -242,7 +225,8 @@ async fn consistent_hash_pins_a_header_key_and_removing_an_instance_moves_only_i
             HashOn::Header,
         ),
     )
-    .await;
+    .await
+    .unwrap();
     let after = owners(&url, &tenants).await;
     let moved: Vec<&String> = tenants.iter().filter(|t| before[*t] != after[*t]).collect();
     assert!(
@@ -276,7 +260,7 @@ async fn consistent_hash_on_user_pins_each_user_to_one_instance() {
     let mut orders = get_upstream(&stack, "orders").await;
     orders.lb_policy = LbPolicy::ConsistentHash as i32;
     orders.hash_on = HashOn::User as i32;
-    upsert_upstream_synced(&stack, orders).await;
+    upsert_upstream_synced(&stack, orders).await.unwrap();
     // The demo's /api/orders allows 20 requests a minute per user; this route has no limit.
     upsert_route_synced(
         &stack,
@@ -361,7 +345,7 @@ async fn dns_discovery_brings_a_local_name_into_service() {
         lb_policy: LbPolicy::LeastRequest as i32,
         ..Default::default()
     };
-    upsert_upstream_synced(&stack, found).await;
+    upsert_upstream_synced(&stack, found).await.unwrap();
     upsert_route_synced(&stack, open_route("found", "/found", "found", "/orders"))
         .await
         .unwrap();

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, ensure};
 use devstack::Stack;
 use futures::future::join_all;
 use gateway_proto::v1::{AuthMode, Route};
-use gateway_tests::{client, login, open_route, poll, upsert_route_synced};
+use gateway_tests::{client, login, mock_requests, open_route, poll, upsert_route_synced};
 use serde_json::Value;
 
 /// Deadline for anything that should happen "soon".
@@ -37,17 +37,6 @@ fn coalescing_route() -> Route {
         timeout_ms: 10_000,
         ..open_route("slow-users", "/slow/users", "users", "/users")
     }
-}
-
-/// Requests the users mock has received so far.
-async fn users_requests(stack: &Stack) -> Result<u64> {
-    let stats: Value = client()
-        .get(format!("http://127.0.0.1:{}/stats", stack.ports().users_1))
-        .send()
-        .await?
-        .json()
-        .await?;
-    stats["requests"].as_u64().context("no request count")
 }
 
 async fn coalesced_total(stack: &Stack, route: &str) -> Result<f64> {
@@ -96,12 +85,12 @@ async fn fifty_identical_concurrent_gets_make_one_upstream_call() -> Result<()> 
     let stack = start(false).await;
     upsert_route_synced(&stack, coalescing_route()).await?;
     let url = format!("{}/slow/users/1?delay_ms={DELAY_MS}", stack.gateways()[0]);
-    let before = users_requests(&stack).await?;
+    let before = mock_requests(stack.ports().users_1).await?;
 
     let answers = concurrent_gets(&url, 50, &[]).await?;
 
     ensure!(
-        users_requests(&stack).await? - before == 1,
+        mock_requests(stack.ports().users_1).await? - before == 1,
         "the mock must see one request for 50 identical ones"
     );
     let (_, _, first_body) = &answers[0];
@@ -123,13 +112,13 @@ async fn requests_with_cache_control_no_cache_are_not_coalesced() -> Result<()> 
     let stack = start(false).await;
     upsert_route_synced(&stack, coalescing_route()).await?;
     let url = format!("{}/slow/users/1?delay_ms=1000", stack.gateways()[0]);
-    let before = users_requests(&stack).await?;
+    let before = mock_requests(stack.ports().users_1).await?;
 
     let answers = concurrent_gets(&url, 5, &[("cache-control", "no-cache")]).await?;
 
     ensure!(answers.iter().all(|(s, _, _)| *s == 200));
     ensure!(
-        users_requests(&stack).await? - before == 5,
+        mock_requests(stack.ports().users_1).await? - before == 5,
         "no-cache requests each go upstream"
     );
     ensure!(coalesced_total(&stack, "slow-users").await? == 0.0);
@@ -151,7 +140,7 @@ async fn different_users_are_not_coalesced() -> Result<()> {
     let alice = login(&stack.auth_url(), "alice", "wonderland").await?;
     let bob = login(&stack.auth_url(), "bob", "builder").await?;
     let url = format!("{}/slow/users/1?delay_ms={DELAY_MS}", stack.gateways()[0]);
-    let before = users_requests(&stack).await?;
+    let before = mock_requests(stack.ports().users_1).await?;
 
     let (alice, bob) = (format!("Bearer {alice}"), format!("Bearer {bob}"));
     let (alice, bob) = (
@@ -164,7 +153,7 @@ async fn different_users_are_not_coalesced() -> Result<()> {
     );
 
     ensure!(
-        users_requests(&stack).await? - before == 2,
+        mock_requests(stack.ports().users_1).await? - before == 2,
         "one upstream call per user"
     );
     for (who, answers) in [("alice", alices?), ("bob", bobs?)] {
@@ -187,7 +176,7 @@ async fn a_leader_whose_client_left_still_answers_its_followers() -> Result<()> 
     let stack = start(false).await;
     upsert_route_synced(&stack, coalescing_route()).await?;
     let url = format!("{}/slow/users/1?delay_ms={DELAY_MS}", stack.gateways()[0]);
-    let before = users_requests(&stack).await?;
+    let before = mock_requests(stack.ports().users_1).await?;
 
     // The leader gives up long before the mock answers.
     let impatient = reqwest::Client::builder()
@@ -196,7 +185,7 @@ async fn a_leader_whose_client_left_still_answers_its_followers() -> Result<()> 
         .build()?;
     let leader = tokio::spawn(impatient.get(&url).send());
     poll(SOON, "the leader's call to reach the mock", || async {
-        match users_requests(&stack).await {
+        match mock_requests(stack.ports().users_1).await {
             Ok(n) if n > before => Ok(()),
             other => Err(format!("{other:?}")),
         }
@@ -216,7 +205,7 @@ async fn a_leader_whose_client_left_still_answers_its_followers() -> Result<()> 
         ensure!(doc["name"] == "Alice", "{doc}");
     }
     ensure!(
-        users_requests(&stack).await? - before == 1,
+        mock_requests(stack.ports().users_1).await? - before == 1,
         "the followers shared the abandoned leader's call"
     );
     stack.shutdown().await;

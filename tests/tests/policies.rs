@@ -7,12 +7,14 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
     Cors, HeaderTransform, RateLimit, RateLimitAlgorithm, RateLimitKey, Route, UpsertRouteRequest,
 };
-use gateway_tests::{client, open_route, upsert_route_synced};
+use gateway_tests::{
+    client, header, metric_sample, mock_requests, open_route, upsert_route_synced,
+};
 use serde_json::Value;
 
 /// The address the tests' "proxy" connects from: the only trusted proxy.
@@ -44,19 +46,6 @@ fn client_from(local: &str) -> reqwest::Client {
 
 fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// One sample of the data plane's `/metrics`, by its full series text.
-async fn metric(stack: &Stack, series: &str) -> Result<f64> {
-    let text = client()
-        .get(format!("{}/metrics", stack.gateway_admins()[0]))
-        .send()
-        .await?
-        .text()
-        .await?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .with_context(|| format!("no sample {series} in /metrics"))
 }
 
 /// Status of `GET url` sent by `http` with `X-Forwarded-For: xff` (if any);
@@ -150,8 +139,14 @@ async fn ip_rules_allow_and_deny_ipv4_and_ipv6_behind_a_trusted_proxy() -> Resul
     // Refusals are counted per route under reason="ip".
     let allow_refused = r#"gateway_policy_refusals_total{route="ip-allow",reason="ip"}"#;
     let deny_refused = r#"gateway_policy_refusals_total{route="ip-deny",reason="ip"}"#;
-    assert_eq!(metric(&stack, allow_refused).await?, 5.0);
-    assert_eq!(metric(&stack, deny_refused).await?, 2.0);
+    assert_eq!(
+        metric_sample(&stack.gateway_admins()[0], allow_refused).await?,
+        5.0
+    );
+    assert_eq!(
+        metric_sample(&stack.gateway_admins()[0], deny_refused).await?,
+        2.0
+    );
     Ok(())
 }
 
@@ -254,21 +249,6 @@ async fn header_transforms_touching_protected_headers_are_refused() -> Result<()
     Ok(())
 }
 
-/// Requests the users mock has received so far.
-async fn users_requests(stack: &Stack) -> Result<u64> {
-    let stats: Value = client()
-        .get(format!("http://127.0.0.1:{}/stats", stack.ports().users_1))
-        .send()
-        .await?
-        .json()
-        .await?;
-    stats["requests"].as_u64().context("no request count")
-}
-
-fn header<'r>(resp: &'r reqwest::Response, name: &str) -> Option<&'r str> {
-    resp.headers().get(name).and_then(|v| v.to_str().ok())
-}
-
 const APP: &str = "https://app.example";
 
 #[tokio::test(flavor = "multi_thread")]
@@ -302,7 +282,7 @@ async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorat
     .await?;
     let http = client();
     let url = format!("{gw}/browser/users/1");
-    let before = users_requests(&stack).await?;
+    let before = mock_requests(stack.ports().users_1).await?;
 
     // Preflights: answered by the gateway, no upstream call, no budget.
     for _ in 0..5 {
@@ -336,7 +316,7 @@ async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorat
         assert!(header(&resp, "x-request-id").is_some());
     }
     assert_eq!(
-        users_requests(&stack).await?,
+        mock_requests(stack.ports().users_1).await?,
         before,
         "a preflight reached the backend"
     );
@@ -359,11 +339,14 @@ async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorat
         Some("2"),
         "preflights spent rate-limit budget"
     );
-    assert_eq!(users_requests(&stack).await?, before + 1);
+    assert_eq!(mock_requests(stack.ports().users_1).await?, before + 1);
 
     // A disallowed origin: its preflight is refused (and counted) ...
     let refused = r#"gateway_policy_refusals_total{route="browser",reason="cors"}"#;
-    assert_eq!(metric(&stack, refused).await?, 0.0);
+    assert_eq!(
+        metric_sample(&stack.gateway_admins()[0], refused).await?,
+        0.0
+    );
     for (origin, method, asked) in [
         ("https://evil.example", "PUT", None),
         (APP, "DELETE", None),
@@ -382,8 +365,11 @@ async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorat
         let doc: Value = resp.json().await?;
         assert_eq!(doc["type"], "urn:gateway:problem:cors-refused");
     }
-    assert_eq!(metric(&stack, refused).await?, 3.0);
-    assert_eq!(users_requests(&stack).await?, before + 1);
+    assert_eq!(
+        metric_sample(&stack.gateway_admins()[0], refused).await?,
+        3.0
+    );
+    assert_eq!(mock_requests(stack.ports().users_1).await?, before + 1);
 
     // ... and its actual request is proxied without CORS headers (the browser blocks it).
     let resp = http
@@ -395,6 +381,6 @@ async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorat
     assert!(header(&resp, "access-control-allow-origin").is_none());
     assert!(header(&resp, "access-control-allow-credentials").is_none());
     assert_eq!(header(&resp, "vary"), Some("origin"));
-    assert_eq!(users_requests(&stack).await?, before + 2);
+    assert_eq!(mock_requests(stack.ports().users_1).await?, before + 2);
     Ok(())
 }
