@@ -26,9 +26,10 @@ pub const MIN_DNS_REFRESH_MS: u32 = 100;
 pub const MAX_DNS_REFRESH_MS: u32 = 3_600_000;
 /// Longest accepted `hash_header`.
 pub const MAX_HEADER_NAME_LEN: usize = 128;
-/// Headers removed before balancing (hop-by-hop), so hashing on them would
-/// never find a key.
-const HOP_BY_HOP: &[&str] = &[
+/// Hop-by-hop headers (lower case). The data plane removes them before
+/// balancing, so hashing on one would never find a key; header transforms may
+/// not touch them either.
+pub(crate) const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-authenticate",

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use super::{MAX_HEADER_NAME_LEN, Validator, is_valid_header_name, is_valid_hostname};
+use super::{HOP_BY_HOP, MAX_HEADER_NAME_LEN, Validator, is_valid_header_name, is_valid_hostname};
 use crate::cidr::Cidr;
 use crate::v1::{Cors, HeaderTransform, Route};
 
@@ -11,23 +11,14 @@ use crate::v1::{Cors, HeaderTransform, Route};
 pub const MAX_HEADER_TRANSFORMS: usize = 64;
 /// Longest value a header transform may set or add.
 pub const MAX_HEADER_VALUE_LEN: usize = 4096;
-/// Headers a transform may not touch: the gateway owns them (identity,
-/// routing, framing and hop-by-hop headers). Lower case.
-pub const PROTECTED_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "x-user-id",
-    "x-user-role",
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+/// Headers a transform may not touch besides the hop-by-hop ones: the gateway
+/// owns them (identity, routing, framing). Lower case.
+pub const PROTECTED_HEADERS: &[&str] = &["host", "content-length", "x-user-id", "x-user-role"];
+
+/// Whether a transform may not touch `lower` (a lower-case header name).
+fn is_protected(lower: &str) -> bool {
+    PROTECTED_HEADERS.contains(&lower) || HOP_BY_HOP.contains(&lower)
+}
 /// Most `cors.allow_origins` entries.
 pub const MAX_CORS_ORIGINS: usize = 100;
 /// Most `cors.allow_methods` entries.
@@ -219,7 +210,7 @@ impl Validator {
                 self.push(format!(
                     "{at}: \"{name}\" is not a valid header name (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME_LEN})"
                 ));
-            } else if PROTECTED_HEADERS.contains(&lower.as_str()) {
+            } else if is_protected(&lower) {
                 self.push(format!(
                     "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role and hop-by-hop headers are the gateway's)"
                 ));
