@@ -125,6 +125,14 @@ impl JwksServer {
         *self.state.body.lock().unwrap() = doc.to_string();
     }
 
+    /// Stops the server and waits until it is gone: `abort` alone only asks,
+    /// and on a multi-thread runtime the listener (and open keep-alive
+    /// connections) can still answer for a moment after it.
+    async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+
     fn fetches(&self) -> usize {
         self.state.fetches.load(Ordering::SeqCst)
     }
@@ -524,7 +532,7 @@ async fn auth_service_down_keeps_known_keys_and_reports_unavailable_when_none() 
     let server = JwksServer::start(&[&k1]).await;
     let (v, _clock) = verifier(&server, config(&server.url)).await;
     let url = server.url.clone();
-    drop(server);
+    server.stop().await;
     // Known keys keep working while the JWKS endpoint is gone.
     assert!(v.refresh_now().await.is_err());
     v.verify(&k1.sign(&claims())).await.unwrap();
