@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use devstack::Stack;
 // At the auth service itself, not through the gateway, so the per-IP login budget stays untouched.
 use futures::future::join_all;
-use gateway_tests::login;
+use gateway_tests::{login, metric_sum};
 use reqwest::{Client, Method, StatusCode};
 
 const API_LIMIT: u64 = 20;
@@ -226,32 +226,7 @@ async fn api_burst(
     Ok((seen, started.elapsed()))
 }
 
-/// Sum of every sample whose metric name contains `needle`, from one data plane's /metrics.
-async fn metric_sum(http: &Client, admin: &str, needle: &str) -> Result<f64> {
-    let text = http
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    let mut found = false;
-    let mut sum = 0.0;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        if line[..name_end].contains(needle) {
-            found = true;
-            let value = line.rsplit(' ').next().unwrap_or_default();
-            sum += value
-                .parse::<f64>()
-                .with_context(|| format!("metric line {line:?}"))?;
-        }
-    }
-    ensure!(found, "{admin}/metrics has no metric named *{needle}*");
-    Ok(sum)
-}
-
-const FALLBACK_METRIC: &str = "ratelimit_fallback";
+const FALLBACK_METRIC: &str = "gateway_ratelimit_fallbacks_total";
 /// The data plane's `--ratelimit-timeout-ms` (decision deadline) from the environment.
 const RATELIMIT_TIMEOUT_ENV: &str = "DP_RATELIMIT_TIMEOUT_MS";
 
@@ -308,7 +283,7 @@ async fn limits_are_shared_exact_and_fully_described() -> Result<()> {
         stack
             .gateway_admins()
             .iter()
-            .map(|a| metric_sum(&http, a, FALLBACK_METRIC)),
+            .map(|a| metric_sum(a, FALLBACK_METRIC)),
     )
     .await
     .into_iter()
@@ -446,7 +421,7 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
         "during an outage each replica limits on its own, so together they admit more than one budget: {per_replica:?}"
     );
     for admin in &admins {
-        let fallbacks = metric_sum(&http, admin, FALLBACK_METRIC).await?;
+        let fallbacks = metric_sum(admin, FALLBACK_METRIC).await?;
         ensure!(
             fallbacks > 0.0,
             "{admin}/metrics counts no rate-limit fallback"
@@ -469,7 +444,7 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
             if back[g] {
                 continue;
             }
-            let before = metric_sum(&http, &admins[g], FALLBACK_METRIC).await?;
+            let before = metric_sum(&admins[g], FALLBACK_METRIC).await?;
             let s = send(
                 &http,
                 Method::GET,
@@ -480,7 +455,7 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
             )
             .await?;
             ensure!(!s.status.is_server_error(), "{s:?}");
-            let after = metric_sum(&http, &admins[g], FALLBACK_METRIC).await?;
+            let after = metric_sum(&admins[g], FALLBACK_METRIC).await?;
             back[g] = after == before;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -493,12 +468,12 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
     // limit, plus refills, plus at most one per counted fallback.
     let mut fallbacks_before = 0.0;
     for admin in &admins {
-        fallbacks_before += metric_sum(&http, admin, FALLBACK_METRIC).await?;
+        fallbacks_before += metric_sum(admin, FALLBACK_METRIC).await?;
     }
     let (seen, elapsed) = api_burst(&http, &stack, &bob, 60).await?;
     let mut fallbacks_after = 0.0;
     for admin in &admins {
-        fallbacks_after += metric_sum(&http, admin, FALLBACK_METRIC).await?;
+        fallbacks_after += metric_sum(admin, FALLBACK_METRIC).await?;
     }
     let missed = (fallbacks_after - fallbacks_before).max(0.0) as u64;
     ensure!(
