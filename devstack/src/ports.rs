@@ -44,14 +44,26 @@ impl Ports {
         }
     }
 
-    /// Free ports chosen by the OS. All probe sockets are held open until
-    /// every port is chosen, so the ports are distinct.
+    /// Free ports for a stack nobody types by hand (tests, `--json`).
+    ///
+    /// A port is chosen here and bound later by the process that serves it,
+    /// so something else could take it in between. Two things could: an
+    /// outgoing connection (the kernel gives those a port from
+    /// `ip_local_port_range`, where `bind(0)` also picks) and another stack
+    /// starting at the same time. So ports are drawn at random from *below*
+    /// that range, where the kernel never hands out ports by itself, are
+    /// checked free with a bind (all probe sockets held until every port is
+    /// chosen, so they are distinct), and are never handed out twice by one
+    /// process. Where the range leaves no room below it, the OS picks (`bind(0)`).
     pub fn ephemeral(data_planes: usize) -> Result<Self, StackError> {
         let count = 6 + 2 * data_planes;
-        let listeners = (0..count)
-            .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(StackError::io("picking free ports"))?;
+        let listeners = match below_kernel_range(count) {
+            Some(listeners) => listeners,
+            None => (0..count)
+                .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(StackError::io("picking free ports"))?,
+        };
         let ports = listeners
             .iter()
             .map(|l| l.local_addr().map(|a| a.port()))
@@ -99,6 +111,50 @@ impl Ports {
     }
 }
 
+/// Lowest port [`Ports::ephemeral`] draws from (below it: well-known
+/// services people run by hand).
+const DRAW_FROM: u16 = 15_000;
+
+/// `count` listeners on distinct free ports drawn at random from
+/// `DRAW_FROM..` the kernel's ephemeral range, none handed out before by this
+/// process. `None` when there is no such room (an unusual
+/// `ip_local_port_range`) or too few free ports were found.
+fn below_kernel_range(count: usize) -> Option<Vec<TcpListener>> {
+    use std::collections::HashSet;
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::{Mutex, OnceLock};
+
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let low: u16 = range.split_whitespace().next()?.parse().ok()?;
+    let room = low.checked_sub(DRAW_FROM)?;
+    if usize::from(room) < count * 16 {
+        return None;
+    }
+    let mut handed_out = HANDED_OUT
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    // std's RandomState is randomly keyed: hashing a counter gives random draws without a crate.
+    let random = RandomState::new();
+    let mut listeners = Vec::with_capacity(count);
+    for draw in 0u64..(count as u64 * 64) {
+        if listeners.len() == count {
+            break;
+        }
+        let port = DRAW_FROM + (random.hash_one(draw) % u64::from(room)) as u16;
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            handed_out.insert(port);
+            listeners.push(listener);
+        }
+    }
+    (listeners.len() == count).then_some(listeners)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +177,23 @@ mod tests {
         let distinct: HashSet<u16> = all.iter().map(|(p, _)| *p).collect();
         assert_eq!(distinct.len(), 12);
         assert!(p.ensure_free().is_ok());
+    }
+
+    #[test]
+    fn ephemeral_ports_avoid_the_kernel_range_and_never_repeat() {
+        let a = Ports::ephemeral(2).unwrap();
+        let b = Ports::ephemeral(2).unwrap();
+        let a: HashSet<u16> = a.all().iter().map(|(p, _)| *p).collect();
+        let b: HashSet<u16> = b.all().iter().map(|(p, _)| *p).collect();
+        assert!(a.is_disjoint(&b), "{a:?} {b:?}");
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        if low >= DRAW_FROM + 1000 {
+            assert!(
+                a.iter().chain(&b).all(|p| (DRAW_FROM..low).contains(p)),
+                "{a:?} {b:?}"
+            );
+        }
     }
 
     #[test]
