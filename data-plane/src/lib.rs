@@ -45,11 +45,13 @@ pub mod pipeline;
 pub mod pool;
 pub mod proxy;
 pub mod ratelimit;
+pub mod retry;
 pub mod router;
 pub mod runtime;
 pub mod sanitize;
 pub mod server;
 pub mod transform;
+pub mod websocket;
 pub mod workers;
 pub mod xds;
 
