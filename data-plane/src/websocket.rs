@@ -39,7 +39,7 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -206,8 +206,10 @@ fn answer(
 /// How a tunnel ended.
 #[derive(Debug)]
 pub enum TunnelEnd {
-    /// One side closed; bytes copied client → upstream and upstream → client.
-    Closed(u64, u64),
+    /// The client closed (or half-closed) its connection.
+    ClientClosed,
+    /// The upstream closed (or half-closed) its connection.
+    UpstreamClosed,
     /// No byte moved either way for the idle timeout.
     Idle,
     /// A read or write failed.
@@ -215,8 +217,10 @@ pub enum TunnelEnd {
 }
 
 /// Copies bytes both ways between `client` and `upstream` until one side
-/// closes (the other is shut down then) or nothing moves for `idle`.
-pub async fn tunnel<C, U>(client: C, mut upstream: U, idle: Duration) -> TunnelEnd
+/// closes or nothing moves for `idle`; then both connections are shut down.
+/// (A WebSocket has no use for a half-closed connection: once one side has
+/// closed, the other only waits for the TCP close.)
+pub async fn tunnel<C, U>(client: C, upstream: U, idle: Duration) -> TunnelEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -224,30 +228,34 @@ where
     let start = Instant::now();
     let last = AtomicU64::new(0);
     // Every byte either way passes the client side: watching it is enough.
-    let mut client = Activity {
+    let client = Activity {
         inner: client,
         start,
         last: &last,
     };
-    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-    tokio::pin!(copy);
-    loop {
-        let quiet_since = start + Duration::from_nanos(last.load(Ordering::Relaxed));
-        tokio::select! {
-            done = &mut copy => {
-                return match done {
-                    Ok((up, down)) => TunnelEnd::Closed(up, down),
-                    Err(e) => TunnelEnd::Failed(e),
-                };
-            }
-            () = tokio::time::sleep_until(quiet_since + idle) => {
-                let moved = start + Duration::from_nanos(last.load(Ordering::Relaxed));
-                if moved + idle <= Instant::now() {
-                    return TunnelEnd::Idle;
+    let (mut client_rx, mut client_tx) = tokio::io::split(client);
+    let (mut upstream_rx, mut upstream_tx) = tokio::io::split(upstream);
+    let end = {
+        let up = tokio::io::copy(&mut client_rx, &mut upstream_tx);
+        let down = tokio::io::copy(&mut upstream_rx, &mut client_tx);
+        tokio::pin!(up, down);
+        loop {
+            let quiet_since = start + Duration::from_nanos(last.load(Ordering::Relaxed));
+            tokio::select! {
+                done = &mut up => break done.map_or_else(TunnelEnd::Failed, |_| TunnelEnd::ClientClosed),
+                done = &mut down => break done.map_or_else(TunnelEnd::Failed, |_| TunnelEnd::UpstreamClosed),
+                () = tokio::time::sleep_until(quiet_since + idle) => {
+                    let moved = start + Duration::from_nanos(last.load(Ordering::Relaxed));
+                    if moved + idle <= Instant::now() {
+                        break TunnelEnd::Idle;
+                    }
                 }
             }
         }
-    }
+    };
+    // Best effort: a FIN to both sides (dropping them closes the sockets anyway).
+    let _ = tokio::join!(client_tx.shutdown(), upstream_tx.shutdown());
+    end
 }
 
 /// An I/O object that notes when bytes last moved through it.
@@ -371,7 +379,7 @@ impl Drop for TunnelGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, duplex};
+    use tokio::io::{AsyncReadExt as _, duplex};
 
     fn parts(version: Version, headers: &[(&str, &str)]) -> Parts {
         let mut b = http::Request::get("/ws").version(version);
@@ -415,12 +423,11 @@ mod tests {
         let mut buf = [0u8; 5];
         client_peer.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"pong!");
-        drop(client_peer);
+        // The upstream goes away: the tunnel ends and the client sees the close
+        // although it keeps its own side open.
         drop(upstream_peer);
-        match task.await.unwrap() {
-            TunnelEnd::Closed(up, down) => assert_eq!((up, down), (4, 5)),
-            other => panic!("{other:?}"),
-        }
+        assert!(matches!(task.await.unwrap(), TunnelEnd::UpstreamClosed));
+        assert_eq!(client_peer.read(&mut buf).await.unwrap(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -17,6 +17,7 @@ use crate::config::MockConfig;
 use crate::hooks::Hooks;
 use crate::records;
 use crate::stats::RequestStats;
+use crate::websocket;
 
 /// Response header naming the instance that answered.
 pub const INSTANCE_HEADER: &str = "x-instance-id";
@@ -57,7 +58,11 @@ where
         }
         span
     });
-    let mut response = answer(config, req).await;
+    let mut response = if path == websocket::PATH {
+        websocket::answer(config, req)
+    } else {
+        answer(config, req).await
+    };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
     }

@@ -19,6 +19,10 @@
 //! `/stats` excepted, counted on arrival (tests use it to see how many calls
 //! reached a backend).
 //!
+//! `GET /ws` → a WebSocket echo (see [`websocket`]): a first text frame
+//! describes the upgrade request (headers included), then every text and
+//! binary frame is echoed and a close is answered.
+//!
 //! Every response carries `X-Instance-Id`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -30,6 +34,7 @@ pub mod hooks;
 pub mod records;
 pub mod server;
 pub mod stats;
+pub mod websocket;
 
 pub use config::{ConfigError, MockConfig, Service};
 pub use server::serve;
