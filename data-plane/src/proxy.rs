@@ -1,8 +1,10 @@
 //! Forwarding to an upstream instance (DESIGN §4, "Proxy").
 //!
 //! Bodies stream both ways. The route timeout bounds the time to the response
-//! head across every attempt (504 when it passes). Retries, at most one, always
-//! on another instance when there is one:
+//! head across every attempt (504 when it passes).
+//!
+//! Without a route `retry` (the default once-rules), at most one retry, on
+//! another instance when there is one, not charged to any budget:
 //!
 //! * the request never reached the first instance (connect refused or timed
 //!   out, or a fresh connection died before the request was written): retried
@@ -11,6 +13,20 @@
 //!   head arrived, and the request is a bodiless GET/HEAD/OPTIONS: replayed,
 //!   because repeating it cannot change anything (this is what keeps clients
 //!   error-free when an instance dies under load).
+//!
+//! With a route `retry` ([`RetryPolicy`]) up to `attempts` retries, each on an
+//! instance this request has not tried yet, for the listed failures:
+//! `CONNECT_FAILURE` (either case above), `STATUS_5XX` (500, 502, 503, 504:
+//! the answer is dropped and the last attempt's answer is returned when no
+//! retry follows) and `TIMEOUT` (`per_try_timeout_ms` passed). A request that
+//! reached an instance is sent again only when it is idempotent (GET, HEAD,
+//! OPTIONS, PUT, DELETE) and its body is empty or declared at most
+//! [`MAX_REPLAY_BODY_BYTES`] (read into memory before the first attempt);
+//! one that never reached an instance is resent whatever its method. Each such
+//! retry is charged to the upstream's [`RetryBudget`](crate::retry::RetryBudget)
+//! and not made when it is spent. The once-rule for a request that never
+//! reached an instance still holds when the policy does not list
+//! `CONNECT_FAILURE`.
 //!
 //! Breaker outcomes: connect failure, timeout, broken exchange and 5xx count as
 //! failures; anything else is a success; a request that failed because of the
