@@ -244,8 +244,9 @@ pub struct Trace<'s, 'a> {
 
 /// What the failed attempt leaves for the next one.
 enum Failed {
-    /// The request never reached the instance and came back intact.
-    NotReached(Request<RequestBody>, ProxyError),
+    /// The request never reached the instance and came back intact (boxed:
+    /// this is the failure path, and it keeps the enum small).
+    NotReached(Box<Request<RequestBody>>, ProxyError),
     /// The request may have reached the instance; only a replay can follow.
     Reached(ProxyError),
     /// The instance answered with a retryable 5xx; returned if no retry follows.
@@ -351,7 +352,7 @@ pub async fn forward<'a>(
                 let f = if back.body().was_polled() {
                     Failed::Reached(e)
                 } else {
-                    Failed::NotReached(back, e)
+                    Failed::NotReached(Box::new(back), e)
                 };
                 (f, RetryReason::ConnectFailure, false)
             }
@@ -361,7 +362,7 @@ pub async fn forward<'a>(
                 let f = if back.body().was_polled() {
                     Failed::Reached(e)
                 } else {
-                    Failed::NotReached(back, e)
+                    Failed::NotReached(Box::new(back), e)
                 };
                 (f, RetryReason::ConnectFailure, false)
             }
@@ -446,7 +447,7 @@ fn default_retry<'a>(
     }
     match failed {
         Failed::NotReached(back, e) => match balancer::pick(upstream, key, Some(index)) {
-            Some(p) => Next::Retry(p, back),
+            Some(p) => Next::Retry(p, *back),
             None => Next::Done(Err(e)),
         },
         Failed::Reached(e) => {
@@ -502,7 +503,7 @@ fn policy_retry<'a>(
         return failed.stands();
     }
     let req = match (failed, replay) {
-        (Failed::NotReached(back, _), _) => back,
+        (Failed::NotReached(back, _), _) => *back,
         (_, Some(r)) => r.request(),
         // Excluded by `sendable` above.
         (f, None) => return f.stands(),

@@ -25,7 +25,6 @@
 //!
 //! The gateway never looks inside the frames: no WebSocket library is needed.
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -338,17 +337,15 @@ impl Tunnels {
     }
 
     /// Resolves once no tunnel is open.
-    pub fn drained(&self) -> impl Future<Output = ()> + '_ {
-        async move {
-            loop {
-                let notified = self.closed.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if self.open() == 0 {
-                    return;
-                }
-                notified.await;
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.open() == 0 {
+                return;
             }
+            notified.await;
         }
     }
 }

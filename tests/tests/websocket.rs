@@ -82,6 +82,18 @@ fn refusal(e: WsError) -> Result<(u16, Value)> {
 async fn a_websocket_echoes_through_the_gateway_with_the_callers_identity() -> Result<()> {
     let stack = start(true).await;
     let ops = &stack.gateway_admins()[0];
+    #[allow(
+        clippy::needless_update,
+        reason = "RateLimit gains fields on other branches; they keep their defaults"
+    )]
+    let limit = RateLimit {
+        policy: "live".into(),
+        algorithm: RateLimitAlgorithm::FixedWindow as i32,
+        key: RateLimitKey::KeyUser as i32,
+        limit: 3,
+        window_seconds: 60,
+        ..RateLimit::default()
+    };
     upsert_route_synced(
         &stack,
         Route {
@@ -89,14 +101,7 @@ async fn a_websocket_echoes_through_the_gateway_with_the_callers_identity() -> R
             path_prefix: "/ws".into(),
             upstream: "orders".into(),
             auth: AuthMode::AuthJwt as i32,
-            rate_limit: Some(RateLimit {
-                policy: "live".into(),
-                algorithm: RateLimitAlgorithm::FixedWindow as i32,
-                key: RateLimitKey::KeyUser as i32,
-                limit: 3,
-                window_seconds: 60,
-                ..RateLimit::default()
-            }),
+            rate_limit: Some(limit),
             websocket: true,
             ..Route::default()
         },
