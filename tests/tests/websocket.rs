@@ -88,7 +88,8 @@ async fn a_websocket_echoes_through_the_gateway_with_the_callers_identity() -> R
     )]
     let limit = RateLimit {
         policy: "live".into(),
-        algorithm: RateLimitAlgorithm::FixedWindow as i32,
+        // A bucket of 3 refilled over a minute (a fixed window could reset mid-test).
+        algorithm: RateLimitAlgorithm::TokenBucket as i32,
         key: RateLimitKey::KeyUser as i32,
         limit: 3,
         window_seconds: 60,
@@ -161,7 +162,7 @@ async fn a_websocket_echoes_through_the_gateway_with_the_callers_identity() -> R
     .await?;
     ensure!(metric_sample(ops, "gateway_websocket_tunnels_total{route=\"live\"}").await? == 1.0);
 
-    // The rate limit counts upgrades: 3 per minute, the first was one.
+    // The rate limit counts upgrades: a bucket of 3, the first was one.
     for _ in 0..2 {
         let mut ws = open(&url, Some(&token)).await?;
         next(&mut ws).await?;
