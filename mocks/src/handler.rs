@@ -127,10 +127,7 @@ where
         tokio::time::sleep(delay).await;
     }
     if config.fail_rate > 0.0 && rand::random::<f64>() < config.fail_rate {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "injected failure (FAIL_RATE)",
-        );
+        return error(config.fail_status, "injected failure (FAIL_RATE)");
     }
 
     let Some(target) = target(config.service.name(), &path) else {

@@ -2,8 +2,9 @@
 //! instance hides a 5xx from one instance for GET but not for POST, and the
 //! per-upstream retry budget stops a retry storm while every instance fails.
 //!
-//! The mocks' `FAIL_RATE=1` makes an instance answer every request with 500
-//! (one of the statuses `STATUS_5XX` retries: 500, 502, 503, 504).
+//! The mocks' `FAIL_RATE=1` makes an instance answer every request with 500,
+//! or with `FAIL_STATUS` (503 here: an overloaded instance); both are
+//! statuses `STATUS_5XX` retries (500, 502, 503, 504).
 //!
 //! Needs every binary built in the same target directory
 //! (`cargo build --workspace --bins`) and `redis-server` on PATH.
@@ -52,12 +53,15 @@ fn retrying_route(attempts: u32) -> Route {
     }
 }
 
-async fn start(failing: &[&str]) -> Result<Stack> {
-    let builder = failing
-        .iter()
-        .fold(Stack::new().data_planes(1).auth(false), |b, instance| {
+/// A stack whose `failing` instances answer every request with their status.
+async fn start(failing: &[(&str, &str)]) -> Result<Stack> {
+    let builder = failing.iter().fold(
+        Stack::new().data_planes(1).auth(false),
+        |b, (instance, status)| {
             b.env(*instance, "FAIL_RATE", "1")
-        });
+                .env(*instance, "FAIL_STATUS", *status)
+        },
+    );
     let stack = builder.start().await?;
     upsert_upstream_synced(&stack, orders(&stack)).await?;
     Ok(stack)
@@ -73,8 +77,8 @@ async fn seen(stack: &Stack) -> Result<(u64, u64)> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_retry_hides_one_instances_5xx_on_get_but_not_on_post() -> Result<()> {
-    let stack = start(&["orders-2"]).await?;
+async fn a_retry_hides_one_instances_503_on_get_but_not_on_post() -> Result<()> {
+    let stack = start(&[("orders-2", "503")]).await?;
     upsert_route_synced(&stack, retrying_route(1)).await?;
     let gw = &stack.gateways()[0];
     let ops = &stack.gateway_admins()[0];
@@ -100,7 +104,7 @@ async fn a_retry_hides_one_instances_5xx_on_get_but_not_on_post() -> Result<()> 
         "one retry per GET that orders-2 failed"
     );
 
-    // POST is not idempotent: orders-2's 500 reaches the client.
+    // POST is not idempotent: orders-2's 503 reaches the client.
     let (one, two) = seen(&stack).await?;
     let mut failures = 0;
     for i in 0..10 {
@@ -111,7 +115,7 @@ async fn a_retry_hides_one_instances_5xx_on_get_but_not_on_post() -> Result<()> 
             .await?;
         match resp.status().as_u16() {
             200 => ensure!(header(&resp, "x-instance-id") == Some("orders-1")),
-            500 => {
+            503 => {
                 ensure!(header(&resp, "x-instance-id") == Some("orders-2"));
                 failures += 1;
             }
@@ -141,7 +145,7 @@ async fn a_retry_hides_one_instances_5xx_on_get_but_not_on_post() -> Result<()> 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_budget_stops_a_retry_storm_while_every_instance_fails() -> Result<()> {
-    let stack = start(&["orders-1", "orders-2"]).await?;
+    let stack = start(&[("orders-1", "500"), ("orders-2", "502")]).await?;
     upsert_route_synced(&stack, retrying_route(5)).await?;
     let gw = stack.gateways()[0].clone();
     let ops = &stack.gateway_admins()[0];
@@ -159,8 +163,14 @@ async fn the_budget_stops_a_retry_storm_while_every_instance_fails() -> Result<(
         }))
         .await;
         for resp in answers {
-            // All failed: the last attempt's answer stands.
-            ensure!(resp?.status() == 500);
+            // All failed: the last attempt's answer stands (500 from orders-1, 502 from orders-2).
+            let resp = resp?;
+            let expected = match header(&resp, "x-instance-id") {
+                Some("orders-1") => 500,
+                Some("orders-2") => 502,
+                other => anyhow::bail!("answered by {other:?}"),
+            };
+            ensure!(resp.status() == expected, "{}", resp.status());
         }
     }
     let (one_after, two_after) = seen(&stack).await?;
