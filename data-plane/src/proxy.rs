@@ -314,7 +314,10 @@ pub async fn forward<'a>(
             Ok(Err(SendError::Failed { .. })) => client.set_status_error("upstream"),
         }
         client.end();
-        tried.push(index);
+        // Only a retrying route needs the list (no allocation otherwise).
+        if retry.is_some() {
+            tried.push(index);
+        }
         let (failed, reason, reused) = match sent {
             Err(_elapsed) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Timeout);
