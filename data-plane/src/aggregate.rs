@@ -335,7 +335,7 @@ async fn fetch(
         tracestate,
         served_by: &mut served_by,
     };
-    let resp = proxy::forward(&part.upstream, pick, req, part.timeout, trace)
+    let resp = proxy::forward(&part.upstream, pick, req, part.timeout, None, trace)
         .await
         .map_err(|e| match e {
             ProxyError::Timeout(_) => PartFailure::Timeout,

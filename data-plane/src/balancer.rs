@@ -156,6 +156,16 @@ pub struct Pick<'a> {
 /// `exclude` (the instance a retry moves away from). `None`: every instance is
 /// unhealthy, breaker-open or excluded.
 pub fn pick(upstream: &UpstreamEntry, key: Affinity, exclude: Option<usize>) -> Option<Pick<'_>> {
+    pick_excluding(upstream, key, exclude.as_slice())
+}
+
+/// [`pick`], skipping every instance in `exclude` (those a request with a
+/// route `retry` has already tried).
+pub fn pick_excluding<'u>(
+    upstream: &'u UpstreamEntry,
+    key: Affinity,
+    exclude: &[usize],
+) -> Option<Pick<'u>> {
     if upstream.instances.is_empty() {
         return None;
     }
@@ -173,15 +183,15 @@ pub fn pick(upstream: &UpstreamEntry, key: Affinity, exclude: Option<usize>) -> 
 }
 
 /// Healthy and not excluded: a candidate worth asking the breaker about.
-fn eligible(upstream: &UpstreamEntry, index: usize, exclude: Option<usize>) -> bool {
-    Some(index) != exclude && upstream.instances[index].is_healthy()
+fn eligible(upstream: &UpstreamEntry, index: usize, exclude: &[usize]) -> bool {
+    !exclude.contains(&index) && upstream.instances[index].is_healthy()
 }
 
-fn admit(
-    upstream: &UpstreamEntry,
+fn admit<'u>(
+    upstream: &'u UpstreamEntry,
     index: usize,
-    exclude: Option<usize>,
-) -> Option<(usize, Permit<'_>)> {
+    exclude: &[usize],
+) -> Option<(usize, Permit<'u>)> {
     if !eligible(upstream, index, exclude) {
         return None;
     }
@@ -191,13 +201,16 @@ fn admit(
     Some((index, permit))
 }
 
-fn round_robin(upstream: &UpstreamEntry, exclude: Option<usize>) -> Option<(usize, Permit<'_>)> {
+fn round_robin<'u>(upstream: &'u UpstreamEntry, exclude: &[usize]) -> Option<(usize, Permit<'u>)> {
     let n = upstream.instances.len();
     let start = upstream.cursor.fetch_add(1, Ordering::Relaxed);
     (0..n).find_map(|k| admit(upstream, (start + k) % n, exclude))
 }
 
-fn least_request(upstream: &UpstreamEntry, exclude: Option<usize>) -> Option<(usize, Permit<'_>)> {
+fn least_request<'u>(
+    upstream: &'u UpstreamEntry,
+    exclude: &[usize],
+) -> Option<(usize, Permit<'u>)> {
     let n = upstream.instances.len();
     if n >= 2 {
         let mut rng = rand::rng();
@@ -215,11 +228,11 @@ fn least_request(upstream: &UpstreamEntry, exclude: Option<usize>) -> Option<(us
     round_robin(upstream, exclude)
 }
 
-fn rendezvous(
-    upstream: &UpstreamEntry,
+fn rendezvous<'u>(
+    upstream: &'u UpstreamEntry,
     key: u64,
-    exclude: Option<usize>,
-) -> Option<(usize, Permit<'_>)> {
+    exclude: &[usize],
+) -> Option<(usize, Permit<'u>)> {
     // Walk the instances from the highest weight down, without sorting or
     // allocating: each round finds the best one ranked below the last refusal.
     let mut below: Option<(u64, usize)> = None;

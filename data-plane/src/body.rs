@@ -32,8 +32,10 @@ pub enum RequestBodyError {
 /// The client's request body, forwarded as it arrives.
 #[derive(Debug)]
 pub struct RequestBody {
-    /// `None`: no body (a replayed bodiless request).
+    /// `None`: no body (a replayed bodiless request), or a buffered one.
     inner: Option<Incoming>,
+    /// A body buffered so that it can be sent again (retrying routes), sent as one frame.
+    buffered: Option<Bytes>,
     limit: u64,
     seen: u64,
     polled: bool,
@@ -44,6 +46,7 @@ impl RequestBody {
     pub fn new(inner: Incoming, limit: u64) -> Self {
         Self {
             inner: Some(inner),
+            buffered: None,
             limit,
             seen: 0,
             polled: false,
@@ -54,10 +57,25 @@ impl RequestBody {
     pub fn empty() -> Self {
         Self {
             inner: None,
+            buffered: None,
             limit: 0,
             seen: 0,
             polled: false,
         }
+    }
+
+    /// A complete body already read from the client (a retrying route keeps
+    /// it to send it again). Empty bytes make an empty body.
+    pub fn buffered(bytes: Bytes) -> Self {
+        Self {
+            buffered: (!bytes.is_empty()).then_some(bytes),
+            ..Self::empty()
+        }
+    }
+
+    /// The client's body as it came, if it has not been read or buffered.
+    pub fn into_incoming(self) -> Option<Incoming> {
+        self.inner
     }
 
     /// True once anything has tried to read the body. A request whose body was
@@ -77,6 +95,9 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
         let this = self.get_mut();
         this.polled = true;
+        if let Some(data) = this.buffered.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -99,13 +120,15 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.buffered.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        match (&self.buffered, &self.inner) {
+            (Some(b), _) => SizeHint::with_exact(b.len() as u64),
+            (None, Some(inner)) => inner.size_hint(),
+            (None, None) => SizeHint::with_exact(0),
+        }
     }
 }
 
@@ -133,6 +156,16 @@ impl UpstreamBody {
             body.finish();
         }
         body
+    }
+
+    /// Wraps the body of a response whose connection is never pooled (the
+    /// non-101 answer to an upgrade request): the connection closes with it.
+    pub fn unpooled(inner: Incoming, in_flight: InFlight) -> Self {
+        Self {
+            inner,
+            checkin: None,
+            _in_flight: in_flight,
+        }
     }
 
     fn finish(&mut self) {

@@ -45,6 +45,7 @@ use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::CoalesceAlone;
 use crate::proxy::{self, upstream_request};
+use crate::retry::RetryPolicy;
 use crate::sanitize::{X_USER_ID, X_USER_ROLE};
 
 /// Default [`CoalesceLimits::max_waiters`].
@@ -357,6 +358,7 @@ async fn lead_call<'a>(
     let call = Call {
         upstream: Arc::clone(upstream),
         timeout: route.timeout,
+        retry: route.retry.clone(),
         span: trace.span.parent(),
         tracestate: trace.tracestate.cloned(),
         max_body: limits.max_body,
@@ -383,6 +385,8 @@ async fn lead_call<'a>(
 struct Call {
     upstream: Arc<UpstreamEntry>,
     timeout: Duration,
+    /// The route's retry policy.
+    retry: Option<RetryPolicy>,
     span: SpanParent,
     tracestate: Option<http::HeaderValue>,
     max_body: usize,
@@ -412,7 +416,15 @@ impl Call {
                     tracestate: self.tracestate.as_ref(),
                     served_by: &mut served_by,
                 };
-                proxy::forward(&self.upstream, pick, req, self.timeout, trace).await
+                proxy::forward(
+                    &self.upstream,
+                    pick,
+                    req,
+                    self.timeout,
+                    self.retry.as_ref(),
+                    trace,
+                )
+                .await
             }
         };
         let served =

@@ -76,6 +76,10 @@ pub enum ProxyError {
     /// A CORS preflight from an origin, or for a method or header, the route does not allow (403).
     #[error("the CORS preflight is not allowed on this route")]
     CorsRefused,
+    /// A WebSocket upgrade on a route without `websocket`, or a malformed
+    /// WebSocket handshake (400).
+    #[error("the WebSocket upgrade is not allowed on this route")]
+    UpgradeRefused,
     /// Authentication failed (401).
     #[error(transparent)]
     Unauthorized(#[from] AuthError),
@@ -108,7 +112,9 @@ impl ProxyError {
     /// The status the client sees.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadPath(_) | Self::BadRequest(_) | Self::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Self::BadPath(_) | Self::BadRequest(_) | Self::ClientBody(_) | Self::UpgradeRefused => {
+                StatusCode::BAD_REQUEST
+            }
             Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotReady | Self::NoInstance => StatusCode::SERVICE_UNAVAILABLE,
@@ -136,6 +142,7 @@ impl ProxyError {
             Self::Unauthorized(_) => "unauthorized",
             Self::IpDenied => "ip_denied",
             Self::CorsRefused => "cors_refused",
+            Self::UpgradeRefused => "upgrade_refused",
             Self::RateLimited(_) => "rate_limited",
             Self::NoInstance => "no_instance",
             Self::Connect(_) => "connect",
@@ -238,6 +245,12 @@ impl ProxyError {
                 "cors-refused",
                 "Forbidden",
                 "The CORS preflight's origin, method or headers are not allowed on this route."
+            ),
+            Self::UpgradeRefused => problem!(
+                400,
+                "upgrade-refused",
+                "Upgrade refused",
+                "This route does not accept WebSocket upgrades, or the WebSocket handshake is malformed."
             ),
             Self::Unauthorized(AuthError::Missing) => problem!(
                 401,
@@ -373,6 +386,7 @@ mod tests {
             ProxyError::NoRoute,
             ProxyError::IpDenied,
             ProxyError::CorsRefused,
+            ProxyError::UpgradeRefused,
             ProxyError::Unauthorized(AuthError::Missing),
             ProxyError::Unauthorized(AuthError::Invalid),
             ProxyError::Unauthorized(AuthError::NotConfigured),

@@ -9,6 +9,8 @@
 //!   [`cache`]: the on-disk copy of the last accepted snapshot;
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
+//!   [`retry`]: route retry policies and the per-upstream retry budget;
+//!   [`websocket`]: upgrade admission and the byte tunnels of `websocket` routes;
 //!   [`dns`]: upstream members found in DNS, refreshed and reconciled;
 //! * [`aggregate`] (aggregation routes) and [`coalesce`] (request coalescing):
 //!   the composition stages, between rate limiting and balancing;
@@ -45,11 +47,13 @@ pub mod pipeline;
 pub mod pool;
 pub mod proxy;
 pub mod ratelimit;
+pub mod retry;
 pub mod router;
 pub mod runtime;
 pub mod sanitize;
 pub mod server;
 pub mod transform;
+pub mod websocket;
 pub mod workers;
 pub mod xds;
 

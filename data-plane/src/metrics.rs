@@ -18,11 +18,14 @@ use crate::config::Compiled;
 
 mod composition;
 mod policy;
+mod proxy;
 
 use composition::render_composition;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 use policy::render_policy;
 pub use policy::{PolicyMetrics, PolicyRefusal};
+pub use proxy::WebSocketMetrics;
+use proxy::render_proxy;
 
 const METHODS: [&str; 8] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER",
@@ -102,6 +105,8 @@ pub struct RouteMetrics {
     coalesce_alone: [AtomicU64; 2],
     /// Requests refused by a route policy, by reason.
     pub policy: PolicyMetrics,
+    /// WebSocket tunnels (`websocket` routes).
+    pub websocket: WebSocketMetrics,
 }
 
 impl RouteMetrics {
@@ -290,6 +295,7 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
 
     render_composition(&mut out, cfg);
     render_policy(&mut out, cfg);
+    render_proxy(&mut out, cfg);
 
     let instances = || {
         cfg.upstreams
@@ -316,7 +322,7 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
         &mut out,
         "gateway_upstream_retries_total",
         "counter",
-        "Retries sent to an upstream instance after another instance was not reached.",
+        "Retries sent to an upstream instance after another instance failed (default once-rules and route retry policies).",
     );
     for (u, i) in instances() {
         let _ = writeln!(

@@ -1,6 +1,7 @@
 //! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
-//! sanitise → route → IP rules → CORS preflight → authenticate → rate-limit →
-//! request headers → [aggregate | coalesce →] balance → breaker → proxy, then
+//! sanitise → route → IP rules → WebSocket admission → CORS preflight →
+//! authenticate → rate-limit → request headers → [aggregate | websocket |
+//! coalesce →] balance → breaker → proxy, then
 //! response headers and CORS response headers.
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
@@ -38,6 +39,7 @@ use crate::sanitize::{
     Cidr, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip, ensure_request_id, remove_hop_by_hop,
     set_forwarded,
 };
+use crate::websocket;
 
 /// Request size limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +182,8 @@ impl Pipeline {
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let uri = parts.uri.clone();
+        // Noted before sanitising removes the Upgrade / Connection pair.
+        let upgrade = websocket::is_upgrade(&parts);
 
         // Sanitise, before anything reads the request: hop-by-hop and client-forged identity headers go,
         // oversized requests stop here, the path gets its one canonical form for routing and forwarding.
@@ -192,6 +196,11 @@ impl Pipeline {
 
         // IP rules: right after routing (the route holds the lists), before authentication, so a refused address costs nothing.
         self.check_ip(route, &parts, peer)?;
+
+        // WebSocket: an upgrade needs a `websocket` route and a well-formed handshake (400 otherwise), before authentication spends anything.
+        if upgrade {
+            websocket::admit(route, &parts)?;
+        }
 
         // CORS: a preflight is answered here, before authentication (it carries no credentials), rate limiting and the upstream.
         if let Some(answer) = cors_preflight(route, &parts, seen)? {
@@ -233,6 +242,12 @@ impl Pipeline {
             served_by: &mut seen.upstream,
         };
         let key = self.balance_key(upstream, identity.as_ref(), &parts, peer);
+
+        // WebSocket: the admitted handshake goes to one instance on a connection of its own; a 101 becomes a byte tunnel.
+        if upgrade {
+            let pick = balancer::pick(upstream, key, None).ok_or(ProxyError::NoInstance)?;
+            return websocket::forward(route, upstream, pick, parts, &path, trace).await;
+        }
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
             Some(c) => {
@@ -246,7 +261,7 @@ impl Pipeline {
         // Balance → breaker: the upstream's policy (consistent hash: `key`) over healthy instances whose breaker admits; none → 503 without a network call.
         let pick = balancer::pick(upstream, key, None).ok_or(ProxyError::NoInstance)?;
 
-        // Proxy: stream to the instance within the route timeout; retry once elsewhere if it was never reached.
+        // Proxy: stream to the instance within the route timeout; retry elsewhere per the route's `retry` (or the default once-rules).
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
         let req = upstream_request(
             parts,
@@ -254,7 +269,15 @@ impl Pipeline {
             &path,
             RequestBody::new(body, self.limits.max_body_bytes),
         )?;
-        proxy::forward(upstream, pick, req, route.timeout, trace).await
+        proxy::forward(
+            upstream,
+            pick,
+            req,
+            route.timeout,
+            route.retry.as_ref(),
+            trace,
+        )
+        .await
     }
 
     /// The sanitise stage. Returns the normalised path.

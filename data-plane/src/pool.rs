@@ -226,6 +226,15 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
+        self.connect_with(false).await
+    }
+
+    /// A new connection; with `upgrades` its task hands the socket over to
+    /// `hyper::upgrade::on` after a 101 answer instead of closing it.
+    async fn connect_with(
+        &self,
+        upgrades: bool,
+    ) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
         let authority = &self.inner.authority;
         let stream = tokio::time::timeout(
             self.inner.settings.connect_timeout,
@@ -247,12 +256,47 @@ impl Pool {
                 authority: authority.clone(),
                 source,
             })?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
+        if upgrades {
+            tokio::spawn(async move {
+                if let Err(e) = conn.with_upgrades().await {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            });
+        } else {
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            });
+        }
         Ok(sender)
+    }
+
+    /// Sends an upgrade request (a WebSocket handshake) on a new connection of
+    /// its own, which never joins the idle list: after a 101 its socket belongs
+    /// to the tunnel, and after any other answer it is closed with the
+    /// response body. Errors as in [`Pool::send`] (never `Failed { reused: true }`).
+    pub async fn send_upgrade(
+        &self,
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, SendError> {
+        let mut sender = match self.connect_with(true).await {
+            Ok(s) => s,
+            Err(error) => return Err(SendError::Connect { req, error }),
+        };
+        sender
+            .try_send_request(req)
+            .await
+            .map_err(|mut e| match e.take_message() {
+                Some(back) => SendError::NotSent {
+                    req: back,
+                    error: e.into_error(),
+                },
+                None => SendError::Failed {
+                    error: e.into_error(),
+                    reused: false,
+                },
+            })
     }
 
     /// Sends `req` on an idle connection, or on a new one. A reused connection

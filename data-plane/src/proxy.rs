@@ -1,8 +1,10 @@
 //! Forwarding to an upstream instance (DESIGN §4, "Proxy").
 //!
 //! Bodies stream both ways. The route timeout bounds the time to the response
-//! head across every attempt (504 when it passes). Retries, at most one, always
-//! on another instance when there is one:
+//! head across every attempt (504 when it passes).
+//!
+//! Without a route `retry` (the default once-rules), at most one retry, on
+//! another instance when there is one, not charged to any budget:
 //!
 //! * the request never reached the first instance (connect refused or timed
 //!   out, or a fresh connection died before the request was written): retried
@@ -11,6 +13,20 @@
 //!   head arrived, and the request is a bodiless GET/HEAD/OPTIONS: replayed,
 //!   because repeating it cannot change anything (this is what keeps clients
 //!   error-free when an instance dies under load).
+//!
+//! With a route `retry` ([`RetryPolicy`]) up to `attempts` retries, each on an
+//! instance this request has not tried yet, for the listed failures:
+//! `CONNECT_FAILURE` (either case above), `STATUS_5XX` (500, 502, 503, 504:
+//! the answer is dropped and the last attempt's answer is returned when no
+//! retry follows) and `TIMEOUT` (`per_try_timeout_ms` passed). A request that
+//! reached an instance is sent again only when it is idempotent (GET, HEAD,
+//! OPTIONS, PUT, DELETE) and its body is empty or declared at most
+//! [`MAX_REPLAY_BODY_BYTES`] (read into memory before the first attempt);
+//! one that never reached an instance is resent whatever its method. Each such
+//! retry is charged to the upstream's [`RetryBudget`](crate::retry::RetryBudget)
+//! and not made when it is spent. The once-rule for a request that never
+//! reached an instance still holds when the policy does not list
+//! `CONNECT_FAILURE`.
 //!
 //! Breaker outcomes: connect failure, timeout, broken exchange and 5xx count as
 //! failures; anything else is a success; a request that failed because of the
@@ -23,21 +39,25 @@
 use std::error::Error as _;
 use std::time::Duration;
 
-use bytes::{BufMut as _, BytesMut};
+use bytes::{BufMut as _, Bytes, BytesMut};
 use gateway_telemetry::{ClientSpans, inject};
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Method, Request, Response, Version};
 use http_body::Body as _;
+use http_body_util::BodyExt as _;
 use tokio::time::Instant;
 
-use crate::balancer::{self, Pick};
+use crate::balancer::{self, Affinity, Pick};
 use crate::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
 use crate::breaker::{Permit, Transition};
 use crate::config::{InstanceState, RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::UpstreamErrorKind;
 use crate::pool::SendError;
+use crate::retry::{
+    MAX_REPLAY_BODY_BYTES, RetryPolicy, RetryReason, is_idempotent, is_retryable_status,
+};
 use crate::router::rewrite_path;
 use crate::sanitize::remove_hop_by_hop;
 
@@ -98,25 +118,72 @@ pub fn upstream_request(
     Ok(Request::from_parts(parts, body))
 }
 
-/// What is needed to send a bodiless request again.
+/// What is needed to send a request again: its head, and its body when it
+/// had one (buffered by a retrying route).
 struct Replay {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    body: Option<Bytes>,
 }
 
 impl Replay {
-    fn of(req: &Request<RequestBody>) -> Option<Self> {
-        let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-        (safe && req.body().is_end_stream()).then(|| Self {
+    fn new(req: &Request<RequestBody>, body: Option<Bytes>) -> Self {
+        Self {
             method: req.method().clone(),
             uri: req.uri().clone(),
             headers: req.headers().clone(),
-        })
+            body,
+        }
+    }
+
+    /// The default rule (no route `retry`): a bodiless GET/HEAD/OPTIONS.
+    fn bodiless(req: &Request<RequestBody>) -> Option<Self> {
+        let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+        (safe && req.body().is_end_stream()).then(|| Self::new(req, None))
+    }
+
+    /// A retrying route's rule: an idempotent request whose body is empty or
+    /// declared at most [`MAX_REPLAY_BODY_BYTES`]; that body is read now so it
+    /// can be sent again. Other requests are sent as they are, with no replay.
+    async fn buffered(
+        req: Request<RequestBody>,
+    ) -> Result<(Request<RequestBody>, Option<Self>), ProxyError> {
+        if !is_idempotent(req.method()) {
+            return Ok((req, None));
+        }
+        if req.body().is_end_stream() {
+            let replay = Self::new(&req, None);
+            return Ok((req, Some(replay)));
+        }
+        let small = req
+            .body()
+            .size_hint()
+            .exact()
+            .is_some_and(|n| n <= MAX_REPLAY_BODY_BYTES);
+        if !small {
+            return Ok((req, None));
+        }
+        let (parts, body) = req.into_parts();
+        let bytes = match body.into_incoming() {
+            Some(incoming) => incoming
+                .collect()
+                .await
+                .map_err(ProxyError::ClientBody)?
+                .to_bytes(),
+            None => Bytes::new(),
+        };
+        let req = Request::from_parts(parts, RequestBody::buffered(bytes.clone()));
+        let replay = Self::new(&req, Some(bytes));
+        Ok((req, Some(replay)))
     }
 
     fn request(&self) -> Request<RequestBody> {
-        let mut r = Request::new(RequestBody::empty());
+        let body = self
+            .body
+            .clone()
+            .map_or_else(RequestBody::empty, RequestBody::buffered);
+        let mut r = Request::new(body);
         *r.method_mut() = self.method.clone();
         *r.uri_mut() = self.uri.clone();
         *r.headers_mut() = self.headers.clone();
@@ -124,7 +191,8 @@ impl Replay {
     }
 }
 
-fn report(upstream: &UpstreamEntry, instance: &InstanceState, t: Option<Transition>) {
+/// Logs and counts a breaker transition of `instance`.
+pub(crate) fn report(upstream: &UpstreamEntry, instance: &InstanceState, t: Option<Transition>) {
     match t {
         Some(Transition::Opened) => {
             instance
@@ -140,7 +208,8 @@ fn report(upstream: &UpstreamEntry, instance: &InstanceState, t: Option<Transiti
     }
 }
 
-fn fail(
+/// Counts a failed attempt of `instance` and reports it to its breaker.
+pub(crate) fn fail(
     upstream: &UpstreamEntry,
     instance: &InstanceState,
     permit: Permit<'_>,
@@ -173,20 +242,41 @@ pub struct Trace<'s, 'a> {
     pub served_by: &'s mut Option<&'a str>,
 }
 
-/// Sends `req` to the instance in `first`, retrying once per the module rules.
-/// Returns the upstream's response (hop-by-hop headers removed, body streaming).
+/// What the failed attempt leaves for the next one.
+enum Failed {
+    /// The request never reached the instance and came back intact (boxed:
+    /// this is the failure path, and it keeps the enum small).
+    NotReached(Box<Request<RequestBody>>, ProxyError),
+    /// The request may have reached the instance; only a replay can follow.
+    Reached(ProxyError),
+    /// The instance answered with a retryable 5xx; returned if no retry follows.
+    Answered(Response<ResponseBody>),
+}
+
+/// Sends `req` to the instance in `first`, retrying per the module rules
+/// (`retry`: the route's policy; `None`: the default once-rules). Returns the
+/// upstream's response (hop-by-hop headers removed, body streaming).
 pub async fn forward<'a>(
     upstream: &'a UpstreamEntry,
     first: Pick<'a>,
     req: Request<RequestBody>,
     timeout: Duration,
+    retry: Option<&RetryPolicy>,
     trace: Trace<'_, 'a>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let deadline = Instant::now() + timeout;
-    let replay = Replay::of(&req);
-    let mut req = req;
+    upstream.retry.record_request();
+    let (mut req, replay) = match retry {
+        None => {
+            let replay = Replay::bodiless(&req);
+            (req, replay)
+        }
+        Some(_) => Replay::buffered(req).await?,
+    };
     let mut pick = first;
-    let mut retried = false;
+    // Instances tried so far (a retrying route never goes back to one).
+    let mut tried: Vec<usize> = Vec::new();
+    let mut retries = 0u32;
     loop {
         let Pick {
             index,
@@ -198,7 +288,7 @@ pub async fn forward<'a>(
             .metrics
             .attempts
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if retried {
+        if retries > 0 {
             instance
                 .metrics
                 .retries
@@ -207,12 +297,14 @@ pub async fn forward<'a>(
         *trace.served_by = Some(&instance.id);
         let mut client = trace.span.client_span(req.method());
         client.set_upstream_instance(&instance.id);
-        if retried {
-            client.set_attribute(gateway_telemetry::attr::ATTEMPT, 2u32);
+        if retries > 0 {
+            client.set_attribute(gateway_telemetry::attr::ATTEMPT, retries + 1);
         }
         inject(req.headers_mut(), &client.context(), trace.tracestate);
         let in_flight = instance.start_request();
-        let sent = tokio::time::timeout_at(deadline, instance.pool.send(req)).await;
+        let per_try = retry.and_then(|p| p.per_try_timeout);
+        let attempt_deadline = per_try.map_or(deadline, |t| deadline.min(Instant::now() + t));
+        let sent = tokio::time::timeout_at(attempt_deadline, instance.pool.send(req)).await;
         match &sent {
             Err(_) => client.set_status_error("timeout"),
             Ok(Ok((resp, _))) => client.set_status_code(resp.status().as_u16()),
@@ -222,13 +314,26 @@ pub async fn forward<'a>(
             Ok(Err(SendError::Failed { .. })) => client.set_status_error("upstream"),
         }
         client.end();
-        let next = match sent {
+        // Only a retrying route needs the list (no allocation otherwise).
+        if retry.is_some() {
+            tried.push(index);
+        }
+        let (failed, reason, reused) = match sent {
             Err(_elapsed) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Timeout);
-                return Err(ProxyError::Timeout(timeout));
+                if attempt_deadline >= deadline {
+                    return Err(ProxyError::Timeout(timeout));
+                }
+                let per_try = per_try.unwrap_or(timeout);
+                (
+                    Failed::Reached(ProxyError::Timeout(per_try)),
+                    RetryReason::Timeout,
+                    false,
+                )
             }
             Ok(Ok((resp, checkin))) => {
-                if resp.status().is_server_error() {
+                let status = resp.status();
+                if status.is_server_error() {
                     fail(upstream, instance, permit, UpstreamErrorKind::Status5xx);
                 } else {
                     report(upstream, instance, permit.success());
@@ -236,29 +341,33 @@ pub async fn forward<'a>(
                 let (mut parts, body) = resp.into_parts();
                 remove_hop_by_hop(&mut parts.headers, false);
                 let body = UpstreamBody::new(body, checkin, in_flight);
-                return Ok(Response::from_parts(parts, ResponseBody::Upstream(body)));
+                let resp = Response::from_parts(parts, ResponseBody::Upstream(body));
+                if !is_retryable_status(status) || retry.is_none() {
+                    return Ok(resp);
+                }
+                (Failed::Answered(resp), RetryReason::Status5xx, false)
             }
             // Never reached the instance: the request is intact.
             Ok(Err(SendError::Connect { req: back, error })) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Connect);
                 tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "connect failed");
-                let retry = (!retried && !back.body().was_polled())
-                    .then(|| balancer::pick(upstream, key, Some(index)))
-                    .flatten();
-                match retry {
-                    Some(p) => (p, back),
-                    None => return Err(ProxyError::Connect(error)),
-                }
+                let e = ProxyError::Connect(error);
+                let f = if back.body().was_polled() {
+                    Failed::Reached(e)
+                } else {
+                    Failed::NotReached(Box::new(back), e)
+                };
+                (f, RetryReason::ConnectFailure, false)
             }
             Ok(Err(SendError::NotSent { req: back, error })) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Connect);
-                let retry = (!retried && !back.body().was_polled())
-                    .then(|| balancer::pick(upstream, key, Some(index)))
-                    .flatten();
-                match retry {
-                    Some(p) => (p, back),
-                    None => return Err(ProxyError::Upstream(error)),
-                }
+                let e = ProxyError::Upstream(error);
+                let f = if back.body().was_polled() {
+                    Failed::Reached(e)
+                } else {
+                    Failed::NotReached(Box::new(back), e)
+                };
+                (f, RetryReason::ConnectFailure, false)
             }
             Ok(Err(SendError::Failed { error, reused })) => {
                 match body_error(&error) {
@@ -270,27 +379,139 @@ pub async fn forward<'a>(
                 }
                 fail(upstream, instance, permit, UpstreamErrorKind::Protocol);
                 tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "upstream exchange failed");
-                // A stale keep-alive connection says little about the instance:
-                // with no other instance, the replay may go to the same one.
-                let retry = match &replay {
-                    Some(r) if !retried => balancer::pick(upstream, key, Some(index))
-                        .or_else(|| {
-                            reused
-                                .then(|| balancer::pick(upstream, key, None))
-                                .flatten()
-                        })
-                        .map(|p| (p, r.request())),
-                    _ => None,
-                };
-                match retry {
-                    Some(next) => next,
-                    None => return Err(ProxyError::Upstream(error)),
-                }
+                (
+                    Failed::Reached(ProxyError::Upstream(error)),
+                    RetryReason::ConnectFailure,
+                    reused,
+                )
             }
         };
-        (pick, req) = next;
-        retried = true;
+        let next = match retry {
+            Some(policy) => policy_retry(
+                upstream,
+                policy,
+                key,
+                &tried,
+                retries,
+                reason,
+                replay.as_ref(),
+                failed,
+            ),
+            None => default_retry(
+                upstream,
+                key,
+                index,
+                retries,
+                reused,
+                replay.as_ref(),
+                failed,
+            ),
+        };
+        (pick, req) = match next {
+            Next::Retry(p, r) => (p, r),
+            Next::Done(outcome) => return outcome,
+        };
+        retries += 1;
     }
+}
+
+/// After a failed attempt: another one, or the request's outcome.
+enum Next<'a> {
+    Retry(Pick<'a>, Request<RequestBody>),
+    Done(Result<Response<ResponseBody>, ProxyError>),
+}
+
+impl Failed {
+    /// The outcome when no retry follows: a 5xx answer is returned as it is.
+    fn stands<'a>(self) -> Next<'a> {
+        Next::Done(match self {
+            Self::Answered(resp) => Ok(resp),
+            Self::NotReached(_, e) | Self::Reached(e) => Err(e),
+        })
+    }
+}
+
+/// The next attempt under the default rules (no route `retry`), at most one:
+/// a request that never reached the instance goes to another one whatever its
+/// method; a bodiless GET/HEAD/OPTIONS cut off before its response head is
+/// replayed (on the same instance only when a stale keep-alive connection
+/// was to blame and there is no other). Not charged to the retry budget.
+fn default_retry<'a>(
+    upstream: &'a UpstreamEntry,
+    key: Affinity,
+    index: usize,
+    retries: u32,
+    reused: bool,
+    replay: Option<&Replay>,
+    failed: Failed,
+) -> Next<'a> {
+    if retries > 0 {
+        return failed.stands();
+    }
+    match failed {
+        Failed::NotReached(back, e) => match balancer::pick(upstream, key, Some(index)) {
+            Some(p) => Next::Retry(p, *back),
+            None => Next::Done(Err(e)),
+        },
+        Failed::Reached(e) => {
+            let next = replay.and_then(|r| {
+                balancer::pick(upstream, key, Some(index))
+                    .or_else(|| {
+                        reused
+                            .then(|| balancer::pick(upstream, key, None))
+                            .flatten()
+                    })
+                    .map(|p| (p, r.request()))
+            });
+            match next {
+                Some((p, r)) => Next::Retry(p, r),
+                None => Next::Done(Err(e)),
+            }
+        }
+        answered @ Failed::Answered(_) => answered.stands(),
+    }
+}
+
+/// The next attempt under a route's `retry`: the failure is one the policy
+/// lists and tries are left, the request can be sent again (it never reached
+/// the instance, or it is idempotent with a replayable body), an instance not
+/// yet tried is available, and the upstream's budget allows it (checked last,
+/// so only retries actually sent are charged). Otherwise the failure stands.
+/// A request that never reached an instance also keeps the default
+/// once-rule, unbudgeted, when the policy does not list `CONNECT_FAILURE`.
+#[allow(clippy::too_many_arguments)]
+fn policy_retry<'a>(
+    upstream: &'a UpstreamEntry,
+    policy: &RetryPolicy,
+    key: Affinity,
+    tried: &[usize],
+    retries: u32,
+    reason: RetryReason,
+    replay: Option<&Replay>,
+    failed: Failed,
+) -> Next<'a> {
+    let listed = policy.retries(reason) && retries < policy.attempts;
+    let once = !policy.retries(reason) && retries == 0 && matches!(failed, Failed::NotReached(..));
+    if !listed && !once {
+        return failed.stands();
+    }
+    let sendable = matches!(failed, Failed::NotReached(..)) || replay.is_some();
+    if !sendable {
+        return failed.stands();
+    }
+    let Some(pick) = balancer::pick_excluding(upstream, key, tried) else {
+        return failed.stands();
+    };
+    if listed && !upstream.retry.try_retry(reason) {
+        return failed.stands();
+    }
+    let req = match (failed, replay) {
+        (Failed::NotReached(back, _), _) => *back,
+        (_, Some(r)) => r.request(),
+        // Excluded by `sendable` above.
+        (f, None) => return f.stands(),
+    };
+    Next::Retry(pick, req)
 }
 
 #[cfg(test)]
@@ -315,6 +536,8 @@ mod tests {
                 None,
             ))),
             coalesce: None,
+            retry: None,
+            websocket: None,
             policies: Default::default(),
             metrics: Default::default(),
         }

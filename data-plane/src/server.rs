@@ -6,8 +6,9 @@
 //! could hold a connection open forever.
 //!
 //! Shutdown: the listener closes (no new connections), every connection is
-//! asked to finish its in-flight request and close, and after the grace
-//! period the rest are dropped.
+//! asked to finish its in-flight request and close, open WebSocket tunnels
+//! (which have left their HTTP connection) are waited for as well, and after
+//! the grace period the rest are dropped.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -74,6 +75,9 @@ pub async fn serve<F, Fut>(
 {
     let builder = builder(&settings);
     let handler = Arc::new(handler);
+    // WebSocket tunnels started on this thread (a worker's runtime) outlive
+    // their HTTP connection; shutdown waits for them too.
+    let tunnels = crate::websocket::tunnels();
     let graceful = GracefulShutdown::new();
     loop {
         tokio::select! {
@@ -93,7 +97,9 @@ pub async fn serve<F, Fut>(
                     let fut = handler(req, peer);
                     async move { Ok::<_, Infallible>(fut.await) }
                 });
-                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                let conn = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
@@ -105,10 +111,14 @@ pub async fn serve<F, Fut>(
         }
     }
     drop(listener);
+    let drained = async {
+        graceful.shutdown().await;
+        tunnels.drained().await;
+    };
     tokio::select! {
-        () = graceful.shutdown() => {}
+        () = drained => {}
         () = tokio::time::sleep(settings.shutdown_grace) => {
-            tracing::warn!(grace = ?settings.shutdown_grace, "connections still open after the grace period; closing them");
+            tracing::warn!(grace = ?settings.shutdown_grace, tunnels = tunnels.open(), "connections still open after the grace period; closing them");
         }
     }
 }

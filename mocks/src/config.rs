@@ -54,6 +54,9 @@ pub enum ConfigError {
     /// `FAIL_RATE` is not a number in 0.0..=1.0.
     #[error("FAIL_RATE must be a number from 0.0 to 1.0, got {0:?}")]
     BadFailRate(String),
+    /// `FAIL_STATUS` is not an integer from 500 to 599.
+    #[error("FAIL_STATUS must be an integer from 500 to 599, got {0:?}")]
+    BadFailStatus(String),
     /// `DELAY_MS` or `DRAIN_DELAY_MS` is not an integer from 0 to [`MAX_DELAY_MS`].
     #[error("{0} must be an integer from 0 to 600000, got {1:?}")]
     BadDelay(&'static str, String),
@@ -69,8 +72,10 @@ pub struct MockConfig {
     pub service: Service,
     /// Its instance id, sent as `X-Instance-Id` and `"instance"`.
     pub instance_id: String,
-    /// Fraction of requests (0.0–1.0) that answer 500, from `FAIL_RATE`.
+    /// Fraction of requests (0.0–1.0) that answer `fail_status`, from `FAIL_RATE`.
     pub fail_rate: f64,
+    /// The status of a `FAIL_RATE` failure, from `FAIL_STATUS` (default 500).
+    pub fail_status: http::StatusCode,
     /// Wait before answering every request but `/health`, from `DELAY_MS`
     /// (a slow instance; `?delay_ms=` adds to it).
     pub delay: Duration,
@@ -100,6 +105,7 @@ impl MockConfig {
             service,
             instance_id,
             fail_rate,
+            fail_status: http::StatusCode::INTERNAL_SERVER_ERROR,
             delay: Duration::ZERO,
             draining: Arc::new(AtomicBool::new(false)),
         })
@@ -113,6 +119,12 @@ impl MockConfig {
     /// Marks the start of shutdown: `/health` answers 503 from now on.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// The same settings with `FAIL_RATE` failures answered with `status`.
+    pub fn with_fail_status(mut self, status: http::StatusCode) -> Self {
+        self.fail_status = status;
+        self
     }
 
     /// The same settings with every answer delayed by `delay`.
@@ -134,6 +146,18 @@ pub fn parse_delay(name: &'static str, raw: Option<&str>) -> Result<Duration, Co
     }
 }
 
+/// Parses a `FAIL_STATUS` value (500–599): absent or empty means 500.
+pub fn parse_fail_status(raw: Option<&str>) -> Result<http::StatusCode, ConfigError> {
+    let Some(raw) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(http::StatusCode::INTERNAL_SERVER_ERROR);
+    };
+    raw.parse::<u16>()
+        .ok()
+        .filter(|c| (500..=599).contains(c))
+        .and_then(|c| http::StatusCode::from_u16(c).ok())
+        .ok_or_else(|| ConfigError::BadFailStatus(raw.to_owned()))
+}
+
 /// Parses a `FAIL_RATE` value: absent or empty means 0.
 pub fn parse_fail_rate(raw: Option<&str>) -> Result<f64, ConfigError> {
     let Some(raw) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
@@ -148,6 +172,28 @@ pub fn parse_fail_rate(raw: Option<&str>) -> Result<f64, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fail_status_parsing() {
+        assert_eq!(
+            parse_fail_status(None),
+            Ok(http::StatusCode::INTERNAL_SERVER_ERROR)
+        );
+        assert_eq!(
+            parse_fail_status(Some(" ")),
+            Ok(http::StatusCode::INTERNAL_SERVER_ERROR)
+        );
+        assert_eq!(
+            parse_fail_status(Some("503")),
+            Ok(http::StatusCode::SERVICE_UNAVAILABLE)
+        );
+        for bad in ["200", "499", "600", "x"] {
+            assert_eq!(
+                parse_fail_status(Some(bad)),
+                Err(ConfigError::BadFailStatus(bad.to_owned()))
+            );
+        }
+    }
 
     #[test]
     fn service_names_round_trip() {

@@ -17,6 +17,7 @@ use crate::config::MockConfig;
 use crate::hooks::Hooks;
 use crate::records;
 use crate::stats::RequestStats;
+use crate::websocket;
 
 /// Response header naming the instance that answered.
 pub const INSTANCE_HEADER: &str = "x-instance-id";
@@ -57,7 +58,11 @@ where
         }
         span
     });
-    let mut response = answer(config, req).await;
+    let mut response = if path == websocket::PATH {
+        websocket::answer(config, req)
+    } else {
+        answer(config, req).await
+    };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
     }
@@ -122,10 +127,7 @@ where
         tokio::time::sleep(delay).await;
     }
     if config.fail_rate > 0.0 && rand::random::<f64>() < config.fail_rate {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "injected failure (FAIL_RATE)",
-        );
+        return error(config.fail_status, "injected failure (FAIL_RATE)");
     }
 
     let Some(target) = target(config.service.name(), &path) else {

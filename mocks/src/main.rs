@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use gateway_telemetry::{LogFormat, Tracer, init_logging};
-use mock_service::config::{parse_delay, parse_fail_rate};
+use mock_service::config::{parse_delay, parse_fail_rate, parse_fail_status};
 use mock_service::{MockConfig, Service};
 
 /// A demo backend (users or orders) with fault hooks.
@@ -41,7 +41,10 @@ async fn main() -> anyhow::Result<()> {
         "DRAIN_DELAY_MS",
         std::env::var("DRAIN_DELAY_MS").ok().as_deref(),
     )?;
-    let config = MockConfig::new(args.service, instance_id, fail_rate)?.with_delay(delay);
+    let fail_status = parse_fail_status(std::env::var("FAIL_STATUS").ok().as_deref())?;
+    let config = MockConfig::new(args.service, instance_id, fail_rate)?
+        .with_delay(delay)
+        .with_fail_status(fail_status);
     // Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     let tracer = Tracer::from_env(config.service.name(), Some(&config.instance_id))?;
 

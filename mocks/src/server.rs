@@ -58,7 +58,7 @@ pub async fn serve(
             }
         });
         let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

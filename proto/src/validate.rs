@@ -372,6 +372,7 @@ impl Validator {
             self.rate_limit(&who, rl, auth.ok());
         }
         self.policies(&who, r);
+        self.forwarding(&who, r);
     }
 
     /// The route-level rules of an aggregation route and its parts (that each
@@ -620,6 +621,9 @@ impl Validator {
 mod policy;
 pub use policy::*;
 
+mod proxy;
+pub use proxy::*;
+
 #[cfg(test)]
 mod tests;
 
@@ -628,3 +632,6 @@ mod composition_tests;
 
 #[cfg(test)]
 mod policy_tests;
+
+#[cfg(test)]
+mod proxy_tests;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_proto::v1::{AuthMode, ConfigSnapshot, Route, Upstream};
-use gateway_proto::validate::parse_instance_url;
+use gateway_proto::validate::{DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS, parse_instance_url};
 use gateway_proto::{ValidationError, validate_config};
 use http::Method;
 
@@ -31,6 +31,7 @@ use crate::health::HealthSettings;
 use crate::ip_rules::IpRules;
 use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::pool::PoolSettings;
+use crate::retry::{RetryBudget, RetryPolicy};
 use crate::router::{Router, RouterError};
 use crate::sanitize::CidrError;
 use crate::transform::{HeaderTransform, TransformError};
@@ -160,10 +161,21 @@ pub fn compile_with_members(
         })
         .collect();
 
+    let old_budgets: HashMap<&str, &Arc<RetryBudget>> = previous
+        .upstreams
+        .iter()
+        .map(|u| (&*u.name, &u.retry))
+        .collect();
     let mut upstreams: Vec<Arc<UpstreamEntry>> = snapshot
         .upstreams
         .iter()
-        .map(|u| compile_upstream(u, &old_instances, pool, members).map(Arc::new))
+        .map(|u| {
+            let entry = compile_upstream(u, &old_instances, pool, members)?;
+            Ok::<_, CompileError>(Arc::new(match old_budgets.get(u.name.as_str()) {
+                Some(b) => entry.with_retry_budget(Arc::clone(b)),
+                None => entry,
+            }))
+        })
         .collect::<Result<_, _>>()?;
     upstreams.sort_by(|a, b| a.name.cmp(&b.name));
     let by_name: HashMap<&str, &Arc<UpstreamEntry>> =
@@ -220,6 +232,16 @@ pub fn compile_with_members(
             coalesce: r
                 .coalesce
                 .then(|| Arc::new(Coalescer::new(CoalesceLimits::default()))),
+            retry: r.retry.as_ref().map(RetryPolicy::from_proto),
+            websocket: r.websocket.then(|| {
+                Duration::from_millis(
+                    match r.websocket_idle_timeout_ms {
+                        0 => DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS,
+                        ms => ms,
+                    }
+                    .into(),
+                )
+            }),
             metrics: old_route_metrics
                 .get(r.name.as_str())
                 .map_or_else(Default::default, |m| Arc::clone(m)),

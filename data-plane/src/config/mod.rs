@@ -27,6 +27,7 @@ use crate::health::HealthSettings;
 use crate::ip_rules::IpRules;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
+use crate::retry::{RetryBudget, RetryPolicy};
 use crate::router::Router;
 use crate::transform::HeaderTransform;
 
@@ -71,6 +72,11 @@ pub struct RouteEntry {
     pub target: Target,
     /// Shares identical concurrent GET/HEAD upstream calls (`Route.coalesce`).
     pub coalesce: Option<Arc<Coalescer>>,
+    /// Retries on other instances (`Route.retry`; `None`: the default once-rules).
+    pub retry: Option<RetryPolicy>,
+    /// WebSocket upgrades allowed, with this tunnel idle timeout (`Route.websocket`;
+    /// `None`: upgrade requests are refused).
+    pub websocket: Option<Duration>,
     /// Counters, carried over while the route keeps its name.
     pub metrics: Arc<RouteMetrics>,
 }
@@ -120,6 +126,8 @@ pub struct UpstreamEntry {
     pub health: Option<HealthSettings>,
     /// Round-robin cursor.
     pub(crate) cursor: AtomicUsize,
+    /// Retry budget and retry counters, carried over while the name stays.
+    pub retry: Arc<RetryBudget>,
 }
 
 impl UpstreamEntry {
@@ -138,7 +146,15 @@ impl UpstreamEntry {
             breaker,
             health,
             cursor: AtomicUsize::new(0),
+            retry: Arc::default(),
         }
+    }
+
+    /// The same entry, sharing `budget` (the previous version's, for an
+    /// upstream that keeps its name).
+    pub fn with_retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
+        self.retry = budget;
+        self
     }
 
     /// The same entry with balancing `policy` (the default is round-robin).

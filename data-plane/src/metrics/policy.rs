@@ -14,15 +14,18 @@ pub enum PolicyRefusal {
     Ip,
     /// A CORS preflight from an origin, or for a method or header, not allowed (403).
     Cors,
+    /// A WebSocket upgrade on a route without `websocket`, or a malformed handshake (400).
+    Upgrade,
 }
 
 impl PolicyRefusal {
-    const ALL: [Self; 2] = [Self::Ip, Self::Cors];
+    const ALL: [Self; 3] = [Self::Ip, Self::Cors, Self::Upgrade];
 
     fn as_str(self) -> &'static str {
         match self {
             Self::Ip => "ip",
             Self::Cors => "cors",
+            Self::Upgrade => "upgrade",
         }
     }
 }
@@ -52,7 +55,7 @@ pub(super) fn render_policy(out: &mut String, cfg: &Compiled) {
         out,
         "gateway_policy_refusals_total",
         "counter",
-        "Requests refused by a route policy, by route and reason (ip, cors).",
+        "Requests refused by a route policy, by route and reason (ip, cors, upgrade).",
     );
     for r in cfg.router.routes() {
         for reason in PolicyRefusal::ALL {

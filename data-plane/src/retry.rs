@@ -1,0 +1,347 @@
+//! Route retries (`Route.retry`) and the per-upstream retry budget.
+//!
+//! A [`RetryPolicy`] is compiled once per snapshot from the route's `Retry`.
+//! [`proxy::forward`](crate::proxy::forward) asks it whether a failed attempt
+//! is worth another try ([`RetryPolicy::retries`]), and the upstream's
+//! [`RetryBudget`] whether one more retry is affordable.
+//!
+//! The budget rule: retries sent to an upstream in the last
+//! [`BUDGET_WINDOW`] (10 s, kept as ten one-second buckets, the current one
+//! partly elapsed) may be at most [`BUDGET_PERCENT`] (20%) of the requests sent
+//! to it in that window (first attempts of every route, retrying or not) plus
+//! [`BUDGET_FLOOR`] (10). So a quiet upstream can still be retried a little,
+//! and a failing busy one gets at most 1.2× its normal load however many
+//! routes retry: retries cannot turn an outage into a storm. A retry the
+//! budget refuses is not made; the failed answer stands and
+//! `gateway_retry_budget_refusals_total{upstream}` counts it.
+//!
+//! Time is tokio's clock, so tests drive the window with `tokio::time::pause`.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use gateway_proto::v1::{Retry, RetryOn};
+use http::Method;
+use tokio::time::Instant;
+
+/// Length of the budget's sliding window.
+pub const BUDGET_WINDOW: Duration = Duration::from_secs(10);
+/// Retries allowed per hundred requests sent, over the window.
+pub const BUDGET_PERCENT: u64 = 20;
+/// Retries allowed in the window whatever the traffic.
+pub const BUDGET_FLOOR: u64 = 10;
+/// Largest request body buffered so that a retrying route can send it again.
+/// A larger body, or one of unknown length (chunked), is sent once (only a
+/// connect failure, which leaves the body untouched, is retried then).
+pub const MAX_REPLAY_BODY_BYTES: u64 = 64 * 1024;
+
+/// Why an attempt is retried (label `reason` of `gateway_retries_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryReason {
+    /// The instance was not reached, or the connection broke before the response head.
+    ConnectFailure,
+    /// The instance answered 500, 502, 503 or 504.
+    Status5xx,
+    /// The attempt's `per_try_timeout_ms` passed.
+    Timeout,
+}
+
+impl RetryReason {
+    /// Every reason, in label order.
+    pub const ALL: [Self; 3] = [Self::ConnectFailure, Self::Status5xx, Self::Timeout];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConnectFailure => "connect_failure",
+            Self::Status5xx => "status_5xx",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// Whether a `STATUS_5XX` retry applies to `status`: 500, 502, 503 and 504.
+/// Other 5xx (501 Not Implemented, 505, 507, …) would be the same on every
+/// instance.
+pub fn is_retryable_status(status: http::StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 503 | 504)
+}
+
+/// Whether a request with `method` may be sent again after it reached an
+/// instance: GET, HEAD, OPTIONS, PUT and DELETE (RFC 9110 idempotent methods,
+/// TRACE excepted).
+pub fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
+    )
+}
+
+/// A route's compiled `retry`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Additional tries after the first.
+    pub attempts: u32,
+    on: [bool; 3],
+    /// Time to the response head allowed to each attempt (`None`: only the route timeout).
+    pub per_try_timeout: Option<Duration>,
+}
+
+impl RetryPolicy {
+    /// Compiles a validated `Retry` (unknown or unspecified conditions are ignored).
+    pub fn from_proto(r: &Retry) -> Self {
+        let mut on = [false; 3];
+        for v in &r.on {
+            match RetryOn::try_from(*v) {
+                Ok(RetryOn::ConnectFailure) => on[RetryReason::ConnectFailure as usize] = true,
+                Ok(RetryOn::Status5xx) => on[RetryReason::Status5xx as usize] = true,
+                Ok(RetryOn::Timeout) => on[RetryReason::Timeout as usize] = true,
+                _ => {}
+            }
+        }
+        Self {
+            attempts: r.attempts,
+            on,
+            per_try_timeout: (r.per_try_timeout_ms > 0)
+                .then(|| Duration::from_millis(r.per_try_timeout_ms.into())),
+        }
+    }
+
+    /// Whether the policy retries failures of this kind.
+    pub fn retries(&self, reason: RetryReason) -> bool {
+        self.on[reason as usize]
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Bucket {
+    /// Seconds since the budget's start this bucket counts (`u64::MAX`: never used).
+    second: u64,
+    requests: u64,
+    retries: u64,
+}
+
+/// The retry budget of one upstream, plus its retry counters. Carried over
+/// while the upstream keeps its name, like instance state.
+#[derive(Debug)]
+pub struct RetryBudget {
+    start: Instant,
+    /// Ten one-second buckets; the lock is held only to count, never across an `.await`.
+    buckets: Mutex<[Bucket; 10]>,
+    retries: [AtomicU64; 3],
+    refused: AtomicU64,
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const BUCKETS: u64 = 10;
+
+impl RetryBudget {
+    /// An empty budget (only the floor available).
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            buckets: Mutex::new(
+                [Bucket {
+                    second: u64::MAX,
+                    ..Bucket::default()
+                }; BUCKETS as usize],
+            ),
+            retries: Default::default(),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    fn now_second(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.start)
+            .as_secs()
+    }
+
+    /// Counts one request sent to the upstream (a first attempt).
+    pub fn record_request(&self) {
+        let now = self.now_second();
+        let mut b = self.buckets.lock().expect("retry budget lock");
+        current(&mut b, now).requests += 1;
+    }
+
+    /// Spends one retry if the budget allows it; counts the retry (by
+    /// `reason`) or the refusal.
+    pub fn try_retry(&self, reason: RetryReason) -> bool {
+        let now = self.now_second();
+        let allowed = {
+            let mut b = self.buckets.lock().expect("retry budget lock");
+            let (requests, retries) = b
+                .iter()
+                .filter(|k| k.second != u64::MAX && k.second + BUCKETS > now)
+                .fold((0, 0), |(q, r), k| (q + k.requests, r + k.retries));
+            let allowed = retries < allowance(requests);
+            if allowed {
+                current(&mut b, now).retries += 1;
+            }
+            allowed
+        };
+        if allowed {
+            self.retries[reason as usize].fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        allowed
+    }
+
+    /// Retries made for `reason`.
+    pub fn retries(&self, reason: RetryReason) -> u64 {
+        self.retries[reason as usize].load(Ordering::Relaxed)
+    }
+
+    /// Retries the budget refused.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// Retries allowed in a window that saw `requests` requests.
+fn allowance(requests: u64) -> u64 {
+    requests * BUDGET_PERCENT / 100 + BUDGET_FLOOR
+}
+
+/// The bucket of second `now`, emptied first if it still holds an older second.
+fn current(b: &mut [Bucket; 10], now: u64) -> &mut Bucket {
+    let k = &mut b[(now % BUCKETS) as usize];
+    if k.second != now {
+        *k = Bucket {
+            second: now,
+            ..Bucket::default()
+        };
+    }
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(on: &[RetryOn], per_try: u32) -> RetryPolicy {
+        RetryPolicy::from_proto(&Retry {
+            attempts: 2,
+            on: on.iter().map(|o| *o as i32).collect(),
+            per_try_timeout_ms: per_try,
+        })
+    }
+
+    #[test]
+    fn policy_compiles_conditions_and_timeout() {
+        let p = policy(&[RetryOn::Status5xx, RetryOn::Timeout], 250);
+        assert_eq!(p.attempts, 2);
+        assert!(p.retries(RetryReason::Status5xx));
+        assert!(p.retries(RetryReason::Timeout));
+        assert!(!p.retries(RetryReason::ConnectFailure));
+        assert_eq!(p.per_try_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(policy(&[RetryOn::ConnectFailure], 0).per_try_timeout, None);
+    }
+
+    #[test]
+    fn retryable_statuses_and_methods() {
+        for s in [500, 502, 503, 504] {
+            assert!(
+                is_retryable_status(http::StatusCode::from_u16(s).unwrap()),
+                "{s}"
+            );
+        }
+        for s in [200, 404, 429, 501, 505, 507] {
+            assert!(
+                !is_retryable_status(http::StatusCode::from_u16(s).unwrap()),
+                "{s}"
+            );
+        }
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            assert!(is_idempotent(&m), "{m}");
+        }
+        for m in [Method::POST, Method::PATCH, Method::TRACE, Method::CONNECT] {
+            assert!(!is_idempotent(&m), "{m}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_upstream_gets_the_floor_only() {
+        let b = RetryBudget::new();
+        for _ in 0..BUDGET_FLOOR {
+            assert!(b.try_retry(RetryReason::Status5xx));
+        }
+        assert!(!b.try_retry(RetryReason::Status5xx));
+        assert_eq!(b.retries(RetryReason::Status5xx), BUDGET_FLOOR);
+        assert_eq!(b.refused(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_are_a_fifth_of_requests_plus_the_floor() {
+        let b = RetryBudget::new();
+        for _ in 0..100 {
+            b.record_request();
+        }
+        // 100 / 5 + 10 = 30 retries, the 31st is refused.
+        for i in 0..30 {
+            assert!(b.try_retry(RetryReason::ConnectFailure), "retry {i}");
+        }
+        assert!(!b.try_retry(RetryReason::Timeout));
+        // Four more requests are not yet a fifth of one more retry; five are.
+        for _ in 0..4 {
+            b.record_request();
+        }
+        assert!(!b.try_retry(RetryReason::Timeout));
+        b.record_request();
+        assert!(b.try_retry(RetryReason::Timeout));
+        assert_eq!(b.retries(RetryReason::ConnectFailure), 30);
+        assert_eq!(b.retries(RetryReason::Timeout), 1);
+        assert_eq!(b.refused(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_window_slides_by_whole_seconds() {
+        let b = RetryBudget::new();
+        for _ in 0..BUDGET_FLOOR {
+            assert!(b.try_retry(RetryReason::Status5xx));
+        }
+        assert!(!b.try_retry(RetryReason::Status5xx));
+        // Nine seconds later the spent retries are still in the window.
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(!b.try_retry(RetryReason::Status5xx));
+        // At ten seconds the first second's bucket has left the window.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        for _ in 0..BUDGET_FLOOR {
+            assert!(b.try_retry(RetryReason::Status5xx));
+        }
+        assert!(!b.try_retry(RetryReason::Status5xx));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_older_than_the_window_stop_paying_for_retries() {
+        let b = RetryBudget::new();
+        for _ in 0..50 {
+            b.record_request();
+        }
+        tokio::time::advance(BUDGET_WINDOW).await;
+        // The 50 requests are gone: the floor is all there is.
+        for _ in 0..BUDGET_FLOOR {
+            assert!(b.try_retry(RetryReason::Status5xx));
+        }
+        assert!(!b.try_retry(RetryReason::Status5xx));
+        // A bucket reused for a later second starts empty.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        b.record_request();
+        let buckets = b.buckets.lock().unwrap();
+        let now = buckets.iter().find(|k| k.second == 13).unwrap();
+        assert_eq!((now.requests, now.retries), (1, 0));
+    }
+}

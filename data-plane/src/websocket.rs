@@ -1,0 +1,476 @@
+//! WebSocket upgrades (`Route.websocket`): the handshake is proxied like any
+//! request, then the two upgraded connections are joined byte for byte.
+//!
+//! * An upgrade request is an HTTP/1.1 request with `Connection: upgrade` and
+//!   `Upgrade: websocket` ([`is_upgrade`], read before sanitising removes those
+//!   hop-by-hop headers). On a route without `websocket` it is refused with 400
+//!   `upgrade-refused` (counted as `gateway_policy_refusals_total{reason="upgrade"}`),
+//!   and so is a malformed handshake (not GET, no `Sec-WebSocket-Key`, or a
+//!   `Sec-WebSocket-Version` other than 13). Any other `Upgrade` value is
+//!   stripped and the request proxied as before.
+//! * On a `websocket` route the handshake goes through authentication and rate
+//!   limiting like any request (a tunnel spends its budget once, at upgrade
+//!   time), then to one instance on a connection of its own
+//!   ([`Pool::send_upgrade`](crate::pool::Pool::send_upgrade)), which never
+//!   joins the pool. The route timeout bounds the wait for the answer; there
+//!   is no retry (the handshake is not replayed).
+//! * A 101 answer goes back to the client with `Upgrade` / `Connection`, and a
+//!   task on the worker that served the request copies bytes both ways
+//!   (`tokio::io::copy_bidirectional`) until either side closes, or until no
+//!   byte has moved either way for the route's idle timeout (then both
+//!   connections are closed). Any other answer is proxied as a response.
+//! * Shutdown: a worker waits for its open tunnels as it waits for its
+//!   in-flight requests, within the same grace period ([`Tunnels::drained`]);
+//!   what is still open then is closed with the worker.
+//!
+//! The gateway never looks inside the frames: no WebSocket library is needed.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use gateway_telemetry::inject;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::request::Parts;
+use http::{Method, Response, StatusCode, Version};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::balancer::Pick;
+use crate::body::{RequestBody, ResponseBody, UpstreamBody};
+use crate::config::{InFlight, RouteEntry, UpstreamEntry};
+use crate::error::ProxyError;
+use crate::metrics::{PolicyRefusal, RouteMetrics, UpstreamErrorKind};
+use crate::pool::SendError;
+use crate::proxy::{Trace, fail, report, upstream_request};
+use crate::sanitize::remove_hop_by_hop;
+
+/// `Sec-WebSocket-Key`.
+static SEC_WEBSOCKET_KEY: header::HeaderName = header::SEC_WEBSOCKET_KEY;
+/// `Sec-WebSocket-Version`.
+static SEC_WEBSOCKET_VERSION: header::HeaderName = header::SEC_WEBSOCKET_VERSION;
+
+/// Whether `headers` has `name` listing `token` (comma-separated, any case).
+fn has_token(headers: &HeaderMap, name: &header::HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    })
+}
+
+/// Whether the request asks for a WebSocket upgrade: HTTP/1.1 with
+/// `Connection: upgrade` and `Upgrade: websocket`. Call it before sanitising.
+pub fn is_upgrade(parts: &Parts) -> bool {
+    parts.version == Version::HTTP_11
+        && has_token(&parts.headers, &header::CONNECTION, "upgrade")
+        && has_token(&parts.headers, &header::UPGRADE, "websocket")
+}
+
+/// The WebSocket stage for an upgrade request: the route must allow it and
+/// the handshake must be well formed (GET, a `Sec-WebSocket-Key`,
+/// `Sec-WebSocket-Version: 13`). A refusal is counted on the route.
+pub fn admit(route: &RouteEntry, parts: &Parts) -> Result<(), ProxyError> {
+    let well_formed = parts.method == Method::GET
+        && parts
+            .headers
+            .get(&SEC_WEBSOCKET_KEY)
+            .is_some_and(|k| !k.is_empty())
+        && parts
+            .headers
+            .get(&SEC_WEBSOCKET_VERSION)
+            .is_some_and(|v| v == "13");
+    if route.websocket.is_some() && well_formed {
+        return Ok(());
+    }
+    route.metrics.policy.refused(PolicyRefusal::Upgrade);
+    Err(ProxyError::UpgradeRefused)
+}
+
+/// Sends the handshake in `parts` to the instance in `pick` and, on 101,
+/// starts the tunnel and answers the client with the 101.
+pub async fn forward<'a>(
+    route: &RouteEntry,
+    upstream: &'a UpstreamEntry,
+    pick: Pick<'a>,
+    mut parts: Parts,
+    path: &str,
+    trace: Trace<'_, 'a>,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let idle = route.websocket.ok_or(ProxyError::UpgradeRefused)?;
+    // The client's side of the upgrade: hyper hands its socket over after our 101.
+    let client_side = parts
+        .extensions
+        .remove::<OnUpgrade>()
+        .ok_or(ProxyError::UpgradeRefused)?;
+    let mut req = upstream_request(parts, route, path, RequestBody::empty())?;
+    // Sanitising removed the hop-by-hop pair; this hop asks for the upgrade again.
+    let headers = req.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+
+    let Pick {
+        instance, permit, ..
+    } = pick;
+    instance.metrics.attempts.fetch_add(1, Ordering::Relaxed);
+    *trace.served_by = Some(&instance.id);
+    let mut client = trace.span.client_span(req.method());
+    client.set_upstream_instance(&instance.id);
+    inject(req.headers_mut(), &client.context(), trace.tracestate);
+    let in_flight = instance.start_request();
+    let sent = tokio::time::timeout(route.timeout, instance.pool.send_upgrade(req)).await;
+    let failure = match sent {
+        Err(_) => Some((
+            UpstreamErrorKind::Timeout,
+            ProxyError::Timeout(route.timeout),
+        )),
+        Ok(Err(SendError::Connect { error, .. })) => {
+            Some((UpstreamErrorKind::Connect, ProxyError::Connect(error)))
+        }
+        Ok(Err(SendError::NotSent { error, .. })) => {
+            Some((UpstreamErrorKind::Connect, ProxyError::Upstream(error)))
+        }
+        Ok(Err(SendError::Failed { error, .. })) => {
+            Some((UpstreamErrorKind::Protocol, ProxyError::Upstream(error)))
+        }
+        Ok(Ok(resp)) => {
+            client.set_status_code(resp.status().as_u16());
+            client.end();
+            if resp.status().is_server_error() {
+                fail(upstream, instance, permit, UpstreamErrorKind::Status5xx);
+            } else {
+                report(upstream, instance, permit.success());
+            }
+            return Ok(answer(resp, client_side, idle, &route.metrics, in_flight));
+        }
+    };
+    let (kind, error) = failure.expect("every other arm returned");
+    client.set_status_error(kind_label(kind));
+    client.end();
+    fail(upstream, instance, permit, kind);
+    Err(error)
+}
+
+fn kind_label(kind: UpstreamErrorKind) -> &'static str {
+    match kind {
+        UpstreamErrorKind::Timeout => "timeout",
+        UpstreamErrorKind::Connect => "connect",
+        _ => "upstream",
+    }
+}
+
+/// The client's answer to the upstream's answer `resp`: on 101 the tunnel
+/// starts; anything else is proxied (its connection closes with the body).
+fn answer(
+    mut resp: Response<hyper::body::Incoming>,
+    client_side: OnUpgrade,
+    idle: Duration,
+    metrics: &Arc<RouteMetrics>,
+    in_flight: InFlight,
+) -> Response<ResponseBody> {
+    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let upstream_side = switching.then(|| hyper::upgrade::on(&mut resp));
+    let (mut parts, body) = resp.into_parts();
+    remove_hop_by_hop(&mut parts.headers, false);
+    let Some(upstream_side) = upstream_side else {
+        let body = UpstreamBody::unpooled(body, in_flight);
+        return Response::from_parts(parts, ResponseBody::Upstream(body));
+    };
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    parts
+        .headers
+        .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    let guard = TunnelGuard::open(metrics.clone());
+    tokio::spawn(async move {
+        let _guard = guard;
+        let _in_flight = in_flight;
+        match tokio::try_join!(client_side, upstream_side) {
+            Ok((client, upstream)) => {
+                let outcome = tunnel(TokioIo::new(client), TokioIo::new(upstream), idle).await;
+                tracing::debug!(?outcome, "websocket tunnel closed");
+            }
+            Err(e) => tracing::debug!(error = %e, "websocket upgrade did not complete"),
+        }
+    });
+    Response::from_parts(parts, ResponseBody::empty())
+}
+
+/// How a tunnel ended.
+#[derive(Debug)]
+pub enum TunnelEnd {
+    /// The client closed (or half-closed) its connection.
+    ClientClosed,
+    /// The upstream closed (or half-closed) its connection.
+    UpstreamClosed,
+    /// No byte moved either way for the idle timeout.
+    Idle,
+    /// A read or write failed.
+    Failed(io::Error),
+}
+
+/// Copies bytes both ways between `client` and `upstream` until one side
+/// closes or nothing moves for `idle`; then both connections are shut down.
+/// (A WebSocket has no use for a half-closed connection: once one side has
+/// closed, the other only waits for the TCP close.)
+pub async fn tunnel<C, U>(client: C, upstream: U, idle: Duration) -> TunnelEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    // Every byte either way passes the client side: watching it is enough.
+    let client = Activity {
+        inner: client,
+        start,
+        last: &last,
+    };
+    let (mut client_rx, mut client_tx) = tokio::io::split(client);
+    let (mut upstream_rx, mut upstream_tx) = tokio::io::split(upstream);
+    let end = {
+        let up = tokio::io::copy(&mut client_rx, &mut upstream_tx);
+        let down = tokio::io::copy(&mut upstream_rx, &mut client_tx);
+        tokio::pin!(up, down);
+        loop {
+            let quiet_since = start + Duration::from_nanos(last.load(Ordering::Relaxed));
+            tokio::select! {
+                done = &mut up => break done.map_or_else(TunnelEnd::Failed, |_| TunnelEnd::ClientClosed),
+                done = &mut down => break done.map_or_else(TunnelEnd::Failed, |_| TunnelEnd::UpstreamClosed),
+                () = tokio::time::sleep_until(quiet_since + idle) => {
+                    let moved = start + Duration::from_nanos(last.load(Ordering::Relaxed));
+                    if moved + idle <= Instant::now() {
+                        break TunnelEnd::Idle;
+                    }
+                }
+            }
+        }
+    };
+    // Best effort: a FIN to both sides (dropping them closes the sockets anyway).
+    let _ = tokio::join!(client_tx.shutdown(), upstream_tx.shutdown());
+    end
+}
+
+/// An I/O object that notes when bytes last moved through it.
+struct Activity<'a, S> {
+    inner: S,
+    start: Instant,
+    last: &'a AtomicU64,
+}
+
+impl<S> Activity<'_, S> {
+    fn touch(&self) {
+        let since = Instant::now().saturating_duration_since(self.start);
+        self.last.store(
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Activity<'_, S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.touch();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Activity<'_, S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            this.touch();
+        }
+        polled
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// The tunnels open on one thread (a proxy worker), so that its shutdown can
+/// wait for them.
+#[derive(Debug, Default)]
+pub struct Tunnels {
+    open: AtomicUsize,
+    closed: Notify,
+}
+
+thread_local! {
+    static TUNNELS: Arc<Tunnels> = Arc::default();
+}
+
+/// The tunnel registry of the calling thread.
+pub fn tunnels() -> Arc<Tunnels> {
+    TUNNELS.with(Arc::clone)
+}
+
+impl Tunnels {
+    /// Tunnels open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once no tunnel is open.
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.open() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One open tunnel: counted on the route and on the thread's registry until dropped.
+struct TunnelGuard {
+    metrics: Arc<RouteMetrics>,
+    registry: Arc<Tunnels>,
+}
+
+impl TunnelGuard {
+    fn open(metrics: Arc<RouteMetrics>) -> Self {
+        metrics.websocket.opened();
+        let registry = tunnels();
+        registry.open.fetch_add(1, Ordering::Relaxed);
+        Self { metrics, registry }
+    }
+}
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        self.metrics.websocket.closed();
+        self.registry.open.fetch_sub(1, Ordering::Relaxed);
+        self.registry.closed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, duplex};
+
+    fn parts(version: Version, headers: &[(&str, &str)]) -> Parts {
+        let mut b = http::Request::get("/ws").version(version);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    const HANDSHAKE: [(&str, &str); 4] = [
+        ("connection", "keep-alive, Upgrade"),
+        ("upgrade", "WebSocket"),
+        ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("sec-websocket-version", "13"),
+    ];
+
+    #[test]
+    fn upgrade_requests_are_recognised_by_connection_and_upgrade_tokens() {
+        assert!(is_upgrade(&parts(Version::HTTP_11, &HANDSHAKE)));
+        assert!(!is_upgrade(&parts(Version::HTTP_2, &HANDSHAKE)));
+        assert!(!is_upgrade(&parts(
+            Version::HTTP_11,
+            &[("connection", "upgrade"), ("upgrade", "h2c")]
+        )));
+        assert!(!is_upgrade(&parts(
+            Version::HTTP_11,
+            &[("upgrade", "websocket")]
+        )));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_copies_both_ways_and_ends_when_a_side_closes() {
+        let (client, mut client_peer) = duplex(64);
+        let (upstream, mut upstream_peer) = duplex(64);
+        let task = tokio::spawn(tunnel(client, upstream, Duration::from_secs(60)));
+        client_peer.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        upstream_peer.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        upstream_peer.write_all(b"pong!").await.unwrap();
+        let mut buf = [0u8; 5];
+        client_peer.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"pong!");
+        // The upstream goes away: the tunnel ends and the client sees the close
+        // although it keeps its own side open.
+        drop(upstream_peer);
+        assert!(matches!(task.await.unwrap(), TunnelEnd::UpstreamClosed));
+        assert_eq!(client_peer.read(&mut buf).await.unwrap(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_closes_after_the_idle_timeout_and_traffic_postpones_it() {
+        let idle = Duration::from_secs(10);
+        let (client, mut client_peer) = duplex(64);
+        let (upstream, mut upstream_peer) = duplex(64);
+        let started = Instant::now();
+        let task = tokio::spawn(tunnel(client, upstream, idle));
+        // Traffic at 6 s pushes the deadline to 16 s.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        upstream_peer.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        client_peer.read_exact(&mut one).await.unwrap();
+        match task.await.unwrap() {
+            TunnelEnd::Idle => {}
+            other => panic!("{other:?}"),
+        }
+        let took = started.elapsed();
+        assert!(took >= Duration::from_secs(16), "{took:?}");
+        assert!(took < Duration::from_secs(17), "{took:?}");
+        // Both sides see the close.
+        assert_eq!(client_peer.read(&mut one).await.unwrap(), 0);
+        assert_eq!(upstream_peer.read(&mut one).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_registry_drains_when_the_last_tunnel_closes() {
+        let metrics = Arc::new(RouteMetrics::default());
+        let registry = tunnels();
+        registry.drained().await;
+        let guard = TunnelGuard::open(metrics.clone());
+        assert_eq!(registry.open(), 1);
+        assert_eq!(metrics.websocket.open(), 1);
+        let waiter = {
+            let registry = registry.clone();
+            tokio::spawn(async move { registry.drained().await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(guard);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("drained")
+            .unwrap();
+        assert_eq!(metrics.websocket.open(), 0);
+        assert_eq!(metrics.websocket.total(), 1);
+    }
+}
