@@ -41,6 +41,7 @@ const READ_ONLY: &[&str] = &[
     "GetConfig",
     "ListConfigVersions",
     "ListDataPlanes",
+    "ListApiKeys",
 ];
 
 /// What a token allows.

@@ -1,12 +1,13 @@
 //! The content of one configuration (routes and upstreams) and the mutations
 //! operators apply to it. Pure functions: no I/O, no clock.
 
+use crate::credentials::carry_secret;
 use crate::error::StoreError;
-use gateway_proto::v1::{ConfigSnapshot, Route, Upstream};
+use gateway_proto::v1::{ApiKey, ConfigSnapshot, Route, Upstream};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-/// Routes and upstreams of one configuration, each sorted by name.
+/// Routes, upstreams and API keys of one configuration, each sorted by name.
 ///
 /// Sorted order makes the encoding canonical: the same content always gives the
 /// same bytes, so the same hash (equal to [`gateway_proto::config_hash`]).
@@ -16,6 +17,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Every upstream, sorted by name.
     pub upstreams: Vec<Upstream>,
+    /// Every API key (with its hash), sorted by name.
+    pub api_keys: Vec<ApiKey>,
 }
 
 impl Config {
@@ -23,7 +26,18 @@ impl Config {
     pub fn new(mut routes: Vec<Route>, mut upstreams: Vec<Upstream>) -> Self {
         routes.sort_by(|a, b| a.name.cmp(&b.name));
         upstreams.sort_by(|a, b| a.name.cmp(&b.name));
-        Config { routes, upstreams }
+        Config {
+            routes,
+            upstreams,
+            api_keys: Vec::new(),
+        }
+    }
+
+    /// The same configuration with these API keys (sorted by name).
+    pub fn with_api_keys(mut self, mut api_keys: Vec<ApiKey>) -> Self {
+        api_keys.sort_by(|a, b| a.name.cmp(&b.name));
+        self.api_keys = api_keys;
+        self
     }
 
     /// A borrowed view of this configuration.
@@ -31,10 +45,11 @@ impl Config {
         ConfigRef {
             routes: &self.routes,
             upstreams: &self.upstreams,
+            api_keys: &self.api_keys,
         }
     }
 
-    /// The canonical encoding: a `ConfigSnapshot` holding only routes and upstreams.
+    /// The canonical encoding: a `ConfigSnapshot` holding only routes, upstreams and API keys.
     /// This is what the database stores and what the content hash is taken over.
     pub fn encode(&self) -> Vec<u8> {
         // Encode through a borrowed view so 10,000 routes are not cloned just to be written.
@@ -45,18 +60,22 @@ impl Config {
         for u in &self.upstreams {
             prost::encoding::message::encode(4, u, &mut buf);
         }
+        for k in &self.api_keys {
+            prost::encoding::message::encode(8, k, &mut buf);
+        }
         buf
     }
 
     fn encoded_len(&self) -> usize {
         prost::encoding::message::encoded_len_repeated(3, &self.routes)
             + prost::encoding::message::encoded_len_repeated(4, &self.upstreams)
+            + prost::encoding::message::encoded_len_repeated(8, &self.api_keys)
     }
 
     /// Decodes bytes written by [`Config::encode`].
     pub fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
         let s = ConfigSnapshot::decode(bytes)?;
-        Ok(Config::new(s.routes, s.upstreams))
+        Ok(Config::new(s.routes, s.upstreams).with_api_keys(s.api_keys))
     }
 
     /// Hex SHA-256 of the canonical encoding.
@@ -82,7 +101,9 @@ impl Config {
 
     /// Validates the whole configuration with the rules data planes also apply.
     pub fn validate(&self) -> Result<(), StoreError> {
-        gateway_proto::validate_config(&self.routes, &self.upstreams).map_err(StoreError::from)
+        gateway_proto::validate_config(&self.routes, &self.upstreams)?;
+        gateway_proto::validate::validate_api_keys(&self.api_keys)?;
+        Ok(())
     }
 }
 
@@ -94,6 +115,8 @@ pub struct ConfigRef<'a> {
     pub routes: &'a [Route],
     /// Every upstream, sorted by name.
     pub upstreams: &'a [Upstream],
+    /// Every API key, sorted by name.
+    pub api_keys: &'a [ApiKey],
 }
 
 impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
@@ -102,6 +125,7 @@ impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
         ConfigRef {
             routes: &s.routes,
             upstreams: &s.upstreams,
+            api_keys: &s.api_keys,
         }
     }
 }
@@ -112,7 +136,26 @@ impl ConfigRef<'_> {
         Config {
             routes: self.routes.to_vec(),
             upstreams: self.upstreams.to_vec(),
+            api_keys: self.api_keys.to_vec(),
         }
+    }
+
+    fn upstream(&self, name: &str) -> Option<&Upstream> {
+        self.upstreams
+            .binary_search_by(|u| u.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.upstreams[i])
+    }
+
+    /// `new`'s routes and upstreams with this configuration's credentials:
+    /// its API keys, and each upstream's signing secret resolved by
+    /// [`carry_secret`] against the upstream of the same name here.
+    fn keep_credentials(&self, mut new: Config) -> Result<Config, StoreError> {
+        for u in &mut new.upstreams {
+            carry_secret(u, self.upstream(&u.name))?;
+        }
+        new.api_keys = self.api_keys.to_vec();
+        Ok(new)
     }
 }
 
@@ -144,6 +187,10 @@ pub enum Mutation {
         /// Its content.
         content: Config,
     },
+    /// Add an API key (its hash); refused when the name is taken.
+    CreateApiKey(ApiKey),
+    /// Remove the API key of that name.
+    RevokeApiKey(String),
 }
 
 impl Mutation {
@@ -171,7 +218,9 @@ impl Mutation {
                 c.routes.remove(i);
                 Ok(c)
             }
-            Mutation::UpsertUpstream(upstream) => {
+            Mutation::UpsertUpstream(mut upstream) => {
+                let existing = current.upstream(&upstream.name);
+                carry_secret(&mut upstream, existing)?;
                 let mut c = current.to_config();
                 match c.upstreams.binary_search_by(|u| u.name.cmp(&upstream.name)) {
                     Ok(i) => c.upstreams[i] = upstream,
@@ -208,10 +257,42 @@ impl Mutation {
                 c.upstreams.remove(i);
                 Ok(c)
             }
-            Mutation::Replace(config)
-            | Mutation::Rollback {
-                content: config, ..
-            } => Ok(config),
+            // Credentials are not routing configuration: the current API keys
+            // stay, and signing secrets carry over by upstream name.
+            Mutation::Replace(config) => current.keep_credentials(config),
+            // A rollback never brings back a credential: the old version's keys
+            // and secrets are dropped before the current ones are carried over.
+            Mutation::Rollback {
+                content: mut config,
+                ..
+            } => {
+                for u in &mut config.upstreams {
+                    u.identity_signing_secret.clear();
+                }
+                current.keep_credentials(config)
+            }
+            Mutation::CreateApiKey(key) => {
+                let mut c = current.to_config();
+                match c.api_keys.binary_search_by(|k| k.name.cmp(&key.name)) {
+                    Ok(_) => Err(StoreError::AlreadyExists(format!(
+                        "api key \"{}\" already exists",
+                        key.name
+                    ))),
+                    Err(i) => {
+                        c.api_keys.insert(i, key);
+                        Ok(c)
+                    }
+                }
+            }
+            Mutation::RevokeApiKey(name) => {
+                let i = current
+                    .api_keys
+                    .binary_search_by(|k| k.name.cmp(&name))
+                    .map_err(|_| StoreError::NotFound(format!("api key \"{name}\" not found")))?;
+                let mut c = current.to_config();
+                c.api_keys.remove(i);
+                Ok(c)
+            }
         }
     }
 
@@ -225,6 +306,8 @@ impl Mutation {
             Mutation::DeleteUpstream(n) => Some(format!("delete upstream \"{n}\"")),
             Mutation::Replace(_) => None,
             Mutation::Rollback { version, .. } => Some(format!("rollback to version {version}")),
+            Mutation::CreateApiKey(k) => Some(format!("create api key \"{}\"", k.name)),
+            Mutation::RevokeApiKey(n) => Some(format!("revoke api key \"{n}\"")),
         }
     }
 }

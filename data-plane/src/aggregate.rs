@@ -272,6 +272,16 @@ pub async fn respond(
         let mut req = Request::new(RequestBody::empty());
         *req.uri_mut() = uri;
         *req.headers_mut() = headers.clone();
+        // Signed identity: each part's upstream signs its own (GET) request.
+        if let Some(signer) = &part.upstream.signer {
+            let path = req.uri().path().to_owned();
+            signer.sign(
+                req.headers_mut(),
+                "GET",
+                &path,
+                crate::signature::unix_now(),
+            );
+        }
         requests.push(req);
     }
 

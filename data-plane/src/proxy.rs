@@ -40,6 +40,7 @@ use crate::metrics::UpstreamErrorKind;
 use crate::pool::SendError;
 use crate::router::rewrite_path;
 use crate::sanitize::remove_hop_by_hop;
+use crate::signature::unix_now;
 
 /// Builds the request sent upstream: origin-form URI with the normalised (and
 /// rewritten) path and the original query, HTTP/1.1, and a `Host` header (an
@@ -94,6 +95,17 @@ pub fn upstream_request(
     // hyper already sent the client its "100 Continue" when the body was first
     // read; the upstream gets the body without a second round of expectations.
     parts.headers.remove(header::EXPECT);
+    // Signed identity: last, over the path and identity headers exactly as sent.
+    if let crate::config::Target::Upstream(u) = &route.target
+        && let Some(signer) = &u.signer
+    {
+        signer.sign(
+            &mut parts.headers,
+            parts.method.as_str(),
+            parts.uri.path(),
+            unix_now(),
+        );
+    }
     parts.version = Version::HTTP_11;
     Ok(Request::from_parts(parts, body))
 }

@@ -15,6 +15,7 @@ use gateway_telemetry::Tracer;
 use crate::body::MockBody;
 use crate::config::MockConfig;
 use crate::hooks::Hooks;
+use crate::identity::IdentityError;
 use crate::records;
 use crate::stats::RequestStats;
 
@@ -57,7 +58,10 @@ where
         }
         span
     });
-    let mut response = answer(config, req).await;
+    let mut response = match check_identity(config, &req) {
+        Ok(()) => answer(config, req).await,
+        Err(why) => error(StatusCode::UNAUTHORIZED, &why.to_string()),
+    };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
     }
@@ -66,6 +70,23 @@ where
         span.record_response(status, response.headers_mut());
     }
     response
+}
+
+/// With an identity secret, the request's `X-Gateway-Signature` must verify
+/// (`/health` is exempt: health checks are not signed identities).
+fn check_identity<B>(config: &MockConfig, req: &Request<B>) -> Result<(), IdentityError> {
+    let Some(verifier) = &config.identity else {
+        return Ok(());
+    };
+    if req.uri().path() == "/health" {
+        return Ok(());
+    }
+    verifier.verify(
+        req.headers(),
+        req.method().as_str(),
+        req.uri().path(),
+        crate::identity::unix_now(),
+    )
 }
 
 /// The low-cardinality route of `path`, for the span's `http.route`.

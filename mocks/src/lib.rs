@@ -20,6 +20,10 @@
 //! reached a backend).
 //!
 //! Every response carries `X-Instance-Id`.
+//!
+//! With `--identity-secret` / `MOCK_IDENTITY_SECRET`, every request but
+//! `/health` and `/stats` must carry a valid, fresh `X-Gateway-Signature`
+//! ([`identity`]); otherwise it is answered 401 with the reason.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
@@ -27,6 +31,7 @@ pub mod body;
 pub mod config;
 pub mod handler;
 pub mod hooks;
+pub mod identity;
 pub mod records;
 pub mod server;
 pub mod stats;

@@ -494,6 +494,7 @@ impl Validator {
         if let Some(cb) = &u.circuit_breaker {
             self.circuit_breaker(&who, cb);
         }
+        self.identity_signing(&who, u);
     }
 
     fn balancing(&mut self, who: &str, u: &Upstream) {
@@ -619,6 +620,9 @@ impl Validator {
 
 mod policy;
 pub use policy::*;
+
+mod identity;
+pub use identity::*;
 
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use gateway_proto::v1::{AuthMode, ConfigSnapshot, Route, Upstream};
 use gateway_proto::validate::parse_instance_url;
+use gateway_proto::validate::validate_api_keys;
 use gateway_proto::{ValidationError, validate_config};
 use http::Method;
 
@@ -22,6 +23,7 @@ use super::{
     UpstreamEntry,
 };
 use crate::aggregate::{Aggregate, Part};
+use crate::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::balancer::Policy;
 use crate::breaker::BreakerSettings;
 use crate::coalesce::{CoalesceLimits, Coalescer};
@@ -33,6 +35,7 @@ use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::pool::PoolSettings;
 use crate::router::{Router, RouterError};
 use crate::sanitize::CidrError;
+use crate::signature::Signer;
 use crate::transform::{HeaderTransform, TransformError};
 
 /// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
@@ -101,6 +104,9 @@ pub enum CompileError {
         #[source]
         source: CorsError,
     },
+    /// An API key that cannot be used (validation refuses it first).
+    #[error(transparent)]
+    ApiKey(#[from] ApiKeyCompileError),
     /// The router refused a route.
     #[error("route {route:?}: {source}")]
     Router {
@@ -133,6 +139,8 @@ pub fn compile_with_members(
     members: &Members,
 ) -> Result<Compiled, CompileError> {
     validate_config(&snapshot.routes, &snapshot.upstreams)?;
+    validate_api_keys(&snapshot.api_keys)?;
+    let api_keys = ApiKeys::compile(&snapshot.api_keys)?;
 
     let old_instances: HashMap<&InstanceKey, &Arc<InstanceState>> = previous
         .upstreams
@@ -238,6 +246,7 @@ pub fn compile_with_members(
         loaded: true,
         router,
         upstreams,
+        api_keys,
     })
 }
 
@@ -331,8 +340,9 @@ fn compile_upstream(
             half_open_max_requests: cb.half_open_max_requests,
         });
     let health = u.health_check.as_ref().map(HealthSettings::from_proto);
-    let entry =
-        UpstreamEntry::new(name, instances, breaker, health).with_policy(Policy::from_proto(u));
+    let entry = UpstreamEntry::new(name, instances, breaker, health)
+        .with_policy(Policy::from_proto(u))
+        .with_signer(Signer::new(&u.identity_signing_secret));
     Ok(match target {
         Some(t) => entry.with_discovery(t),
         None => entry,

@@ -18,6 +18,7 @@ use arc_swap::ArcSwap;
 use gateway_proto::v1::{AuthMode, RateLimit};
 
 use crate::aggregate::Aggregate;
+use crate::api_key::ApiKeys;
 use crate::balancer::Policy;
 use crate::breaker::{Breaker, BreakerSettings};
 use crate::coalesce::Coalescer;
@@ -28,6 +29,7 @@ use crate::ip_rules::IpRules;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
 use crate::router::Router;
+use crate::signature::Signer;
 use crate::transform::HeaderTransform;
 
 pub use compile::{CompileError, compile, compile_with_members};
@@ -48,6 +50,8 @@ pub struct Compiled {
     pub router: Router<RouteEntry>,
     /// Upstreams sorted by name.
     pub upstreams: Vec<Arc<UpstreamEntry>>,
+    /// The API keys `AUTH_API_KEY` routes accept, by hash.
+    pub api_keys: ApiKeys,
 }
 
 /// A route as the request path needs it.
@@ -118,6 +122,8 @@ pub struct UpstreamEntry {
     pub breaker: BreakerSettings,
     /// Active health checking, if configured.
     pub health: Option<HealthSettings>,
+    /// Signs the identity of every request forwarded to it (`identity_signing_secret`).
+    pub signer: Option<Signer>,
     /// Round-robin cursor.
     pub(crate) cursor: AtomicUsize,
 }
@@ -137,8 +143,15 @@ impl UpstreamEntry {
             discovery: None,
             breaker,
             health,
+            signer: None,
             cursor: AtomicUsize::new(0),
         }
+    }
+
+    /// The same entry, signing identities with `signer`.
+    pub fn with_signer(mut self, signer: Option<Signer>) -> Self {
+        self.signer = signer;
+        self
     }
 
     /// The same entry with balancing `policy` (the default is round-robin).
