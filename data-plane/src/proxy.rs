@@ -367,6 +367,48 @@ mod tests {
     }
 
     #[test]
+    fn upstreams_with_a_secret_get_the_rewritten_path_and_identity_signed() {
+        use crate::signature::{Signer, X_GATEWAY_SIGNATURE};
+        let secret = "s".repeat(32);
+        let mut r = route("/api/users", Some("/users"));
+        r.target = crate::config::Target::Upstream(Arc::new(
+            UpstreamEntry::new("u", vec![], BreakerSettings::default(), None)
+                .with_signer(Signer::new(&secret)),
+        ));
+        let (mut parts, ()) = Request::post("/api/users/7?x=1")
+            .header("x-user-id", "alice")
+            .header("x-user-role", "admin")
+            .body(())
+            .unwrap()
+            .into_parts();
+        parts
+            .headers
+            .insert(&X_GATEWAY_SIGNATURE, HeaderValue::from_static("forged"));
+        let before = crate::signature::unix_now();
+        let req = upstream_request(parts, &r, "/api/users/7", RequestBody::empty()).unwrap();
+        let value = req.headers()[&X_GATEWAY_SIGNATURE].to_str().unwrap();
+        let t: u64 = value
+            .strip_prefix("t=")
+            .and_then(|v| v.split(',').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap();
+        assert!(t >= before && t <= crate::signature::unix_now());
+        // Signed over the path as forwarded (rewritten, no query) and the identity.
+        let want = Signer::new(&secret)
+            .unwrap()
+            .value(t, "POST", "/users/7", b"alice", b"admin");
+        assert_eq!(req.headers()[&X_GATEWAY_SIGNATURE], want);
+        // Without a secret nothing is added.
+        let plain = build(
+            "/api/users/7",
+            Some("gw"),
+            &route("/api", None),
+            "/api/users/7",
+        );
+        assert!(!plain.headers().contains_key(&X_GATEWAY_SIGNATURE));
+    }
+
+    #[test]
     fn absolute_form_becomes_origin_form_with_host() {
         let r = route("/", None);
         let req = build("http://example.test:8080/a/b?c", None, &r, "/a/b");
