@@ -10,7 +10,8 @@ use sha2::{Digest, Sha256};
 /// Routes, upstreams and API keys of one configuration, each sorted by name.
 ///
 /// Sorted order makes the encoding canonical: the same content always gives the
-/// same bytes, so the same hash (equal to [`gateway_proto::config_hash`]).
+/// same bytes, so the same hash (equal to [`gateway_proto::config_hash`] when
+/// there is no API key).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Config {
     /// Every route, sorted by name.
@@ -372,6 +373,85 @@ mod tests {
         let c = Mutation::UpsertRoute(changed).apply(c.view()).unwrap();
         assert_eq!(c.routes.len(), 3);
         assert_eq!(c.route("b").unwrap().timeout_ms, 5);
+    }
+
+    fn api_key(name: &str) -> ApiKey {
+        ApiKey {
+            name: name.into(),
+            subject: "s".into(),
+            role: "r".into(),
+            key_sha256: crate::credentials::key_sha256(name),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn keys_are_created_once_revoked_by_name_and_kept_by_replace_and_rollback() {
+        let c = Config::new(vec![], vec![upstream("u")]);
+        let c = Mutation::CreateApiKey(api_key("b"))
+            .apply(c.view())
+            .unwrap();
+        let c = Mutation::CreateApiKey(api_key("a"))
+            .apply(c.view())
+            .unwrap();
+        let names: Vec<_> = c.api_keys.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(matches!(
+            Mutation::CreateApiKey(api_key("a")).apply(c.view()),
+            Err(StoreError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            Mutation::RevokeApiKey("x".into()).apply(c.view()),
+            Err(StoreError::NotFound(_))
+        ));
+        // Replace and rollback bring their routes and upstreams, never keys.
+        let old = Config::new(vec![], vec![upstream("v")]).with_api_keys(vec![api_key("z")]);
+        let replaced = Mutation::Replace(old.clone()).apply(c.view()).unwrap();
+        assert_eq!(replaced.api_keys, c.api_keys);
+        assert_eq!(replaced.upstreams[0].name, "v");
+        let rolled = Mutation::Rollback {
+            version: 1,
+            content: old,
+        }
+        .apply(c.view())
+        .unwrap();
+        assert_eq!(rolled.api_keys, c.api_keys);
+        let c = Mutation::RevokeApiKey("a".into()).apply(c.view()).unwrap();
+        assert_eq!(c.api_keys.len(), 1);
+        assert_eq!(Config::decode(&c.encode()).unwrap(), c);
+        assert_ne!(
+            c.hash(),
+            gateway_proto::config_hash(&c.routes, &c.upstreams)
+        );
+    }
+
+    #[test]
+    fn rollback_keeps_current_secrets_and_drops_old_ones() {
+        let mut with_secret = upstream("u");
+        with_secret.identity_signing_secret = "current".into();
+        let current = Config::new(vec![], vec![with_secret]);
+        let mut old_u = upstream("u");
+        old_u.identity_signing_secret = "old".into();
+        let mut old_v = upstream("v");
+        old_v.identity_signing_secret = "old-v".into();
+        let old = Config::new(vec![], vec![old_u, old_v]);
+        let rolled = Mutation::Rollback {
+            version: 1,
+            content: old.clone(),
+        }
+        .apply(current.view())
+        .unwrap();
+        assert_eq!(
+            rolled.upstream("u").unwrap().identity_signing_secret,
+            "current"
+        );
+        assert_eq!(rolled.upstream("v").unwrap().identity_signing_secret, "");
+        // ApplyConfig with a secret sets it; without, keeps the current one.
+        let applied = Mutation::Replace(old).apply(current.view()).unwrap();
+        assert_eq!(
+            applied.upstream("u").unwrap().identity_signing_secret,
+            "old"
+        );
     }
 
     #[test]
