@@ -1,8 +1,13 @@
 //! `AdminService`: the operator API. Reads are served from the published
 //! current snapshot; every mutation goes through [`Store`] as one transaction.
+//! No answer carries a credential: reads go through [`crate::credentials`]'
+//! redaction (no signing secret, no API key hash), and an API key itself is
+//! returned once, by `CreateApiKey`.
 
 use crate::auth;
+use crate::clock::rfc3339;
 use crate::config::{Config, Mutation};
+use crate::credentials::{generate_key, redact_key, redact_snapshot, redact_upstream};
 use crate::error::StoreError;
 use crate::nodes::NodeRegistry;
 use crate::store::{MutateOptions, Store};
@@ -108,7 +113,7 @@ impl AdminService for Admin {
     ) -> Result<Response<ListUpstreamsResponse>, Status> {
         let cur = self.store.current();
         Ok(Response::new(ListUpstreamsResponse {
-            upstreams: cur.upstreams.clone(),
+            upstreams: cur.upstreams.iter().map(redact_upstream).collect(),
             version: cur.version,
         }))
     }
@@ -123,7 +128,7 @@ impl AdminService for Admin {
         cur.upstreams
             .iter()
             .find(|u| u.name == name)
-            .cloned()
+            .map(redact_upstream)
             .map(Response::new)
             .ok_or_else(|| StoreError::NotFound(format!("upstream \"{name}\" not found")).into())
     }
@@ -165,8 +170,8 @@ impl AdminService for Admin {
         req: Request<GetConfigRequest>,
     ) -> Result<Response<ConfigSnapshot>, Status> {
         let snapshot = match req.into_inner().version {
-            None => ConfigSnapshot::clone(&self.store.current()),
-            Some(v) => self.store.snapshot(v).await?,
+            None => redact_snapshot(&self.store.current()),
+            Some(v) => redact_snapshot(&self.store.snapshot(v).await?),
         };
         Ok(Response::new(snapshot))
     }
@@ -226,5 +231,60 @@ impl AdminService for Admin {
             data_planes: self.nodes.list(current_version),
             current_version,
         }))
+    }
+
+    async fn create_api_key(
+        &self,
+        req: Request<CreateApiKeyRequest>,
+    ) -> Result<Response<CreateApiKeyResponse>, Status> {
+        let author = auth::author(&req);
+        let req = req.into_inner();
+        gateway_proto::validate::validate_api_key_fields(&req.name, &req.subject, &req.role)
+            .map_err(StoreError::from)?;
+        let new = generate_key();
+        let record = ApiKey {
+            name: req.name,
+            subject: req.subject,
+            role: req.role,
+            key_sha256: new.sha256.clone(),
+            prefix: new.prefix.clone(),
+            created_at: rfc3339(chrono::Utc::now()),
+        };
+        let shown = redact_key(&record);
+        let change = self
+            .mutate(Mutation::CreateApiKey(record), req.expected_version, author)
+            .await?
+            .into_inner();
+        Ok(Response::new(CreateApiKeyResponse {
+            key: new.key,
+            api_key: Some(shown),
+            version: change.version,
+        }))
+    }
+
+    async fn list_api_keys(
+        &self,
+        _: Request<ListApiKeysRequest>,
+    ) -> Result<Response<ListApiKeysResponse>, Status> {
+        let cur = self.store.current();
+        Ok(Response::new(ListApiKeysResponse {
+            api_keys: cur.api_keys.iter().map(redact_key).collect(),
+            version: cur.version,
+        }))
+    }
+
+    async fn revoke_api_key(
+        &self,
+        req: Request<RevokeApiKeyRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
+        let req = req.into_inner();
+        required_name(&req.name)?;
+        self.mutate(
+            Mutation::RevokeApiKey(req.name),
+            req.expected_version,
+            author,
+        )
+        .await
     }
 }

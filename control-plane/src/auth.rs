@@ -5,8 +5,9 @@
 //! * A missing or unknown token is `UNAUTHENTICATED`; a known token whose role
 //!   does not allow the RPC is `PERMISSION_DENIED`.
 //! * Health and reflection stay open.
-//! * `viewer` may call the read-only AdminService RPCs, `admin` every
-//!   AdminService RPC, `data-plane` only `StreamConfig`. An admin token is
+//! * `viewer` may call the read-only AdminService RPCs (`ListApiKeys`
+//!   included: it shows no secret), `admin` every AdminService RPC
+//!   (`CreateApiKey` and `RevokeApiKey` included), `data-plane` only `StreamConfig`. An admin token is
 //!   refused on `StreamConfig`, so a leaked operator token cannot pose as a
 //!   data plane (and a data-plane token can never change the configuration).
 //! * Tokens are compared as SHA-256 digests in constant time; the file may hold
@@ -41,6 +42,7 @@ const READ_ONLY: &[&str] = &[
     "GetConfig",
     "ListConfigVersions",
     "ListDataPlanes",
+    "ListApiKeys",
 ];
 
 /// What a token allows.
@@ -486,11 +488,15 @@ mod tests {
             "DeleteUpstream",
             "ApplyConfig",
             "RollbackConfig",
+            "CreateApiKey",
+            "RevokeApiKey",
         ] {
             assert!(allowed(Admin, &admin(m)), "{m}");
             assert!(!allowed(Viewer, &admin(m)), "{m}");
             assert!(!allowed(DataPlane, &admin(m)), "{m}");
         }
+        // Viewers see which API keys exist (no secret is ever listed).
+        assert!(allowed(Viewer, &admin("ListApiKeys")));
         let stream = format!("{DISCOVERY_PREFIX}StreamConfig");
         assert!(allowed(DataPlane, &stream));
         assert!(!allowed(Admin, &stream));

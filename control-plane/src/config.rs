@@ -1,21 +1,25 @@
 //! The content of one configuration (routes and upstreams) and the mutations
 //! operators apply to it. Pure functions: no I/O, no clock.
 
+use crate::credentials::carry_secret;
 use crate::error::StoreError;
-use gateway_proto::v1::{ConfigSnapshot, Route, Upstream};
+use gateway_proto::v1::{ApiKey, ConfigSnapshot, Route, Upstream};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-/// Routes and upstreams of one configuration, each sorted by name.
+/// Routes, upstreams and API keys of one configuration, each sorted by name.
 ///
 /// Sorted order makes the encoding canonical: the same content always gives the
-/// same bytes, so the same hash (equal to [`gateway_proto::config_hash`]).
+/// same bytes, so the same hash (equal to [`gateway_proto::config_hash`] when
+/// there is no API key).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Config {
     /// Every route, sorted by name.
     pub routes: Vec<Route>,
     /// Every upstream, sorted by name.
     pub upstreams: Vec<Upstream>,
+    /// Every API key (with its hash), sorted by name.
+    pub api_keys: Vec<ApiKey>,
 }
 
 impl Config {
@@ -23,7 +27,18 @@ impl Config {
     pub fn new(mut routes: Vec<Route>, mut upstreams: Vec<Upstream>) -> Self {
         routes.sort_by(|a, b| a.name.cmp(&b.name));
         upstreams.sort_by(|a, b| a.name.cmp(&b.name));
-        Config { routes, upstreams }
+        Config {
+            routes,
+            upstreams,
+            api_keys: Vec::new(),
+        }
+    }
+
+    /// The same configuration with these API keys (sorted by name).
+    pub fn with_api_keys(mut self, mut api_keys: Vec<ApiKey>) -> Self {
+        api_keys.sort_by(|a, b| a.name.cmp(&b.name));
+        self.api_keys = api_keys;
+        self
     }
 
     /// A borrowed view of this configuration.
@@ -31,10 +46,11 @@ impl Config {
         ConfigRef {
             routes: &self.routes,
             upstreams: &self.upstreams,
+            api_keys: &self.api_keys,
         }
     }
 
-    /// The canonical encoding: a `ConfigSnapshot` holding only routes and upstreams.
+    /// The canonical encoding: a `ConfigSnapshot` holding only routes, upstreams and API keys.
     /// This is what the database stores and what the content hash is taken over.
     pub fn encode(&self) -> Vec<u8> {
         // Encode through a borrowed view so 10,000 routes are not cloned just to be written.
@@ -45,18 +61,22 @@ impl Config {
         for u in &self.upstreams {
             prost::encoding::message::encode(4, u, &mut buf);
         }
+        for k in &self.api_keys {
+            prost::encoding::message::encode(8, k, &mut buf);
+        }
         buf
     }
 
     fn encoded_len(&self) -> usize {
         prost::encoding::message::encoded_len_repeated(3, &self.routes)
             + prost::encoding::message::encoded_len_repeated(4, &self.upstreams)
+            + prost::encoding::message::encoded_len_repeated(8, &self.api_keys)
     }
 
     /// Decodes bytes written by [`Config::encode`].
     pub fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
         let s = ConfigSnapshot::decode(bytes)?;
-        Ok(Config::new(s.routes, s.upstreams))
+        Ok(Config::new(s.routes, s.upstreams).with_api_keys(s.api_keys))
     }
 
     /// Hex SHA-256 of the canonical encoding.
@@ -82,7 +102,9 @@ impl Config {
 
     /// Validates the whole configuration with the rules data planes also apply.
     pub fn validate(&self) -> Result<(), StoreError> {
-        gateway_proto::validate_config(&self.routes, &self.upstreams).map_err(StoreError::from)
+        gateway_proto::validate_config(&self.routes, &self.upstreams)?;
+        gateway_proto::validate::validate_api_keys(&self.api_keys)?;
+        Ok(())
     }
 }
 
@@ -94,6 +116,8 @@ pub struct ConfigRef<'a> {
     pub routes: &'a [Route],
     /// Every upstream, sorted by name.
     pub upstreams: &'a [Upstream],
+    /// Every API key, sorted by name.
+    pub api_keys: &'a [ApiKey],
 }
 
 impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
@@ -102,6 +126,7 @@ impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
         ConfigRef {
             routes: &s.routes,
             upstreams: &s.upstreams,
+            api_keys: &s.api_keys,
         }
     }
 }
@@ -112,7 +137,26 @@ impl ConfigRef<'_> {
         Config {
             routes: self.routes.to_vec(),
             upstreams: self.upstreams.to_vec(),
+            api_keys: self.api_keys.to_vec(),
         }
+    }
+
+    fn upstream(&self, name: &str) -> Option<&Upstream> {
+        self.upstreams
+            .binary_search_by(|u| u.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.upstreams[i])
+    }
+
+    /// `new`'s routes and upstreams with this configuration's credentials:
+    /// its API keys, and each upstream's signing secret resolved by
+    /// [`carry_secret`] against the upstream of the same name here.
+    fn keep_credentials(&self, mut new: Config) -> Result<Config, StoreError> {
+        for u in &mut new.upstreams {
+            carry_secret(u, self.upstream(&u.name))?;
+        }
+        new.api_keys = self.api_keys.to_vec();
+        Ok(new)
     }
 }
 
@@ -144,6 +188,10 @@ pub enum Mutation {
         /// Its content.
         content: Config,
     },
+    /// Add an API key (its hash); refused when the name is taken.
+    CreateApiKey(ApiKey),
+    /// Remove the API key of that name.
+    RevokeApiKey(String),
 }
 
 impl Mutation {
@@ -171,7 +219,9 @@ impl Mutation {
                 c.routes.remove(i);
                 Ok(c)
             }
-            Mutation::UpsertUpstream(upstream) => {
+            Mutation::UpsertUpstream(mut upstream) => {
+                let existing = current.upstream(&upstream.name);
+                carry_secret(&mut upstream, existing)?;
                 let mut c = current.to_config();
                 match c.upstreams.binary_search_by(|u| u.name.cmp(&upstream.name)) {
                     Ok(i) => c.upstreams[i] = upstream,
@@ -208,10 +258,42 @@ impl Mutation {
                 c.upstreams.remove(i);
                 Ok(c)
             }
-            Mutation::Replace(config)
-            | Mutation::Rollback {
-                content: config, ..
-            } => Ok(config),
+            // Credentials are not routing configuration: the current API keys
+            // stay, and signing secrets carry over by upstream name.
+            Mutation::Replace(config) => current.keep_credentials(config),
+            // A rollback never brings back a credential: the old version's keys
+            // and secrets are dropped before the current ones are carried over.
+            Mutation::Rollback {
+                content: mut config,
+                ..
+            } => {
+                for u in &mut config.upstreams {
+                    u.identity_signing_secret.clear();
+                }
+                current.keep_credentials(config)
+            }
+            Mutation::CreateApiKey(key) => {
+                let mut c = current.to_config();
+                match c.api_keys.binary_search_by(|k| k.name.cmp(&key.name)) {
+                    Ok(_) => Err(StoreError::AlreadyExists(format!(
+                        "api key \"{}\" already exists",
+                        key.name
+                    ))),
+                    Err(i) => {
+                        c.api_keys.insert(i, key);
+                        Ok(c)
+                    }
+                }
+            }
+            Mutation::RevokeApiKey(name) => {
+                let i = current
+                    .api_keys
+                    .binary_search_by(|k| k.name.cmp(&name))
+                    .map_err(|_| StoreError::NotFound(format!("api key \"{name}\" not found")))?;
+                let mut c = current.to_config();
+                c.api_keys.remove(i);
+                Ok(c)
+            }
         }
     }
 
@@ -225,6 +307,8 @@ impl Mutation {
             Mutation::DeleteUpstream(n) => Some(format!("delete upstream \"{n}\"")),
             Mutation::Replace(_) => None,
             Mutation::Rollback { version, .. } => Some(format!("rollback to version {version}")),
+            Mutation::CreateApiKey(k) => Some(format!("create api key \"{}\"", k.name)),
+            Mutation::RevokeApiKey(n) => Some(format!("revoke api key \"{n}\"")),
         }
     }
 }
@@ -289,6 +373,85 @@ mod tests {
         let c = Mutation::UpsertRoute(changed).apply(c.view()).unwrap();
         assert_eq!(c.routes.len(), 3);
         assert_eq!(c.route("b").unwrap().timeout_ms, 5);
+    }
+
+    fn api_key(name: &str) -> ApiKey {
+        ApiKey {
+            name: name.into(),
+            subject: "s".into(),
+            role: "r".into(),
+            key_sha256: crate::credentials::key_sha256(name),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn keys_are_created_once_revoked_by_name_and_kept_by_replace_and_rollback() {
+        let c = Config::new(vec![], vec![upstream("u")]);
+        let c = Mutation::CreateApiKey(api_key("b"))
+            .apply(c.view())
+            .unwrap();
+        let c = Mutation::CreateApiKey(api_key("a"))
+            .apply(c.view())
+            .unwrap();
+        let names: Vec<_> = c.api_keys.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(matches!(
+            Mutation::CreateApiKey(api_key("a")).apply(c.view()),
+            Err(StoreError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            Mutation::RevokeApiKey("x".into()).apply(c.view()),
+            Err(StoreError::NotFound(_))
+        ));
+        // Replace and rollback bring their routes and upstreams, never keys.
+        let old = Config::new(vec![], vec![upstream("v")]).with_api_keys(vec![api_key("z")]);
+        let replaced = Mutation::Replace(old.clone()).apply(c.view()).unwrap();
+        assert_eq!(replaced.api_keys, c.api_keys);
+        assert_eq!(replaced.upstreams[0].name, "v");
+        let rolled = Mutation::Rollback {
+            version: 1,
+            content: old,
+        }
+        .apply(c.view())
+        .unwrap();
+        assert_eq!(rolled.api_keys, c.api_keys);
+        let c = Mutation::RevokeApiKey("a".into()).apply(c.view()).unwrap();
+        assert_eq!(c.api_keys.len(), 1);
+        assert_eq!(Config::decode(&c.encode()).unwrap(), c);
+        assert_ne!(
+            c.hash(),
+            gateway_proto::config_hash(&c.routes, &c.upstreams)
+        );
+    }
+
+    #[test]
+    fn rollback_keeps_current_secrets_and_drops_old_ones() {
+        let mut with_secret = upstream("u");
+        with_secret.identity_signing_secret = "current".into();
+        let current = Config::new(vec![], vec![with_secret]);
+        let mut old_u = upstream("u");
+        old_u.identity_signing_secret = "old".into();
+        let mut old_v = upstream("v");
+        old_v.identity_signing_secret = "old-v".into();
+        let old = Config::new(vec![], vec![old_u, old_v]);
+        let rolled = Mutation::Rollback {
+            version: 1,
+            content: old.clone(),
+        }
+        .apply(current.view())
+        .unwrap();
+        assert_eq!(
+            rolled.upstream("u").unwrap().identity_signing_secret,
+            "current"
+        );
+        assert_eq!(rolled.upstream("v").unwrap().identity_signing_secret, "");
+        // ApplyConfig with a secret sets it; without, keeps the current one.
+        let applied = Mutation::Replace(old).apply(current.view()).unwrap();
+        assert_eq!(
+            applied.upstream("u").unwrap().identity_signing_secret,
+            "old"
+        );
     }
 
     #[test]

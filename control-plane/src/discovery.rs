@@ -177,6 +177,7 @@ impl Session {
                     nonce: nonce.clone(),
                     routes: snapshot.routes.clone(),
                     upstreams: snapshot.upstreams.clone(),
+                    api_keys: snapshot.api_keys.clone(),
                 };
                 if !self.send(Ok(response)).await {
                     break;

@@ -12,6 +12,9 @@ pub enum StoreError {
     /// A named route, upstream or version does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// A resource to create already exists (an API key of that name).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The caller's compare-and-swap version is not the current one.
     #[error("expected version {expected}, current is {current}")]
     VersionMismatch {
@@ -58,6 +61,7 @@ impl From<StoreError> for Status {
         let code = match &e {
             StoreError::Invalid(_) => Code::InvalidArgument,
             StoreError::NotFound(_) => Code::NotFound,
+            StoreError::AlreadyExists(_) => Code::AlreadyExists,
             StoreError::VersionMismatch { .. } => Code::FailedPrecondition,
             StoreError::Corrupt(_)
             | StoreError::Internal(_)

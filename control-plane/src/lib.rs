@@ -5,6 +5,7 @@
 //! One module per concern:
 //! * [`args`] command-line flags, [`logging`] stderr logs, [`auth`] tokens and roles;
 //! * [`config`] the content of a configuration and the mutations on it,
+//!   [`credentials`] API keys and upstream signing secrets,
 //!   [`changes`] the diff between two configurations;
 //! * [`store`] the SQLite version history (one transaction per mutation);
 //! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry;
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod changes;
 pub mod clock;
 pub mod config;
+pub mod credentials;
 pub mod discovery;
 pub mod error;
 pub mod logging;

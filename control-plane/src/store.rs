@@ -289,9 +289,11 @@ impl Store {
             hash: planned.hash,
             routes: planned.config.routes,
             upstreams: planned.config.upstreams,
+            api_keys: planned.config.api_keys,
             created_at,
             summary: planned.summary,
             author: author.to_owned(),
+            redacted: false,
         });
         // Never move the published version backwards (only matters if another
         // process writes the same file; this process's writers are serialized).
@@ -446,9 +448,11 @@ fn snapshot_from_row(row: &SqliteRow) -> Result<ConfigSnapshot, StoreError> {
         hash,
         routes: config.routes,
         upstreams: config.upstreams,
+        api_keys: config.api_keys,
         created_at: row.try_get("created_at")?,
         summary: row.try_get("summary")?,
         author: row.try_get("author")?,
+        redacted: false,
     })
 }
 

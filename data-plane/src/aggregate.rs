@@ -264,14 +264,19 @@ pub async fn respond(
         .trim_start_matches('/');
     let query = parts.uri.query();
     let headers = part_headers(&parts.headers);
+    let now = crate::signature::unix_now();
     let mut requests = Vec::with_capacity(agg.parts.len());
     for part in agg.parts.iter() {
         let uri = part.path.uri(rest, query).ok_or(ProxyError::BadRequest(
             "the request path or query cannot be used in an aggregate part's URI",
         ))?;
         let mut req = Request::new(RequestBody::empty());
-        *req.uri_mut() = uri;
         *req.headers_mut() = headers.clone();
+        // Signed identity: each part's upstream signs its own (GET) request.
+        if let Some(signer) = &part.upstream.signer {
+            signer.sign(req.headers_mut(), "GET", uri.path(), now);
+        }
+        *req.uri_mut() = uri;
         requests.push(req);
     }
 

@@ -4,10 +4,13 @@
 //! The file is the snapshot in proto3 JSON (readable with `jq`). Writes are
 //! atomic: a temporary file in the same directory is written, fsynced, and
 //! renamed over the old one, then the directory is fsynced, so a crash leaves
-//! either the old or the new snapshot, never a torn one.
+//! either the old or the new snapshot, never a torn one. The file is
+//! readable by its owner only (mode 0600): it holds upstreams'
+//! `identity_signing_secret`.
 
 use std::fs::{self, File};
 use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use gateway_proto::v1::ConfigSnapshot;
@@ -91,7 +94,14 @@ impl SnapshotCache {
         let tmp = self
             .dir
             .join(format!(".{CACHE_FILE}.{}.tmp", std::process::id()));
-        let mut f = File::create(&tmp).map_err(io("creating", &tmp))?;
+        // Owner-only: the snapshot holds upstream signing secrets.
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io("creating", &tmp))?;
         f.write_all(&json).map_err(io("writing", &tmp))?;
         f.sync_all().map_err(io("syncing", &tmp))?;
         drop(f);
@@ -139,6 +149,9 @@ mod tests {
         };
         cache.save(&snap).unwrap();
         assert_eq!(cache.load().unwrap(), Some(snap.clone()));
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = fs::metadata(cache.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
         let mut newer = snap;
         newer.version = 8;
         cache.save(&newer).unwrap();

@@ -13,6 +13,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
 use crate::aggregate::PartFailure;
+use crate::api_key::ApiKeyError;
 use crate::body::ResponseBody;
 use crate::hooks::{AuthError, RateLimited};
 use crate::normalize::NormalizeError;
@@ -83,6 +84,9 @@ pub enum ProxyError {
     /// Authentication failed (401).
     #[error(transparent)]
     Unauthorized(#[from] AuthError),
+    /// An `AUTH_API_KEY` route's key is missing, unknown or revoked (401).
+    #[error(transparent)]
+    ApiKey(#[from] ApiKeyError),
     /// Rate limit exceeded (429).
     #[error("rate limit exceeded")]
     RateLimited(RateLimited),
@@ -119,7 +123,7 @@ impl ProxyError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotReady | Self::NoInstance => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute => StatusCode::NOT_FOUND,
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized(_) | Self::ApiKey(_) => StatusCode::UNAUTHORIZED,
             Self::IpDenied | Self::CorsRefused => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Connect(_) | Self::Upstream(_) | Self::AggregatePart { .. } => {
@@ -140,6 +144,8 @@ impl ProxyError {
             Self::NotReady => "not_ready",
             Self::NoRoute => "no_route",
             Self::Unauthorized(_) => "unauthorized",
+            Self::ApiKey(ApiKeyError::Missing) => "api_key_missing",
+            Self::ApiKey(ApiKeyError::Invalid) => "api_key_invalid",
             Self::IpDenied => "ip_denied",
             Self::CorsRefused => "cors_refused",
             Self::UpgradeRefused => "upgrade_refused",
@@ -270,6 +276,18 @@ impl ProxyError {
                 "Unauthorized",
                 "This route requires a bearer token, and token verification is not configured on this gateway."
             ),
+            Self::ApiKey(ApiKeyError::Missing) => problem!(
+                401,
+                "api-key-missing",
+                "Unauthorized",
+                "This route requires an API key in the X-API-Key header."
+            ),
+            Self::ApiKey(ApiKeyError::Invalid) => problem!(
+                401,
+                "api-key-invalid",
+                "Unauthorized",
+                "The API key is invalid or has been revoked."
+            ),
             Self::RateLimited(_) => problem!(
                 429,
                 "rate-limited",
@@ -345,6 +363,13 @@ impl ProxyError {
             Self::Unauthorized(_) => {
                 h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
+            // No registered scheme exists for API keys; this names the header to use.
+            Self::ApiKey(_) => {
+                h.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("ApiKey header=\"X-API-Key\""),
+                );
+            }
             Self::RateLimited(rl) => {
                 for (name, value) in &rl.headers {
                     h.append(name, value.clone());
@@ -390,6 +415,8 @@ mod tests {
             ProxyError::Unauthorized(AuthError::Missing),
             ProxyError::Unauthorized(AuthError::Invalid),
             ProxyError::Unauthorized(AuthError::NotConfigured),
+            ProxyError::ApiKey(ApiKeyError::Missing),
+            ProxyError::ApiKey(ApiKeyError::Invalid),
             ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)),
             ProxyError::NoInstance,
             ProxyError::Timeout(Duration::from_secs(1)),
@@ -444,6 +471,20 @@ mod tests {
     fn auth_and_rate_limit_headers() {
         let r = ProxyError::Unauthorized(AuthError::Missing).into_response();
         assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        for (e, slug) in [
+            (ApiKeyError::Missing, "api-key-missing"),
+            (ApiKeyError::Invalid, "api-key-invalid"),
+        ] {
+            let r = ProxyError::ApiKey(e).into_response();
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+            assert_eq!(
+                r.headers()[header::WWW_AUTHENTICATE],
+                "ApiKey header=\"X-API-Key\""
+            );
+            let doc: serde_json::Value =
+                serde_json::from_str(ProxyError::ApiKey(e).body()).unwrap();
+            assert_eq!(doc["type"], format!("urn:gateway:problem:{slug}"));
+        }
         let r = ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)).into_response();
         let h = r.headers();
         assert_eq!(h[header::RETRY_AFTER], "7");

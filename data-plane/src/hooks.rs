@@ -23,6 +23,9 @@ pub struct Identity {
     pub subject: HeaderValue,
     /// The caller's role (`role`).
     pub role: HeaderValue,
+    /// The name of the API key that authenticated the caller (`AUTH_API_KEY`
+    /// routes); `None` for callers with a JWT.
+    pub api_key: Option<HeaderValue>,
 }
 
 /// Why a caller was refused (every variant answers 401 with `WWW-Authenticate: Bearer`).

@@ -17,6 +17,9 @@
 //! * [`server`]: listeners and graceful shutdown; [`workers`]: the per-core
 //!   proxy workers; [`ops`]: the ops listener;
 //!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
+//! * [`api_key`]: `AUTH_API_KEY` callers, checked against the snapshot's key
+//!   hashes; [`signature`]: `X-Gateway-Signature` for upstreams with an
+//!   `identity_signing_secret`;
 //! * [`hooks`]: where token verification and rate limiting plug in;
 //!   [`jwt`] and [`ratelimit`]: the implementations plugged in by default
 //!   (`gateway-jwt`, `gateway-ratelimit`); tracing comes from `gateway-telemetry`.
@@ -26,6 +29,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod aggregate;
+pub mod api_key;
 pub mod args;
 pub mod balancer;
 pub mod body;
@@ -52,6 +56,7 @@ pub mod router;
 pub mod runtime;
 pub mod sanitize;
 pub mod server;
+pub mod signature;
 pub mod transform;
 pub mod websocket;
 pub mod workers;

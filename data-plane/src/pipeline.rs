@@ -1,7 +1,8 @@
 //! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
 //! sanitise → route → IP rules → WebSocket admission → CORS preflight →
-//! authenticate → rate-limit → request headers → [aggregate | websocket |
-//! coalesce →] balance → breaker → proxy, then
+//! authenticate (JWT or API key) → rate-limit → request headers → [aggregate |
+//! websocket | coalesce →] balance → breaker → proxy (signing the identity for
+//! upstreams with a secret), then
 //! response headers and CORS response headers.
 //!
 //! [`Pipeline::run`] is the whole request path; each stage is one line with the
@@ -24,6 +25,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::aggregate;
+use crate::api_key::X_API_KEY;
 use crate::balancer::{self, Affinity};
 use crate::body::{RequestBody, ResponseBody};
 use crate::coalesce::{self, Coalesced};
@@ -36,8 +38,8 @@ use crate::normalize::normalize_path;
 use crate::proxy::{self, upstream_request};
 use crate::router::host_of;
 use crate::sanitize::{
-    Cidr, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip, ensure_request_id, remove_hop_by_hop,
-    set_forwarded,
+    Cidr, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip, ensure_request_id,
+    remove_hop_by_hop, set_forwarded,
 };
 use crate::websocket;
 
@@ -207,8 +209,8 @@ impl Pipeline {
             return Ok(answer);
         }
 
-        // Authenticate: after routing (the route says whether a token is needed), before rate limiting (KEY_USER counts per subject).
-        let identity = self.authenticate(route, &mut parts).await?;
+        // Authenticate: after routing (the route says whether a token or API key is needed), before rate limiting (KEY_USER counts per subject).
+        let identity = self.authenticate(cfg, route, &mut parts).await?;
 
         // Rate-limit: before any upstream work, so refused requests cost the upstream nothing.
         let limited = self
@@ -336,11 +338,14 @@ impl Pipeline {
 
     async fn authenticate(
         &self,
+        cfg: &Compiled,
         route: &RouteEntry,
         parts: &mut Parts,
     ) -> Result<Option<Identity>, ProxyError> {
-        if route.auth != AuthMode::AuthJwt {
-            return Ok(None);
+        match route.auth {
+            AuthMode::AuthJwt => {}
+            AuthMode::AuthApiKey => return authenticate_api_key(cfg, route, parts).map(Some),
+            AuthMode::AuthNone => return Ok(None),
         }
         let verifier = self
             .authenticator
@@ -394,6 +399,30 @@ impl Pipeline {
             .await
             .map_err(ProxyError::RateLimited)
     }
+}
+
+/// The API-key variant of the authenticate stage: the snapshot's key table
+/// (no I/O), the key itself dropped, the key's identity forwarded.
+fn authenticate_api_key(
+    cfg: &Compiled,
+    route: &RouteEntry,
+    parts: &mut Parts,
+) -> Result<Identity, ProxyError> {
+    let identity = cfg.api_keys.verify(&parts.headers).map_err(|e| {
+        route.metrics.policy.refused(e.refusal());
+        ProxyError::ApiKey(e)
+    })?;
+    parts.headers.remove(&X_API_KEY);
+    parts
+        .headers
+        .insert(X_USER_ID.clone(), identity.subject.clone());
+    parts
+        .headers
+        .insert(X_USER_ROLE.clone(), identity.role.clone());
+    if let Some(name) = &identity.api_key {
+        parts.headers.insert(X_API_KEY_NAME.clone(), name.clone());
+    }
+    Ok(identity.clone())
 }
 
 /// The CORS stage: answers (or refuses) a preflight on a CORS route; for

@@ -60,6 +60,7 @@ use crate::retry::{
 };
 use crate::router::rewrite_path;
 use crate::sanitize::remove_hop_by_hop;
+use crate::signature::unix_now;
 
 /// Builds the request sent upstream: origin-form URI with the normalised (and
 /// rewritten) path and the original query, HTTP/1.1, and a `Host` header (an
@@ -114,6 +115,17 @@ pub fn upstream_request(
     // hyper already sent the client its "100 Continue" when the body was first
     // read; the upstream gets the body without a second round of expectations.
     parts.headers.remove(header::EXPECT);
+    // Signed identity: last, over the path and identity headers exactly as sent.
+    if let crate::config::Target::Upstream(u) = &route.target
+        && let Some(signer) = &u.signer
+    {
+        signer.sign(
+            &mut parts.headers,
+            parts.method.as_str(),
+            parts.uri.path(),
+            unix_now(),
+        );
+    }
     parts.version = Version::HTTP_11;
     Ok(Request::from_parts(parts, body))
 }
@@ -575,6 +587,48 @@ mod tests {
         // Unchanged canonical paths keep their URI as it came.
         let req = build("/api/x?q=1", Some("gw"), &r, "/api/x");
         assert_eq!(req.uri(), "/api/x?q=1");
+    }
+
+    #[test]
+    fn upstreams_with_a_secret_get_the_rewritten_path_and_identity_signed() {
+        use crate::signature::{Signer, X_GATEWAY_SIGNATURE};
+        let secret = "s".repeat(32);
+        let mut r = route("/api/users", Some("/users"));
+        r.target = crate::config::Target::Upstream(Arc::new(
+            UpstreamEntry::new("u", vec![], BreakerSettings::default(), None)
+                .with_signer(Signer::new(&secret)),
+        ));
+        let (mut parts, ()) = Request::post("/api/users/7?x=1")
+            .header("x-user-id", "alice")
+            .header("x-user-role", "admin")
+            .body(())
+            .unwrap()
+            .into_parts();
+        parts
+            .headers
+            .insert(&X_GATEWAY_SIGNATURE, HeaderValue::from_static("forged"));
+        let before = crate::signature::unix_now();
+        let req = upstream_request(parts, &r, "/api/users/7", RequestBody::empty()).unwrap();
+        let value = req.headers()[&X_GATEWAY_SIGNATURE].to_str().unwrap();
+        let t: u64 = value
+            .strip_prefix("t=")
+            .and_then(|v| v.split(',').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap();
+        assert!(t >= before && t <= crate::signature::unix_now());
+        // Signed over the path as forwarded (rewritten, no query) and the identity.
+        let want = Signer::new(&secret)
+            .unwrap()
+            .value(t, "POST", "/users/7", b"alice", b"admin");
+        assert_eq!(req.headers()[&X_GATEWAY_SIGNATURE], want);
+        // Without a secret nothing is added.
+        let plain = build(
+            "/api/users/7",
+            Some("gw"),
+            &route("/api", None),
+            "/api/users/7",
+        );
+        assert!(!plain.headers().contains_key(&X_GATEWAY_SIGNATURE));
     }
 
     #[test]

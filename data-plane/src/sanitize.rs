@@ -2,8 +2,9 @@
 //!
 //! Requests: hop-by-hop headers (the fixed RFC 9110 list plus every header the
 //! `Connection` header names) and client-supplied identity headers
-//! (`X-User-Id`, `X-User-Role`, which only the gateway may set after
-//! authentication) are removed; `X-Forwarded-For` gets the peer appended,
+//! (`X-User-Id`, `X-User-Role`, `X-Api-Key-Name`, which only the gateway may
+//! set after authentication, and `X-Gateway-Signature`, which only it may
+//! sign) are removed; `X-Forwarded-For` gets the peer appended,
 //! `X-Forwarded-Proto` is set, `X-Request-Id` is kept when valid or generated.
 //! Responses: hop-by-hop headers are removed the same way.
 //!
@@ -25,6 +26,10 @@ pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connect
 pub static X_USER_ID: HeaderName = HeaderName::from_static("x-user-id");
 /// Identity header set by the gateway from a verified token.
 pub static X_USER_ROLE: HeaderName = HeaderName::from_static("x-user-role");
+/// Identity header set by the gateway from a verified API key (its name).
+pub static X_API_KEY_NAME: HeaderName = HeaderName::from_static("x-api-key-name");
+/// The gateway's signature of the identity headers (see [`crate::signature`]).
+pub static X_GATEWAY_SIGNATURE: HeaderName = HeaderName::from_static("x-gateway-signature");
 /// Request correlation id.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Client address chain.
@@ -48,11 +53,15 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 fn is_identity(name: &HeaderName) -> bool {
-    name == X_USER_ID || name == X_USER_ROLE
+    name == X_USER_ID
+        || name == X_USER_ROLE
+        || name == X_API_KEY_NAME
+        || name == X_GATEWAY_SIGNATURE
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection`
-/// (and `Proxy-Connection`). With `strip_identity`, also `X-User-Id`/`X-User-Role`.
+/// (and `Proxy-Connection`). With `strip_identity`, also `X-User-Id`, `X-User-Role`,
+/// `X-Api-Key-Name` and `X-Gateway-Signature`.
 /// Returns the total size of the headers before removal (name + value + 4 per
 /// field, as on the wire), for the header size limit.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize {
@@ -96,6 +105,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize
     if strip_identity {
         headers.remove(&X_USER_ID);
         headers.remove(&X_USER_ROLE);
+        headers.remove(&X_API_KEY_NAME);
+        headers.remove(&X_GATEWAY_SIGNATURE);
     }
     size
 }
@@ -211,6 +222,8 @@ mod tests {
             ("X-User-Id", "admin"),
             ("x-user-role", "admin"),
             ("X-USER-ROLE", "root"),
+            ("x-api-key-name", "forged"),
+            ("X-Gateway-Signature", "t=1,v1=00"),
             ("accept", "*/*"),
             ("authorization", "Bearer t"),
         ]);

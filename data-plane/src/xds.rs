@@ -280,6 +280,7 @@ async fn session(
             hash: resp.hash,
             routes: resp.routes,
             upstreams: resp.upstreams,
+            api_keys: resp.api_keys,
             ..Default::default()
         };
         let reply = match runtime.apply(snapshot, true).await {

@@ -36,6 +36,7 @@ impl Authenticator for TestAuth {
             Ok(Identity {
                 subject: HeaderValue::from_str(user).unwrap(),
                 role: HeaderValue::from_static("user"),
+                api_key: None,
             })
         }
         .boxed()

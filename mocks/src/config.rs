@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::hooks::MAX_DELAY_MS;
+use crate::identity::IdentityVerifier;
 
 /// The demo service a mock instance plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,9 @@ pub enum ConfigError {
     /// `--instance-id` is empty or not a valid header value.
     #[error("instance id must be non-empty visible ASCII, got {0:?}")]
     BadInstanceId(String),
+    /// `--identity-secret` is not 32 to 256 visible ASCII characters (never echoed).
+    #[error("identity secret must be 32 to 256 visible ASCII characters (got {0})")]
+    BadIdentitySecret(usize),
 }
 
 /// Everything a mock instance needs to answer requests.
@@ -82,6 +86,8 @@ pub struct MockConfig {
     /// Set once shutdown has begun: `/health` answers 503 while every other
     /// request is still served (see `DRAIN_DELAY_MS` in the README).
     pub draining: Arc<AtomicBool>,
+    /// When set, requests must carry a valid `X-Gateway-Signature` (`--identity-secret`).
+    pub identity: Option<Arc<IdentityVerifier>>,
 }
 
 impl MockConfig {
@@ -108,7 +114,21 @@ impl MockConfig {
             fail_status: http::StatusCode::INTERNAL_SERVER_ERROR,
             delay: Duration::ZERO,
             draining: Arc::new(AtomicBool::new(false)),
+            identity: None,
         })
+    }
+
+    /// The same settings, requiring requests signed with `secret` (see
+    /// [`crate::identity`]). An empty secret turns verification off.
+    pub fn with_identity_secret(mut self, secret: &str) -> Result<Self, ConfigError> {
+        self.identity = if secret.is_empty() {
+            None
+        } else {
+            Some(Arc::new(IdentityVerifier::new(secret).ok_or(
+                ConfigError::BadIdentitySecret(secret.chars().count()),
+            )?))
+        };
+        Ok(self)
     }
 
     /// Whether shutdown has begun (health checks are being told to stop sending).
@@ -239,5 +259,28 @@ mod tests {
         assert!(MockConfig::new(Service::Users, "", 0.0).is_err());
         assert!(MockConfig::new(Service::Users, "a b", 0.0).is_err());
         assert!(MockConfig::new(Service::Users, "x", 2.0).is_err());
+    }
+
+    #[test]
+    fn identity_secret_is_checked_and_never_echoed() {
+        let base = MockConfig::new(Service::Users, "users-1", 0.0).unwrap();
+        assert!(
+            base.clone()
+                .with_identity_secret("")
+                .unwrap()
+                .identity
+                .is_none()
+        );
+        let ok = "k".repeat(32);
+        assert!(
+            base.clone()
+                .with_identity_secret(&ok)
+                .unwrap()
+                .identity
+                .is_some()
+        );
+        let e = base.with_identity_secret("short-secret").unwrap_err();
+        assert_eq!(e, ConfigError::BadIdentitySecret(12));
+        assert!(!e.to_string().contains("short-secret"));
     }
 }

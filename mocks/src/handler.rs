@@ -15,6 +15,7 @@ use gateway_telemetry::Tracer;
 use crate::body::MockBody;
 use crate::config::MockConfig;
 use crate::hooks::Hooks;
+use crate::identity::IdentityError;
 use crate::records;
 use crate::stats::RequestStats;
 use crate::websocket;
@@ -58,10 +59,10 @@ where
         }
         span
     });
-    let mut response = if path == websocket::PATH {
-        websocket::answer(config, req)
-    } else {
-        answer(config, req).await
+    let mut response = match check_identity(config, &req) {
+        Err(why) => error(StatusCode::UNAUTHORIZED, &why.to_string()),
+        Ok(()) if path == websocket::PATH => websocket::answer(config, req),
+        Ok(()) => answer(config, req).await,
     };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
@@ -71,6 +72,23 @@ where
         span.record_response(status, response.headers_mut());
     }
     response
+}
+
+/// With an identity secret, the request's `X-Gateway-Signature` must verify
+/// (`/health` is exempt: health checks are not signed identities).
+fn check_identity<B>(config: &MockConfig, req: &Request<B>) -> Result<(), IdentityError> {
+    let Some(verifier) = &config.identity else {
+        return Ok(());
+    };
+    if req.uri().path() == "/health" {
+        return Ok(());
+    }
+    verifier.verify(
+        req.headers(),
+        req.method().as_str(),
+        req.uri().path(),
+        crate::identity::unix_now(),
+    )
 }
 
 /// The low-cardinality route of `path`, for the span's `http.route`.

@@ -25,6 +25,10 @@
 //! binary frame is echoed and a close is answered.
 //!
 //! Every response carries `X-Instance-Id`.
+//!
+//! With `--identity-secret` / `MOCK_IDENTITY_SECRET`, every request but
+//! `/health` and `/stats` must carry a valid, fresh `X-Gateway-Signature`
+//! ([`identity`]); otherwise it is answered 401 with the reason.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
@@ -32,6 +36,7 @@ pub mod body;
 pub mod config;
 pub mod handler;
 pub mod hooks;
+pub mod identity;
 pub mod records;
 pub mod server;
 pub mod stats;

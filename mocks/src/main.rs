@@ -25,6 +25,12 @@ struct Args {
     /// Log format: text or json.
     #[arg(long, env = "MOCK_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    /// Require every request (but /health and /stats) to carry a valid
+    /// X-Gateway-Signature made with this secret (the upstream's
+    /// identity_signing_secret). Prefer the environment variable: a flag is
+    /// visible in `ps`.
+    #[arg(long, env = "MOCK_IDENTITY_SECRET", hide_env_values = true)]
+    identity_secret: Option<String>,
 }
 
 #[tokio::main]
@@ -44,7 +50,8 @@ async fn main() -> anyhow::Result<()> {
     let fail_status = parse_fail_status(std::env::var("FAIL_STATUS").ok().as_deref())?;
     let config = MockConfig::new(args.service, instance_id, fail_rate)?
         .with_delay(delay)
-        .with_fail_status(fail_status);
+        .with_fail_status(fail_status)
+        .with_identity_secret(args.identity_secret.as_deref().unwrap_or_default())?;
     // Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     let tracer = Tracer::from_env(config.service.name(), Some(&config.instance_id))?;
 
@@ -57,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
         instance = %config.instance_id,
         fail_rate,
         delay_ms = delay.as_millis() as u64,
+        verifies_identity = config.identity.is_some(),
         "mock-service listening"
     );
     let draining = config.clone();

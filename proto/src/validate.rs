@@ -495,6 +495,7 @@ impl Validator {
         if let Some(cb) = &u.circuit_breaker {
             self.circuit_breaker(&who, cb);
         }
+        self.identity_signing(&who, u);
     }
 
     fn balancing(&mut self, who: &str, u: &Upstream) {
@@ -621,6 +622,8 @@ impl Validator {
 mod policy;
 pub use policy::*;
 
+mod identity;
+pub use identity::*;
 mod proxy;
 pub use proxy::*;
 

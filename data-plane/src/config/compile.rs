@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_proto::v1::{AuthMode, ConfigSnapshot, Route, Upstream};
-use gateway_proto::validate::{DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS, parse_instance_url};
+use gateway_proto::validate::{
+    DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS, parse_instance_url, validate_api_keys,
+};
 use gateway_proto::{ValidationError, validate_config};
 use http::Method;
 
@@ -22,6 +24,7 @@ use super::{
     UpstreamEntry,
 };
 use crate::aggregate::{Aggregate, Part};
+use crate::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::balancer::Policy;
 use crate::breaker::BreakerSettings;
 use crate::coalesce::{CoalesceLimits, Coalescer};
@@ -34,6 +37,7 @@ use crate::pool::PoolSettings;
 use crate::retry::{RetryBudget, RetryPolicy};
 use crate::router::{Router, RouterError};
 use crate::sanitize::CidrError;
+use crate::signature::Signer;
 use crate::transform::{HeaderTransform, TransformError};
 
 /// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
@@ -102,6 +106,9 @@ pub enum CompileError {
         #[source]
         source: CorsError,
     },
+    /// An API key that cannot be used (validation refuses it first).
+    #[error(transparent)]
+    ApiKey(#[from] ApiKeyCompileError),
     /// The router refused a route.
     #[error("route {route:?}: {source}")]
     Router {
@@ -134,6 +141,8 @@ pub fn compile_with_members(
     members: &Members,
 ) -> Result<Compiled, CompileError> {
     validate_config(&snapshot.routes, &snapshot.upstreams)?;
+    validate_api_keys(&snapshot.api_keys)?;
+    let api_keys = ApiKeys::compile(&snapshot.api_keys)?;
 
     let old_instances: HashMap<&InstanceKey, &Arc<InstanceState>> = previous
         .upstreams
@@ -260,6 +269,7 @@ pub fn compile_with_members(
         loaded: true,
         router,
         upstreams,
+        api_keys,
     })
 }
 
@@ -353,8 +363,9 @@ fn compile_upstream(
             half_open_max_requests: cb.half_open_max_requests,
         });
     let health = u.health_check.as_ref().map(HealthSettings::from_proto);
-    let entry =
-        UpstreamEntry::new(name, instances, breaker, health).with_policy(Policy::from_proto(u));
+    let entry = UpstreamEntry::new(name, instances, breaker, health)
+        .with_policy(Policy::from_proto(u))
+        .with_signer(Signer::new(&u.identity_signing_secret));
     Ok(match target {
         Some(t) => entry.with_discovery(t),
         None => entry,

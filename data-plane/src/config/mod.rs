@@ -18,6 +18,7 @@ use arc_swap::ArcSwap;
 use gateway_proto::v1::{AuthMode, RateLimit};
 
 use crate::aggregate::Aggregate;
+use crate::api_key::ApiKeys;
 use crate::balancer::Policy;
 use crate::breaker::{Breaker, BreakerSettings};
 use crate::coalesce::Coalescer;
@@ -29,6 +30,7 @@ use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
 use crate::retry::{RetryBudget, RetryPolicy};
 use crate::router::Router;
+use crate::signature::Signer;
 use crate::transform::HeaderTransform;
 
 pub use compile::{CompileError, compile, compile_with_members};
@@ -49,6 +51,8 @@ pub struct Compiled {
     pub router: Router<RouteEntry>,
     /// Upstreams sorted by name.
     pub upstreams: Vec<Arc<UpstreamEntry>>,
+    /// The API keys `AUTH_API_KEY` routes accept, by hash.
+    pub api_keys: ApiKeys,
 }
 
 /// A route as the request path needs it.
@@ -124,6 +128,8 @@ pub struct UpstreamEntry {
     pub breaker: BreakerSettings,
     /// Active health checking, if configured.
     pub health: Option<HealthSettings>,
+    /// Signs the identity of every request forwarded to it (`identity_signing_secret`).
+    pub signer: Option<Signer>,
     /// Round-robin cursor.
     pub(crate) cursor: AtomicUsize,
     /// Retry budget and retry counters, carried over while the name stays.
@@ -145,6 +151,7 @@ impl UpstreamEntry {
             discovery: None,
             breaker,
             health,
+            signer: None,
             cursor: AtomicUsize::new(0),
             retry: Arc::default(),
         }
@@ -154,6 +161,12 @@ impl UpstreamEntry {
     /// upstream that keeps its name).
     pub fn with_retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.retry = budget;
+        self
+    }
+
+    /// The same entry, signing identities with `signer`.
+    pub fn with_signer(mut self, signer: Option<Signer>) -> Self {
+        self.signer = signer;
         self
     }
 

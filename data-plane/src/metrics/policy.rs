@@ -1,5 +1,6 @@
 //! Counters of the route policy stages: requests refused by a policy
-//! (`gateway_policy_refusals_total{route,reason}`), one `reason` per policy.
+//! (`gateway_policy_refusals_total{route,reason}`), one `reason` per policy
+//! (and per refusal class of the API-key stage: `api_key_missing`, `api_key_invalid`).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,16 +17,28 @@ pub enum PolicyRefusal {
     Cors,
     /// A WebSocket upgrade on a route without `websocket`, or a malformed handshake (400).
     Upgrade,
+    /// An `AUTH_API_KEY` request without `X-API-Key` (401).
+    ApiKeyMissing,
+    /// An `AUTH_API_KEY` request whose key is unknown or revoked (401).
+    ApiKeyInvalid,
 }
 
 impl PolicyRefusal {
-    const ALL: [Self; 3] = [Self::Ip, Self::Cors, Self::Upgrade];
+    const ALL: [Self; 5] = [
+        Self::Ip,
+        Self::Cors,
+        Self::Upgrade,
+        Self::ApiKeyMissing,
+        Self::ApiKeyInvalid,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
             Self::Ip => "ip",
             Self::Cors => "cors",
             Self::Upgrade => "upgrade",
+            Self::ApiKeyMissing => "api_key_missing",
+            Self::ApiKeyInvalid => "api_key_invalid",
         }
     }
 }
@@ -55,7 +68,7 @@ pub(super) fn render_policy(out: &mut String, cfg: &Compiled) {
         out,
         "gateway_policy_refusals_total",
         "counter",
-        "Requests refused by a route policy, by route and reason (ip, cors, upgrade).",
+        "Requests refused by a route policy, by route and reason (ip, cors, upgrade, api_key_missing, api_key_invalid).",
     );
     for r in cfg.router.routes() {
         for reason in PolicyRefusal::ALL {

@@ -140,6 +140,7 @@ impl FakeControlPlane {
             nonce: nonce.to_string(),
             routes: snapshot.routes.clone(),
             upstreams: snapshot.upstreams.clone(),
+            api_keys: snapshot.api_keys.clone(),
         };
         *self.last.lock().unwrap() = Some(resp.clone());
         let _ = self.pushes.send(resp);

@@ -13,7 +13,14 @@ pub const MAX_HEADER_TRANSFORMS: usize = 64;
 pub const MAX_HEADER_VALUE_LEN: usize = 4096;
 /// Headers a transform may not touch besides the hop-by-hop ones: the gateway
 /// owns them (identity, routing, framing). Lower case.
-pub const PROTECTED_HEADERS: &[&str] = &["host", "content-length", "x-user-id", "x-user-role"];
+pub const PROTECTED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "x-user-id",
+    "x-user-role",
+    "x-api-key-name",
+    "x-gateway-signature",
+];
 
 /// Whether a transform may not touch `lower` (a lower-case header name).
 fn is_protected(lower: &str) -> bool {
@@ -212,7 +219,7 @@ impl Validator {
                 ));
             } else if is_protected(&lower) {
                 self.push(format!(
-                    "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role and hop-by-hop headers are the gateway's)"
+                    "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role, X-Api-Key-Name, X-Gateway-Signature and hop-by-hop headers are the gateway's)"
                 ));
             } else if !seen.insert(lower) {
                 self.push(format!(

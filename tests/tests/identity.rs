@@ -1,0 +1,288 @@
+//! Caller identity (issue 10) against real processes: API keys on
+//! `AUTH_API_KEY` routes across two data planes (identity forwarded, key not
+//! forwarded, forged headers stripped, revocation everywhere within one
+//! push), and signed identity (`identity_signing_secret` →
+//! `X-Gateway-Signature`, verified by a mock started with `MOCK_IDENTITY_SECRET`).
+//!
+//! Needs every binary built in the same target directory
+//! (`cargo build --workspace --bins`) and `redis-server` on PATH.
+
+use anyhow::{Context, Result, ensure};
+use devstack::Stack;
+use gateway_proto::v1::{
+    AuthMode, CreateApiKeyRequest, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest,
+    RevokeApiKeyRequest, Route,
+};
+use gateway_tests::{
+    client, header, metric_sample, open_route, secrets_in_logs, upsert_route_synced,
+    upsert_upstream_synced,
+};
+use mock_service::identity::{IdentityVerifier, unix_now};
+use serde_json::Value;
+
+/// The identity secret of the `users` upstream and of the users-1 mock.
+const SECRET: &str = "it-0123456789abcdef0123456789abcdef";
+
+/// An `AUTH_API_KEY` route `/keyed/users` → users `/users`.
+fn keyed_route() -> Route {
+    Route {
+        auth: AuthMode::AuthApiKey as i32,
+        ..open_route("keyed", "/keyed/users", "users", "/users")
+    }
+}
+
+async fn create_key(stack: &Stack, name: &str) -> Result<CreateApiKeyResponse> {
+    let created = stack
+        .admin_client()
+        .await
+        .create_api_key(CreateApiKeyRequest {
+            name: name.into(),
+            subject: format!("svc-{name}"),
+            role: "service".into(),
+            expected_version: None,
+        })
+        .await?
+        .into_inner();
+    stack.wait_synced(created.version).await?;
+    Ok(created)
+}
+
+/// `GET url` with these headers: (status, problem type or echoed headers).
+async fn get(url: &str, headers: &[(&str, &str)]) -> Result<(u16, Value)> {
+    let mut req = client().get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    let challenge = header(&resp, "www-authenticate").map(str::to_owned);
+    let body: Value = resp.json().await.context("body is not JSON")?;
+    // The gateway's API-key refusals name the header to use.
+    if body["type"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("urn:gateway:problem:api-key"))
+    {
+        ensure!(
+            challenge.as_deref() == Some("ApiKey header=\"X-API-Key\""),
+            "401 without the ApiKey challenge: {challenge:?}"
+        );
+    }
+    Ok((status, body))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_keys_admit_forward_identity_and_stop_everywhere_once_revoked() -> Result<()> {
+    let stack = Stack::new().data_planes(2).auth(false).start().await?;
+    upsert_route_synced(&stack, keyed_route()).await?;
+    let created = create_key(&stack, "billing").await?;
+    let key = created.key.as_str();
+    let gateways = stack.gateways();
+    assert_eq!(gateways.len(), 2);
+
+    for gw in &gateways {
+        let url = format!("{gw}/keyed/users/7");
+        // Admitted: identity forwarded, the key itself and forged identity are not.
+        let (status, body) = get(
+            &url,
+            &[
+                ("x-api-key", key),
+                ("x-api-key-name", "forged-name"),
+                ("x-user-id", "forged-user"),
+                ("x-gateway-signature", "t=1,v1=forged"),
+            ],
+        )
+        .await?;
+        assert_eq!(status, 200, "{gw}: {body}");
+        let seen = &body["headers"];
+        assert_eq!(seen["x-user-id"], "svc-billing", "{gw}: {seen}");
+        assert_eq!(seen["x-user-role"], "service", "{gw}: {seen}");
+        assert_eq!(seen["x-api-key-name"], "billing", "{gw}: {seen}");
+        assert!(
+            seen.get("x-api-key").is_none(),
+            "{gw}: key forwarded: {seen}"
+        );
+        assert!(seen.get("x-gateway-signature").is_none(), "{gw}: {seen}");
+
+        // Refused: no key, a wrong key.
+        let (status, body) = get(&url, &[]).await?;
+        assert_eq!(status, 401);
+        assert_eq!(body["type"], "urn:gateway:problem:api-key-missing");
+        let wrong = format!("{}0", &key[..key.len() - 1]);
+        let (status, body) = get(&url, &[("x-api-key", &wrong)]).await?;
+        assert_eq!(status, 401);
+        assert_eq!(body["type"], "urn:gateway:problem:api-key-invalid");
+    }
+    for ops in stack.gateway_admins() {
+        for reason in ["api_key_missing", "api_key_invalid"] {
+            let series =
+                format!("gateway_policy_refusals_total{{route=\"keyed\",reason=\"{reason}\"}}");
+            assert_eq!(metric_sample(&ops, &series).await?, 1.0, "{ops} {series}");
+        }
+    }
+
+    // Revoke, wait until every replica has ACKed the new version, then the key fails everywhere.
+    let version = stack
+        .admin_client()
+        .await
+        .revoke_api_key(RevokeApiKeyRequest {
+            name: "billing".into(),
+            expected_version: None,
+        })
+        .await?
+        .into_inner()
+        .version;
+    stack.wait_synced(version).await?;
+    for gw in &gateways {
+        let (status, body) = get(&format!("{gw}/keyed/users/7"), &[("x-api-key", key)]).await?;
+        assert_eq!(status, 401, "{gw} still admits a revoked key");
+        assert_eq!(body["type"], "urn:gateway:problem:api-key-invalid");
+    }
+
+    // The key never reached a log.
+    let (scanned, leaks) = secrets_in_logs(
+        &stack.log_dir(),
+        &[("the API key".to_owned(), key.to_owned())],
+    )?;
+    assert!(scanned > 0);
+    assert!(leaks.is_empty(), "{leaks:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays() -> Result<()> {
+    let stack = Stack::new()
+        .data_planes(1)
+        .auth(false)
+        .env("users-1", "MOCK_IDENTITY_SECRET", SECRET)
+        .start()
+        .await?;
+    let gw = &stack.gateways()[0];
+    let mock = format!("http://127.0.0.1:{}", stack.ports().users_1);
+
+    // Before the upstream signs, the verifying mock refuses what the gateway forwards.
+    upsert_route_synced(
+        &stack,
+        open_route("plain", "/plain/users", "users", "/users"),
+    )
+    .await?;
+    let (status, body) = get(&format!("{gw}/plain/users/1"), &[]).await?;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"], "missing X-Gateway-Signature");
+
+    // Set the secret on the upstream (read-modify-write of what GetUpstream returns).
+    let mut admin = stack.admin_client().await;
+    let mut users = admin
+        .get_upstream(GetUpstreamRequest {
+            name: "users".into(),
+        })
+        .await?
+        .into_inner();
+    users.identity_signing_secret = SECRET.into();
+    upsert_upstream_synced(&stack, users).await?;
+    upsert_route_synced(&stack, keyed_route()).await?;
+    let created = create_key(&stack, "signer").await?;
+
+    // Reads never show the secret, only that it is set.
+    let read = admin
+        .get_upstream(GetUpstreamRequest {
+            name: "users".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(read.identity_signing_secret, "");
+    assert!(read.identity_signing_secret_set);
+    let config = admin
+        .get_config(GetConfigRequest { version: None })
+        .await?
+        .into_inner();
+    assert!(!format!("{config:?}").contains(SECRET));
+
+    // Round trip: the mock verified the signature over the forwarded identity.
+    let (status, body) = get(
+        &format!("{gw}/keyed/users/7"),
+        &[
+            ("x-api-key", &created.key),
+            ("x-gateway-signature", "t=1,v1=forged"),
+        ],
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    let seen = &body["headers"];
+    assert_eq!(seen["x-user-id"], "svc-signer");
+    let signature = seen["x-gateway-signature"]
+        .as_str()
+        .context("no signature forwarded")?
+        .to_owned();
+    assert!(
+        signature.starts_with("t=") && signature.contains(",v1="),
+        "{signature}"
+    );
+    // Anonymous requests are signed too (empty identity).
+    let (status, body) = get(&format!("{gw}/plain/users/1"), &[]).await?;
+    assert_eq!(status, 200, "{body}");
+
+    // Straight to the mock: the gateway's signature with one hex digit changed.
+    let last = signature.chars().last().unwrap();
+    let flipped = if last == '0' { '1' } else { '0' };
+    let tampered = format!("{}{flipped}", &signature[..signature.len() - 1]);
+    let identity = [("x-user-id", "svc-signer"), ("x-user-role", "service")];
+    let (status, body) = get(
+        &format!("{mock}/users/7"),
+        &[identity[0], identity[1], ("x-gateway-signature", &tampered)],
+    )
+    .await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    // The same identity with another user is refused.
+    let (status, _) = get(
+        &format!("{mock}/users/7"),
+        &[
+            ("x-user-id", "admin"),
+            identity[1],
+            ("x-gateway-signature", &signature),
+        ],
+    )
+    .await?;
+    assert_eq!(status, 401);
+
+    // A correct MAC over an old timestamp is a replay: refused; the same MAC made now passes.
+    let verifier = IdentityVerifier::new(SECRET).context("a valid secret")?;
+    let sign_at = |t: u64| {
+        format!(
+            "t={t},v1={}",
+            verifier.mac_hex(t, "GET", "/users/7", b"svc-signer", b"service")
+        )
+    };
+    let old = sign_at(unix_now() - 120);
+    let (status, body) = get(
+        &format!("{mock}/users/7"),
+        &[identity[0], identity[1], ("x-gateway-signature", &old)],
+    )
+    .await?;
+    assert_eq!(status, 401);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("X-Gateway-Signature expired"),
+        "{body}"
+    );
+    let fresh = sign_at(unix_now());
+    let (status, body) = get(
+        &format!("{mock}/users/7"),
+        &[identity[0], identity[1], ("x-gateway-signature", &fresh)],
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+
+    // The secret never reached a log (the mock got it through its environment).
+    let (_, leaks) = secrets_in_logs(
+        &stack.log_dir(),
+        &[("the signing secret".to_owned(), SECRET.to_owned())],
+    )?;
+    assert!(leaks.is_empty(), "{leaks:?}");
+    Ok(())
+}
