@@ -52,6 +52,7 @@
 
 pub mod algorithm;
 mod breaker;
+mod deadline;
 mod deny_cache;
 pub mod headers;
 mod limiter;

@@ -12,15 +12,16 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
+use crate::algorithm::Outcome;
 use crate::breaker::Breaker;
+use crate::deadline::within_deadline;
 use crate::deny_cache::DenyCache;
 use crate::headers::{Decision, Source};
 use crate::local::LocalLimiter;
-use crate::merge::{Merger, Role, Turn};
+use crate::merge::{Batch, Lead, Merger, Role, Turn};
 use crate::policy::Policy;
 use crate::redis::{RedisStore, StoreOptions};
 use crate::stats::{Stats, StatsSnapshot};
@@ -226,15 +227,27 @@ impl RateLimiter {
                 }
             },
         };
-        match within_deadline(
-            inner.options.decision_timeout,
-            shared.store.decide(policy, lead.key(), lead.requests()),
-        )
-        .await
-        {
-            Ok(Ok(batch)) => {
-                shared.breaker.record_success();
-                let outcome = lead.decided(&batch);
+        // A batch's run must outlive its leader's deadline: its followers have
+        // later deadlines of their own. So a run with followers is an owned
+        // future (boxed: batches only, a lone request's run stays on the stack);
+        // when the leader gives up on it, it goes on in a task of its own.
+        let batched = lead.requests() > 1;
+        let result = if batched {
+            let mut run = Box::pin(run_batch(Arc::clone(&self.inner), policy.clone(), lead));
+            let result = within_deadline(inner.options.decision_timeout, &mut run).await;
+            if result.is_err() {
+                tokio::spawn(run);
+            }
+            result
+        } else {
+            within_deadline(
+                inner.options.decision_timeout,
+                run_batch(inner, policy, lead),
+            )
+            .await
+        };
+        match result {
+            Ok(Ok((batch, outcome))) => {
                 if batch.admitted < batch.requests
                     && let Some(cache) = &shared.deny_cache
                 {
@@ -249,16 +262,15 @@ impl RateLimiter {
                 inner.stats.decision(Source::Shared, outcome.allowed);
                 Decision::from_outcome(policy, outcome, Source::Shared)
             }
-            Ok(Err(error)) => {
-                drop(lead);
-                inner.stats.redis_error();
-                tracing::debug!(%error, policy = policy.name(), "rate-limit Redis call failed; deciding locally");
-                inner.trip(shared);
+            // The run failed (and counted it): every request of the batch decides locally.
+            Ok(Err(RunFailed)) => {
                 inner.stats.fallback();
                 inner.local(policy, subject)
             }
+            // This request's deadline passed. A lone run is dropped (cancelled);
+            // a batch's run goes on for the followers and, when it ends, records
+            // its success or failure with the breaker like any other.
             Err(_elapsed) => {
-                drop(lead);
                 inner.stats.redis_timeout();
                 inner.trip(shared);
                 inner.stats.fallback();
@@ -342,32 +354,45 @@ impl Inner {
     }
 }
 
-/// Runs `future` for at most `deadline`, like [`tokio::time::timeout`], with
-/// one difference: when the timer fires, the future is polled again after
-/// each of up to two yields to the runtime.
+/// The run of one batch failed (counted, and its followers told, by [`run_batch`]).
+#[derive(Debug)]
+struct RunFailed;
+
+/// One script run deciding `lead`'s batch: tells the followers their verdicts
+/// (or, on failure, to decide locally), hands the key on, and keeps the
+/// breaker and counters honest. Returns the batch and the leader's own outcome.
 ///
-/// On a busy host this task and the Redis connection's reader task are often
-/// woken together after a CPU stall (timer and socket share one driver). If
-/// this task runs first, the answer is already in the socket but not yet
-/// parsed; a plain timeout would call that a miss and decide locally, which
-/// over-admits. Yielding lets the reader deliver it, at no extra wall time.
-async fn within_deadline<F: Future>(deadline: Duration, future: F) -> Result<F::Output, Elapsed> {
-    let mut future = std::pin::pin!(future);
-    if let Ok(output) = timeout(deadline, future.as_mut()).await {
-        return Ok(output);
-    }
-    for _ in 0..2 {
-        tokio::task::yield_now().await;
-        if let Some(output) = future.as_mut().now_or_never() {
-            return Ok(output);
+/// Generic over how it holds the limiter and the policy so that a lone
+/// request borrows them (no allocation) while a batch's run owns them
+/// (`Arc<Inner>`, a `Policy` clone) and can go on without its leader.
+async fn run_batch<I, P>(inner: I, policy: P, lead: Lead) -> Result<(Batch, Outcome), RunFailed>
+where
+    I: std::ops::Deref<Target = Inner>,
+    P: std::borrow::Borrow<Policy>,
+{
+    let Some(shared) = &inner.shared else {
+        return Err(RunFailed);
+    };
+    let policy = policy.borrow();
+    match shared
+        .store
+        .decide(policy, lead.key(), lead.requests())
+        .await
+    {
+        Ok(batch) => {
+            shared.breaker.record_success();
+            let outcome = lead.decided(&batch);
+            Ok((batch, outcome))
+        }
+        Err(error) => {
+            drop(lead);
+            inner.stats.redis_error();
+            tracing::debug!(%error, policy = policy.name(), "rate-limit Redis call failed; deciding locally");
+            inner.trip(shared);
+            Err(RunFailed)
         }
     }
-    Err(Elapsed)
 }
-
-/// The decision deadline passed without an answer.
-#[derive(Debug)]
-struct Elapsed;
 
 /// Background task: while the breaker is open, probe Redis every
 /// `breaker_open_for` and close the breaker when it answers.

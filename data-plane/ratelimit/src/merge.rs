@@ -13,11 +13,15 @@
 //! Every request keeps its own deadline (a queued one: two decision
 //! deadlines, one for the run it waits behind and one for its own): one that
 //! is not answered in time decides locally (as on any Redis timeout), and a run that fails makes every
-//! request of its batch decide locally. A leader that is cancelled mid-run
-//! (its client went away) still hands the key on, through [`Lead`]'s `Drop`.
+//! request of its batch decide locally. A [`Lead`] owns everything it needs
+//! ('static), so when the leader's own deadline passes its run is not
+//! abandoned: it goes on in a task of its own and still answers the
+//! followers, whose deadlines are later (only the leader decides locally). A
+//! leader that is cancelled mid-run (its client went away) still hands the
+//! key on, through [`Lead`]'s `Drop`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
@@ -77,11 +81,11 @@ pub(crate) enum Turn {
 
 /// What [`Merger::join`] makes of a request.
 #[derive(Debug)]
-pub(crate) enum Role<'m> {
+pub(crate) enum Role {
     /// Run the script for this request alone and then hand the key on.
-    Lead(Lead<'m>),
+    Lead(Lead),
     /// Wait for a verdict, or for the lead.
-    Queued(Queued<'m>),
+    Queued(Queued),
     /// The queue is full: ask Redis on its own, outside the merging.
     Alone,
 }
@@ -92,18 +96,19 @@ pub(crate) enum Role<'m> {
 /// handed the lead, dropping it passes the lead on — otherwise the key would
 /// stay taken with no one to run it.
 #[derive(Debug)]
-pub(crate) struct Queued<'m> {
-    merger: &'m Merger,
+pub(crate) struct Queued {
+    merger: Merger,
     key: Vec<u8>,
     rx: Option<oneshot::Receiver<Turn>>,
 }
 
-impl Queued<'_> {
+impl Queued {
     /// Waits at most `deadline` for the verdict or the lead. `None`: no answer in
     /// time (or the run was abandoned): decide locally.
     pub(crate) async fn wait(mut self, deadline: std::time::Duration) -> Option<Turn> {
         let rx = self.rx.as_mut()?;
-        match tokio::time::timeout(deadline, rx).await {
+        // Like the leader's wait: a verdict already on its way after a stall still counts.
+        match crate::deadline::within_deadline(deadline, rx).await {
             Ok(Ok(turn)) => {
                 self.rx = None;
                 Some(turn)
@@ -113,7 +118,7 @@ impl Queued<'_> {
     }
 }
 
-impl Drop for Queued<'_> {
+impl Drop for Queued {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else {
             return;
@@ -128,14 +133,18 @@ impl Drop for Queued<'_> {
 }
 
 /// The keys with a run in flight, each with the requests queued behind it.
-#[derive(Debug, Default)]
+///
+/// Cheap to clone (one `Arc`): a [`Lead`] owns a handle, so a run can outlive
+/// the request that started it (see [`crate::limiter`]: a batch's run goes on
+/// in a task of its own when its leader's deadline passes, for its followers).
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Merger {
-    keys: Mutex<HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>>,
+    keys: Arc<Mutex<HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>>>,
 }
 
 impl Merger {
     /// Enters a request of budget `key`.
-    pub(crate) fn join(&self, key: &[u8]) -> Role<'_> {
+    pub(crate) fn join(&self, key: &[u8]) -> Role {
         let mut keys = self.keys.lock().expect("merge lock");
         match keys.get_mut(key) {
             Some(queue) if queue.len() >= MAX_QUEUED => Role::Alone,
@@ -143,7 +152,7 @@ impl Merger {
                 let (tx, rx) = oneshot::channel();
                 queue.push(tx);
                 Role::Queued(Queued {
-                    merger: self,
+                    merger: self.clone(),
                     key: key.to_vec(),
                     rx: Some(rx),
                 })
@@ -151,7 +160,7 @@ impl Merger {
             None => {
                 keys.insert(key.to_vec(), Vec::new());
                 Role::Lead(Lead {
-                    merger: self,
+                    merger: self.clone(),
                     key: key.to_vec(),
                     followers: Vec::new(),
                     registered: true,
@@ -161,9 +170,9 @@ impl Merger {
     }
 
     /// Makes a request that was told [`Turn::Lead`] the leader of its batch.
-    pub(crate) fn lead(&self, key: Vec<u8>, followers: Vec<oneshot::Sender<Turn>>) -> Lead<'_> {
+    pub(crate) fn lead(&self, key: Vec<u8>, followers: Vec<oneshot::Sender<Turn>>) -> Lead {
         Lead {
-            merger: self,
+            merger: self.clone(),
             key,
             followers,
             registered: true,
@@ -172,9 +181,9 @@ impl Merger {
 
     /// A run for one request outside the merging ([`Role::Alone`]): it answers
     /// no one and hands nothing on.
-    pub(crate) fn lead_alone(&self, key: Vec<u8>) -> Lead<'_> {
+    pub(crate) fn lead_alone(&self, key: Vec<u8>) -> Lead {
         Lead {
-            merger: self,
+            merger: self.clone(),
             key,
             followers: Vec::new(),
             registered: false,
@@ -220,15 +229,15 @@ impl Merger {
 /// The leader of one run: answers its followers and, when dropped, hands the
 /// key on — also when the run never finished.
 #[derive(Debug)]
-pub(crate) struct Lead<'m> {
-    merger: &'m Merger,
+pub(crate) struct Lead {
+    merger: Merger,
     key: Vec<u8>,
     followers: Vec<oneshot::Sender<Turn>>,
     /// Whether the key's queue is this run's to hand on.
     registered: bool,
 }
 
-impl Lead<'_> {
+impl Lead {
     /// The budget key.
     pub(crate) fn key(&self) -> &[u8] {
         &self.key
@@ -269,7 +278,7 @@ impl Lead<'_> {
     }
 }
 
-impl Drop for Lead<'_> {
+impl Drop for Lead {
     fn drop(&mut self) {
         // Followers not told a verdict (the run failed or was cancelled) decide locally.
         for follower in self.followers.drain(..) {
@@ -434,5 +443,38 @@ mod tests {
         // A lone run leaves the key's queue to its leader.
         drop(m.lead_alone(b"k".to_vec()));
         assert_eq!(m.in_flight(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lead_outlives_its_leader_and_still_answers_its_followers() {
+        let m = Merger::default();
+        let Role::Lead(first) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(a) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(b) = m.join(b"k") else {
+            panic!()
+        };
+        drop(first);
+        let Turn::Lead(followers) = a.wait(W).await.unwrap() else {
+            panic!("a leads")
+        };
+        // `a`'s deadline passes: its run moves into a task of its own (the
+        // Lead is 'static) and answers `b` when it ends.
+        let lead = m.lead(b"k".to_vec(), followers);
+        let (go, ready) = oneshot::channel::<()>();
+        let run = tokio::spawn(async move {
+            ready.await.unwrap();
+            lead.decided(&batch(2, 2))
+        });
+        go.send(()).unwrap();
+        assert!(run.await.unwrap().allowed);
+        match b.wait(W).await.unwrap() {
+            Turn::Decided(o) => assert!(o.allowed && o.remaining == 5),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(m.in_flight(), 0);
     }
 }

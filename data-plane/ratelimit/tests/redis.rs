@@ -384,3 +384,68 @@ async fn a_frozen_redis_costs_each_decision_at_most_the_deadline() {
     }
     assert!(limiter.is_shared());
 }
+
+/// A batch's leader that misses its deadline decides locally, but the run it
+/// started goes on for its followers: they get Redis's verdicts within their
+/// own (later) deadlines, and the late success counts as a success.
+#[tokio::test]
+async fn a_batch_outlives_its_leaders_deadline_and_answers_its_followers() {
+    use futures::FutureExt;
+    let redis = RedisServer::start().await;
+    let deadline = Duration::from_millis(500);
+    let limiter = RateLimiter::new(
+        Some(redis.url()),
+        RateLimiterOptions {
+            decision_timeout: deadline,
+            // The client's own bound on a command must outlast the frozen phase.
+            probe_timeout: Duration::from_secs(10),
+            ..RateLimiterOptions::default()
+        },
+    )
+    .unwrap();
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+    let policy = Policy::new("late", Algorithm::TokenBucket, 100, 3600).unwrap();
+
+    // Redis stops answering. `a` leads a run alone; `b` queues behind it, and
+    // so do `c` and `d` a little later, so their deadlines end after `b`'s.
+    redis.signal("-STOP");
+    let mut a = std::pin::pin!(limiter.check(&policy, "k"));
+    let mut b = std::pin::pin!(limiter.check(&policy, "k"));
+    assert!((&mut a).now_or_never().is_none());
+    assert!((&mut b).now_or_never().is_none());
+    tokio::time::sleep(deadline * 7 / 10).await;
+    let mut c = std::pin::pin!(limiter.check(&policy, "k"));
+    let mut d = std::pin::pin!(limiter.check(&policy, "k"));
+    assert!((&mut c).now_or_never().is_none());
+    assert!((&mut d).now_or_never().is_none());
+
+    // `a` gives up and decides locally; `b` then leads the batch {b, c, d}
+    // and gives up too, one deadline later.
+    assert_eq!(a.await.source, Source::Local);
+    assert_eq!(b.await.source, Source::Local);
+    // Redis answers again before `c` and `d` give up: the batch's run, which
+    // went on without its leader, decides them.
+    redis.signal("-CONT");
+    let (c, d) = (c.await, d.await);
+    assert_eq!(
+        (c.source, d.source),
+        (Source::Shared, Source::Shared),
+        "{c:?} {d:?}"
+    );
+    assert!(c.allowed && d.allowed);
+    // Positions 1 and 2 of one batch: consecutive remaining counts.
+    assert_eq!(c.remaining, d.remaining + 1, "{c:?} {d:?}");
+    let stats = limiter.stats();
+    assert_eq!(stats.merged, 2, "{stats:?}");
+    assert_eq!(stats.redis_timeouts, 2, "the two leaders: {stats:?}");
+    assert_eq!(stats.redis_errors, 0, "{stats:?}");
+    assert_eq!(stats.fallbacks, 2, "{stats:?}");
+    assert!(
+        limiter.is_shared(),
+        "a late success is a success: {stats:?}"
+    );
+    // The next decision is shared and sees the batch's spending.
+    let next = limiter.check(&policy, "k").await;
+    assert_eq!(next.source, Source::Shared);
+    assert!(next.remaining < d.remaining, "{next:?} after {d:?}");
+}
