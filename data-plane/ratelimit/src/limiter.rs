@@ -17,13 +17,14 @@ use tokio::time::{Instant, timeout};
 
 use crate::algorithm::Outcome;
 use crate::breaker::Breaker;
-use crate::deadline::within_deadline;
+use crate::deadline::{Elapsed, within_deadline};
 use crate::deny_cache::DenyCache;
 use crate::headers::{Decision, Source};
 use crate::local::LocalLimiter;
 use crate::merge::{Batch, Lead, Merger, Role, Turn};
 use crate::policy::Policy;
 use crate::redis::{RedisStore, StoreOptions};
+use crate::stacked::MAX_STACKED;
 use crate::stats::{Stats, StatsSnapshot};
 
 /// Tuning of [`RateLimiter`]. Every default is written down here, in [`Default`].
@@ -184,88 +185,148 @@ impl RateLimiter {
     /// Always returns within about `decision_timeout`; never fails: when Redis
     /// cannot decide, the local limiter does ([`Source::Local`]).
     pub async fn check(&self, policy: &Policy, subject: impl AsRef<[u8]>) -> Decision {
-        self.check_bytes(policy, subject.as_ref()).await
+        self.decide(&[(policy, subject.as_ref())]).await.1
     }
 
-    async fn check_bytes(&self, policy: &Policy, subject: &[u8]) -> Decision {
+    /// Decides one request under every limit of `limits` (policy, subject) at
+    /// once, all or nothing: it is admitted only if every limit admits it, and
+    /// only then does it spend from each, so a request refused by one limit
+    /// burns no other budget. With Redis this is one run of `stacked.lua`
+    /// (concurrent requests of one key set are merged like single ones); the
+    /// local fallback applies the same rule.
+    ///
+    /// Returns the index of the limit that describes the verdict (see
+    /// [`crate::stacked::shaping`]: the most restrictive one when admitted, the
+    /// refusing one with the longest wait when refused) and the decision under
+    /// it. Same deadline and fallback as [`RateLimiter::check`].
+    ///
+    /// # Panics
+    /// If `limits` is empty, holds more than [`MAX_STACKED`] entries, or names
+    /// one policy twice.
+    pub async fn check_all(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
+        assert!(
+            (1..=MAX_STACKED).contains(&limits.len()),
+            "1 to {MAX_STACKED} limits"
+        );
+        debug_assert!(
+            limits
+                .iter()
+                .enumerate()
+                .all(|(i, (p, _))| limits[..i].iter().all(|(q, _)| q.name() != p.name())),
+            "stacked policies must be distinct"
+        );
+        self.decide(limits).await
+    }
+
+    async fn decide(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
         let inner = &*self.inner;
         let Some(shared) = &inner.shared else {
-            return inner.local(policy, subject);
+            return inner.local(limits);
         };
-        if let Some(cache) = &shared.deny_cache
-            && let Some(outcome) = cache.get(policy, subject, inner.now_ms())
-        {
-            inner.stats.deny_cache_hit();
-            inner.stats.decision(Source::Shared, false);
-            return Decision::from_outcome(policy, outcome, Source::Shared);
+        if let Some(cache) = &shared.deny_cache {
+            // A limit Redis refused moments ago still refuses: no round trip.
+            let now = inner.now_ms();
+            let mut known: Option<(usize, Outcome)> = None;
+            for (i, (policy, subject)) in limits.iter().enumerate() {
+                if let Some(o) = cache.get(policy, subject, now)
+                    && known.is_none_or(|(_, k)| o.retry_after_ms > k.retry_after_ms)
+                {
+                    known = Some((i, o));
+                }
+            }
+            if let Some((i, outcome)) = known {
+                inner.stats.deny_cache_hit();
+                inner.stats.decision(Source::Shared, false);
+                return (
+                    i,
+                    Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                );
+            }
         }
         if shared.breaker.is_open() {
             inner.stats.fallback();
-            return inner.local(policy, subject);
+            return inner.local(limits);
         }
-        let key = policy.redis_key(subject);
+        // One limit: its key. Stacked: every key, length-prefixed (the "rl*"
+        // prefix keeps it apart from any single key), so that concurrent
+        // requests of one key set merge.
+        let (key, stacked_keys) = match limits {
+            [(policy, subject)] => (policy.redis_key(subject), Vec::new()),
+            _ => {
+                let keys: Vec<Vec<u8>> = limits.iter().map(|(p, s)| p.redis_key(s)).collect();
+                let mut key = b"rl*".to_vec();
+                for k in &keys {
+                    key.extend_from_slice(&(k.len() as u32).to_be_bytes());
+                    key.extend_from_slice(k);
+                }
+                (key, keys)
+            }
+        };
         let lead = match shared.merger.join(&key) {
             Role::Lead(lead) => lead,
             Role::Alone => shared.merger.lead_alone(key),
             // Queued behind the run in flight, then decided by the next one: up to two runs.
             Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
-                Some(Turn::Decided(outcome)) => {
+                Some(Turn::Decided(outcome, i)) => {
                     inner.stats.merged();
                     inner.stats.decision(Source::Shared, outcome.allowed);
-                    return Decision::from_outcome(policy, outcome, Source::Shared);
+                    return (
+                        i,
+                        Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                    );
                 }
                 Some(Turn::Lead(followers)) => shared.merger.lead(key, followers),
                 // The run this request waited for failed (and was counted by its leader).
                 Some(Turn::Failed) => {
                     inner.stats.fallback();
-                    return inner.local(policy, subject);
+                    return inner.local(limits);
                 }
                 None => {
                     inner.stats.redis_timeout();
                     inner.stats.fallback();
-                    return inner.local(policy, subject);
+                    return inner.local(limits);
                 }
             },
         };
         // A batch's run must outlive its leader's deadline: its followers have
         // later deadlines of their own. So a run with followers is an owned
-        // future (boxed: batches only, a lone request's run stays on the stack);
+        // future (boxed: a lone request's run of one limit stays on the stack);
         // when the leader gives up on it, it goes on in a task of its own.
-        let batched = lead.requests() > 1;
-        let result = if batched {
-            let mut run = Box::pin(run_batch(Arc::clone(&self.inner), policy.clone(), lead));
-            let result = within_deadline(inner.options.decision_timeout, &mut run).await;
-            if result.is_err() {
-                tokio::spawn(run);
+        let timeout = inner.options.decision_timeout;
+        let result = match limits {
+            [(policy, _)] if lead.requests() == 1 => {
+                within_deadline(timeout, run_batch(inner, Call::One(*policy), lead)).await
             }
-            result
-        } else {
-            within_deadline(
-                inner.options.decision_timeout,
-                run_batch(inner, policy, lead),
-            )
-            .await
+            [(policy, _)] => {
+                let call = Call::One((*policy).clone());
+                run_owned(&self.inner, call, lead, timeout).await
+            }
+            _ => {
+                let policies = limits.iter().map(|(p, _)| (*p).clone()).collect();
+                let call = Call::Stacked(policies, stacked_keys);
+                run_owned(&self.inner, call, lead, timeout).await
+            }
         };
         match result {
-            Ok(Ok((batch, outcome))) => {
+            Ok(Ok((batch, (i, outcome)))) => {
                 if batch.admitted < batch.requests
                     && let Some(cache) = &shared.deny_cache
                 {
-                    // The denied ones of the batch, or this one: the key is spent until then.
-                    cache.insert(
-                        policy,
-                        subject,
-                        &batch.outcome(batch.requests - 1),
-                        inner.now_ms(),
-                    );
+                    // The refusing limit is spent until then, for this key set and any other.
+                    let (d, denied) = batch.verdict(batch.requests - 1);
+                    let (policy, subject) = limits[d];
+                    cache.insert(policy, subject, &denied, inner.now_ms());
                 }
                 inner.stats.decision(Source::Shared, outcome.allowed);
-                Decision::from_outcome(policy, outcome, Source::Shared)
+                (
+                    i,
+                    Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                )
             }
             // The run failed (and counted it): every request of the batch decides locally.
             Ok(Err(RunFailed)) => {
                 inner.stats.fallback();
-                inner.local(policy, subject)
+                inner.local(limits)
             }
             // This request's deadline passed. A lone run is dropped (cancelled);
             // a batch's run goes on for the followers and, when it ends, records
@@ -274,7 +335,7 @@ impl RateLimiter {
                 inner.stats.redis_timeout();
                 inner.trip(shared);
                 inner.stats.fallback();
-                inner.local(policy, subject)
+                inner.local(limits)
             }
         }
     }
@@ -321,10 +382,17 @@ impl Inner {
         self.started_epoch_ms + self.started.elapsed().as_millis() as u64
     }
 
-    fn local(&self, policy: &Policy, subject: &[u8]) -> Decision {
-        let outcome = self.local.check_at(policy, subject, self.now_ms());
+    fn local(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
+        let now = self.now_ms();
+        let (i, outcome) = match limits {
+            [(policy, subject)] => (0, self.local.check_at(policy, subject, now)),
+            _ => self.local.check_all_at(limits, now),
+        };
         self.stats.decision(Source::Local, outcome.allowed);
-        Decision::from_outcome(policy, outcome, Source::Local)
+        (
+            i,
+            Decision::from_outcome(limits[i].0, outcome, Source::Local),
+        )
     }
 
     fn trip(&self, shared: &Shared) {
@@ -358,14 +426,44 @@ impl Inner {
 #[derive(Debug)]
 struct RunFailed;
 
+/// What a run asks Redis.
+enum Call<P> {
+    /// One limit (its key is the lead's).
+    One(P),
+    /// Stacked limits and their keys.
+    Stacked(Vec<Policy>, Vec<Vec<u8>>),
+}
+
+/// Runs a batch's script as an owned future within the leader's deadline;
+/// if the deadline passes, the run goes on in a task of its own, for the
+/// followers.
+async fn run_owned(
+    inner: &Arc<Inner>,
+    call: Call<Policy>,
+    lead: Lead,
+    timeout: Duration,
+) -> Result<Result<(Batch, (usize, Outcome)), RunFailed>, Elapsed> {
+    let followers = lead.requests() > 1;
+    let mut run = Box::pin(run_batch(Arc::clone(inner), call, lead));
+    let result = within_deadline(timeout, &mut run).await;
+    if result.is_err() && followers {
+        tokio::spawn(run);
+    }
+    result
+}
+
 /// One script run deciding `lead`'s batch: tells the followers their verdicts
 /// (or, on failure, to decide locally), hands the key on, and keeps the
-/// breaker and counters honest. Returns the batch and the leader's own outcome.
+/// breaker and counters honest. Returns the batch and the leader's own verdict.
 ///
 /// Generic over how it holds the limiter and the policy so that a lone
 /// request borrows them (no allocation) while a batch's run owns them
 /// (`Arc<Inner>`, a `Policy` clone) and can go on without its leader.
-async fn run_batch<I, P>(inner: I, policy: P, lead: Lead) -> Result<(Batch, Outcome), RunFailed>
+async fn run_batch<I, P>(
+    inner: I,
+    call: Call<P>,
+    lead: Lead,
+) -> Result<(Batch, (usize, Outcome)), RunFailed>
 where
     I: std::ops::Deref<Target = Inner>,
     P: std::borrow::Borrow<Policy>,
@@ -373,21 +471,30 @@ where
     let Some(shared) = &inner.shared else {
         return Err(RunFailed);
     };
-    let policy = policy.borrow();
-    match shared
-        .store
-        .decide(policy, lead.key(), lead.requests())
-        .await
-    {
+    let answer = match &call {
+        Call::One(policy) => {
+            shared
+                .store
+                .decide(policy.borrow(), lead.key(), lead.requests())
+                .await
+        }
+        Call::Stacked(policies, keys) => {
+            shared
+                .store
+                .decide_stacked(policies, keys, lead.requests())
+                .await
+        }
+    };
+    match answer {
         Ok(batch) => {
             shared.breaker.record_success();
-            let outcome = lead.decided(&batch);
-            Ok((batch, outcome))
+            let verdict = lead.decided(&batch);
+            Ok((batch, verdict))
         }
         Err(error) => {
             drop(lead);
             inner.stats.redis_error();
-            tracing::debug!(%error, policy = policy.name(), "rate-limit Redis call failed; deciding locally");
+            tracing::debug!(%error, "rate-limit Redis call failed; deciding locally");
             inner.trip(shared);
             Err(RunFailed)
         }

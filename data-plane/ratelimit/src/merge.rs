@@ -31,39 +31,74 @@ use crate::algorithm::Outcome;
 /// Redis on its own (correct, just not merged).
 pub(crate) const MAX_QUEUED: usize = 512;
 
-/// The answer of one script run deciding `requests` requests of one key.
+/// The answer of one script run deciding `requests` requests of one key (or
+/// of one set of stacked keys: then `*_limit` say which limit describes the
+/// admitted and the refused requests, see [`crate::stacked::shaping`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Batch {
     /// Requests decided together.
     pub(crate) requests: u32,
     /// How many of them, first to last, were admitted.
     pub(crate) admitted: u32,
-    /// Budget left after the batch.
+    /// The limit describing the admitted ones (0 for a single limit).
+    pub(crate) allow_limit: usize,
+    /// Its budget left after the batch.
     pub(crate) remaining: u64,
-    /// Milliseconds until the whole budget is back, after the batch.
+    /// Milliseconds until its whole budget is back, after the batch.
     pub(crate) reset_after_ms: u64,
+    /// The limit that refused the rest (0 for a single limit).
+    pub(crate) deny_limit: usize,
+    /// Milliseconds until that limit's whole budget is back.
+    pub(crate) deny_reset_after_ms: u64,
     /// For the denied ones: milliseconds until one request would be admitted.
     pub(crate) retry_after_ms: u64,
 }
 
 impl Batch {
+    /// The batch of a single limit.
+    pub(crate) fn single(
+        requests: u32,
+        admitted: u32,
+        remaining: u64,
+        reset_after_ms: u64,
+        retry_after_ms: u64,
+    ) -> Self {
+        Self {
+            requests,
+            admitted,
+            allow_limit: 0,
+            remaining,
+            reset_after_ms,
+            deny_limit: 0,
+            deny_reset_after_ms: reset_after_ms,
+            retry_after_ms,
+        }
+    }
+
     /// The outcome of the request at `position` (0: the first in arrival
-    /// order), as it would have been had the requests come one by one.
-    pub(crate) fn outcome(&self, position: u32) -> Outcome {
+    /// order), as it would have been had the requests come one by one, with
+    /// the index of the limit that describes it.
+    pub(crate) fn verdict(&self, position: u32) -> (usize, Outcome) {
         if position < self.admitted {
-            Outcome {
-                allowed: true,
-                remaining: self.remaining + u64::from(self.admitted - 1 - position),
-                reset_after_ms: self.reset_after_ms,
-                retry_after_ms: 0,
-            }
+            (
+                self.allow_limit,
+                Outcome {
+                    allowed: true,
+                    remaining: self.remaining + u64::from(self.admitted - 1 - position),
+                    reset_after_ms: self.reset_after_ms,
+                    retry_after_ms: 0,
+                },
+            )
         } else {
-            Outcome {
-                allowed: false,
-                remaining: 0,
-                reset_after_ms: self.reset_after_ms,
-                retry_after_ms: self.retry_after_ms,
-            }
+            (
+                self.deny_limit,
+                Outcome {
+                    allowed: false,
+                    remaining: 0,
+                    reset_after_ms: self.deny_reset_after_ms,
+                    retry_after_ms: self.retry_after_ms,
+                },
+            )
         }
     }
 }
@@ -71,8 +106,9 @@ impl Batch {
 /// What a queued request is told.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// Its verdict, from a run another request led.
-    Decided(Outcome),
+    /// Its verdict, from a run another request led, with the index of the
+    /// limit describing it (0 unless limits are stacked).
+    Decided(Outcome, usize),
     /// The run failed or timed out: decide locally.
     Failed,
     /// Run the script now, for itself (position 0) and these queued requests.
@@ -268,13 +304,14 @@ impl Lead {
     }
 
     /// Tells every follower its verdict; returns the leader's own (position 0).
-    pub(crate) fn decided(mut self, batch: &Batch) -> Outcome {
+    pub(crate) fn decided(mut self, batch: &Batch) -> (usize, Outcome) {
         for (i, follower) in self.followers.drain(..).enumerate() {
             let position = u32::try_from(i + 1).unwrap_or(u32::MAX);
+            let (limit, outcome) = batch.verdict(position);
             // A follower that stopped waiting has decided locally already.
-            let _ = follower.send(Turn::Decided(batch.outcome(position)));
+            let _ = follower.send(Turn::Decided(outcome, limit));
         }
-        batch.outcome(0)
+        batch.verdict(0)
     }
 }
 
@@ -297,28 +334,22 @@ mod tests {
     const W: std::time::Duration = std::time::Duration::from_secs(5);
 
     fn batch(requests: u32, admitted: u32) -> Batch {
-        Batch {
-            requests,
-            admitted,
-            remaining: 5,
-            reset_after_ms: 900,
-            retry_after_ms: 300,
-        }
+        Batch::single(requests, admitted, 5, 900, 300)
     }
 
     #[test]
     fn outcomes_are_those_of_sequential_requests() {
         let b = batch(4, 2);
         // Admitted ones count down to the remaining budget, as one-by-one answers would.
-        assert_eq!(b.outcome(0).remaining, 6);
-        assert_eq!(b.outcome(1).remaining, 5);
-        assert!(b.outcome(0).allowed && b.outcome(1).allowed);
+        assert_eq!(b.verdict(0).1.remaining, 6);
+        assert_eq!(b.verdict(1).1.remaining, 5);
+        assert!(b.verdict(0).1.allowed && b.verdict(1).1.allowed);
         for p in [2, 3] {
-            let o = b.outcome(p);
+            let o = b.verdict(p).1;
             assert!(!o.allowed);
             assert_eq!((o.remaining, o.retry_after_ms), (0, 300));
         }
-        assert_eq!(b.outcome(0).retry_after_ms, 0);
+        assert_eq!(b.verdict(0).1.retry_after_ms, 0);
     }
 
     #[test]
@@ -348,7 +379,7 @@ mod tests {
         let Role::Queued(c) = m.join(b"k") else {
             panic!()
         };
-        assert!(first.decided(&batch(1, 1)).allowed);
+        assert!(first.decided(&batch(1, 1)).1.allowed);
         // `a` leads the next run for itself, `b` and `c`.
         let Turn::Lead(followers) = a.wait(W).await.unwrap() else {
             panic!("a leads")
@@ -356,9 +387,9 @@ mod tests {
         assert_eq!(followers.len(), 2);
         let second = m.lead(b"k".to_vec(), followers);
         assert_eq!(second.requests(), 3);
-        assert!(second.decided(&batch(3, 2)).allowed);
+        assert!(second.decided(&batch(3, 2)).1.allowed);
         match (b.wait(W).await.unwrap(), c.wait(W).await.unwrap()) {
-            (Turn::Decided(ob), Turn::Decided(oc)) => {
+            (Turn::Decided(ob, 0), Turn::Decided(oc, 0)) => {
                 assert!(ob.allowed);
                 assert!(!oc.allowed);
             }
@@ -421,7 +452,7 @@ mod tests {
             panic!()
         };
         // The run ends and hands the lead to `a` (with `b` as follower) ...
-        assert!(first.decided(&batch(1, 1)).allowed);
+        assert!(first.decided(&batch(1, 1)).1.allowed);
         // ... but `a` gave up at that very moment, without reading it.
         drop(a);
         let Turn::Lead(followers) = b.wait(W).await.unwrap() else {
@@ -467,14 +498,30 @@ mod tests {
         let (go, ready) = oneshot::channel::<()>();
         let run = tokio::spawn(async move {
             ready.await.unwrap();
-            lead.decided(&batch(2, 2))
+            lead.decided(&batch(2, 2)).1
         });
         go.send(()).unwrap();
         assert!(run.await.unwrap().allowed);
         match b.wait(W).await.unwrap() {
-            Turn::Decided(o) => assert!(o.allowed && o.remaining == 5),
+            Turn::Decided(o, 0) => assert!(o.allowed && o.remaining == 5),
             other => panic!("{other:?}"),
         }
         assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_stacked_batch_names_the_limit_of_each_verdict() {
+        let b = Batch {
+            allow_limit: 2,
+            deny_limit: 1,
+            deny_reset_after_ms: 7_000,
+            ..Batch::single(3, 1, 4, 900, 300)
+        };
+        assert_eq!(b.verdict(0).0, 2);
+        assert_eq!(b.verdict(0).1.remaining, 4);
+        let (limit, o) = b.verdict(1);
+        assert_eq!(limit, 1);
+        assert!(!o.allowed);
+        assert_eq!((o.reset_after_ms, o.retry_after_ms), (7_000, 300));
     }
 }

@@ -99,10 +99,66 @@ async fn exactly_limit_admitted(algorithm: Algorithm) {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // A sliding window's count weighs on through the next window too.
+    let longest = match algorithm {
+        Algorithm::SlidingWindow => 7_200_000,
+        _ => 3_600_000,
+    };
     assert!(
-        pttl > 0 && pttl <= 3_600_000,
+        pttl > 0 && pttl <= longest,
         "rl:{{burst:alice}} must carry an expiry, PTTL = {pttl}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sliding_window_admits_exactly_the_limit_under_200_concurrent_decisions() {
+    exactly_limit_admitted(Algorithm::SlidingWindow).await;
+}
+
+/// Stacked limits through Redis: 200 concurrent requests over two replicas,
+/// each under a route-wide bucket of 50 and a per-caller window of 37. Exactly
+/// 37 are admitted, and the 163 refusals burn nothing: the bucket lost 37.
+#[tokio::test(flavor = "multi_thread")]
+async fn stacked_limits_are_all_or_nothing_under_200_concurrent_decisions() {
+    let redis = RedisServer::start().await;
+    let a = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    let b = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    wait_shared(&a, Duration::from_secs(10)).await;
+    wait_shared(&b, Duration::from_secs(10)).await;
+    let route = Policy::new("route", Algorithm::TokenBucket, 50, 3600).unwrap();
+    let caller = Policy::new("caller", Algorithm::FixedWindow, 37, 3600).unwrap();
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let limiter = Arc::clone(if i % 2 == 0 { &a } else { &b });
+            let (route, caller) = (route.clone(), caller.clone());
+            tokio::spawn(async move {
+                limiter
+                    .check_all(&[(&route, b"orders"), (&caller, b"alice")])
+                    .await
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let (limit, d) = task.await.unwrap();
+        assert_eq!(d.source, Source::Shared, "{d:?}");
+        // The per-caller window always has less left, and is what refuses.
+        assert_eq!(limit, 1, "{d:?}");
+        assert_eq!(d.limit, 37);
+        admitted += usize::from(d.allowed);
+    }
+    assert_eq!(admitted, 37);
+    let merged = a.stats().merged + b.stats().merged;
+    assert!(merged > 0, "{:?} {:?}", a.stats(), b.stats());
+    assert_eq!(a.stats().fallbacks + b.stats().fallbacks, 0);
+    // The route's bucket spent exactly the admitted ones.
+    let d = a.check(&route, "orders").await;
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 50 - 37 - 1);
+    // Another caller: the bucket is now the most restrictive limit.
+    let (limit, d) = b.check_all(&[(&route, b"orders"), (&caller, b"bob")]).await;
+    assert!(d.allowed);
+    assert_eq!((limit, d.remaining, d.limit), (0, 11, 50));
 }
 
 #[tokio::test(flavor = "multi_thread")]
