@@ -36,6 +36,7 @@ impl Authenticator for JwtAuth {
             Ok(Identity {
                 subject: id.sub_header().clone(),
                 role: id.role_header().clone(),
+                api_key: None,
             })
         })
     }

@@ -36,6 +36,7 @@ impl Authenticator for TestAuth {
             Ok(Identity {
                 subject: HeaderValue::from_str(user).unwrap(),
                 role: HeaderValue::from_static("user"),
+                api_key: None,
             })
         }
         .boxed()
@@ -51,13 +52,15 @@ struct TestLimiter {
 impl RateLimiter for TestLimiter {
     fn check<'a>(
         &'a self,
-        limit: &'a RateLimit,
-        key: LimitKey<'a>,
+        limits: &'a [RateLimit],
+        keys: &'a [LimitKey<'a>],
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>> {
         async move {
+            let (limit, key) = (&limits[0], keys[0]);
             *self.last_key.lock().unwrap() = match key {
                 LimitKey::User(u) => format!("user:{}", String::from_utf8_lossy(u)),
                 LimitKey::Ip(ip) => format!("ip:{ip}"),
+                other => format!("{other:?}"),
             };
             let used = self.used.fetch_add(1, Ordering::SeqCst) + 1;
             if used > limit.limit {
@@ -121,6 +124,7 @@ fn config(up: &TestUpstream) -> gateway_proto::v1::ConfigSnapshot {
         key: RateLimitKey::KeyUser as i32,
         limit: 2,
         window_seconds: 60,
+        key_header: String::new(),
     });
     let mut open = route("open", "/open", "svc");
     open.rate_limit = Some(RateLimit {
@@ -129,6 +133,7 @@ fn config(up: &TestUpstream) -> gateway_proto::v1::ConfigSnapshot {
         key: RateLimitKey::KeyIp as i32,
         limit: 100,
         window_seconds: 60,
+        key_header: String::new(),
     });
     snapshot(
         1,

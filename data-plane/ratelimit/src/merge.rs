@@ -175,8 +175,11 @@ impl Drop for Queued {
 /// in a task of its own when its leader's deadline passes, for its followers).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Merger {
-    keys: Arc<Mutex<HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>>>,
+    keys: Arc<Mutex<Queues>>,
 }
+
+/// Per key with a run in flight: the requests queued behind it.
+type Queues = HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>;
 
 impl Merger {
     /// Enters a request of budget `key`.

@@ -270,11 +270,9 @@ fn sliding_retry(limit: u64, w: u64, s: &Sliding, curr: u64) -> u64 {
     }
     // In the next one, where `curr` becomes the previous count: the first e
     // with curr × (w − e) ≤ (limit − 1) × w.
-    let e = if curr == 0 {
-        0
-    } else {
-        w - ((limit - 1) * w / curr).min(w)
-    };
+    let e = ((limit - 1) * w)
+        .checked_div(curr)
+        .map_or(0, |room| w - room.min(w));
     s.ahead + (w - s.elapsed) + e
 }
 
