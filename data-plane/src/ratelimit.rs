@@ -2,9 +2,13 @@
 //! [`RateLimiter`](gateway_ratelimit::RateLimiter) (Redis budgets shared by
 //! every replica, local fallback) into the pipeline's [`RateLimiter`] hook.
 //!
-//! Every response of a limited route carries `X-RateLimit-Limit`,
-//! `X-RateLimit-Remaining`, `RateLimit-Policy` and `RateLimit`; a refusal adds
-//! `Retry-After` (and becomes a 429 problem document in `error.rs`).
+//! A route's limits (`rate_limit` and the stacked `rate_limits`) are decided
+//! together, all or nothing (`RateLimiter::check_all`); a route with one limit
+//! takes the single-limit path. Every response of a limited route carries
+//! `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `RateLimit-Policy` and
+//! `RateLimit` of the limit that shapes the verdict (the most restrictive one,
+//! or the refusing one); a refusal adds `Retry-After` (and becomes a 429
+//! problem document in `error.rs`).
 //!
 //! A `gateway_ratelimit::Policy` is built once per policy name, not per
 //! request: routes naming one policy share it (the control plane guarantees

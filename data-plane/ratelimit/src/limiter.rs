@@ -185,7 +185,7 @@ impl RateLimiter {
     /// Always returns within about `decision_timeout`; never fails: when Redis
     /// cannot decide, the local limiter does ([`Source::Local`]).
     pub async fn check(&self, policy: &Policy, subject: impl AsRef<[u8]>) -> Decision {
-        self.decide(&[(policy, subject.as_ref())]).await.1
+        self.check_one(policy, subject.as_ref()).await
     }
 
     /// Decides one request under every limit of `limits` (policy, subject) at
@@ -215,10 +215,70 @@ impl RateLimiter {
                 .all(|(i, (p, _))| limits[..i].iter().all(|(q, _)| q.name() != p.name())),
             "stacked policies must be distinct"
         );
-        self.decide(limits).await
+        match limits {
+            [(policy, subject)] => (0, self.check_one(policy, subject).await),
+            _ => self.check_stacked(limits).await,
+        }
     }
 
-    async fn decide(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
+    /// One limit: the hot path, kept apart from the stacked one so that its
+    /// future stays as small (and as fast to set up) as it was.
+    async fn check_one(&self, policy: &Policy, subject: &[u8]) -> Decision {
+        let inner = &*self.inner;
+        let limits = [(policy, subject)];
+        let Some(shared) = &inner.shared else {
+            return inner.local(&limits).1;
+        };
+        if let Some(cache) = &shared.deny_cache
+            && let Some(outcome) = cache.get(policy, subject, inner.now_ms())
+        {
+            inner.stats.deny_cache_hit();
+            inner.stats.decision(Source::Shared, false);
+            return Decision::from_outcome(policy, outcome, Source::Shared);
+        }
+        if shared.breaker.is_open() {
+            inner.stats.fallback();
+            return inner.local(&limits).1;
+        }
+        let key = policy.redis_key(subject);
+        let lead = match shared.merger.join(&key) {
+            Role::Lead(lead) => lead,
+            Role::Alone => shared.merger.lead_alone(key),
+            // Queued behind the run in flight, then decided by the next one: up to two runs.
+            Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
+                Some(Turn::Decided(outcome, _)) => {
+                    inner.stats.merged();
+                    inner.stats.decision(Source::Shared, outcome.allowed);
+                    return Decision::from_outcome(policy, outcome, Source::Shared);
+                }
+                Some(Turn::Lead(followers)) => shared.merger.lead(key, followers),
+                // The run this request waited for failed (and was counted by its leader).
+                Some(Turn::Failed) => {
+                    inner.stats.fallback();
+                    return inner.local(&limits).1;
+                }
+                None => {
+                    inner.stats.redis_timeout();
+                    inner.stats.fallback();
+                    return inner.local(&limits).1;
+                }
+            },
+        };
+        // A batch's run must outlive its leader's deadline: its followers have
+        // later deadlines of their own. So a run with followers is an owned
+        // future (boxed: batches only, a lone request's run stays on the stack);
+        // when the leader gives up on it, it goes on in a task of its own.
+        let timeout = inner.options.decision_timeout;
+        let result = if lead.requests() > 1 {
+            run_owned(&self.inner, Call::One(policy.clone()), lead, timeout).await
+        } else {
+            within_deadline(timeout, run_batch(inner, Call::One(policy), lead)).await
+        };
+        inner.settle(shared, &limits, result).1
+    }
+
+    /// Stacked limits (two or more): one run of `stacked.lua` over every key.
+    async fn check_stacked(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
         let inner = &*self.inner;
         let Some(shared) = &inner.shared else {
             return inner.local(limits);
@@ -247,21 +307,14 @@ impl RateLimiter {
             inner.stats.fallback();
             return inner.local(limits);
         }
-        // One limit: its key. Stacked: every key, length-prefixed (the "rl*"
-        // prefix keeps it apart from any single key), so that concurrent
-        // requests of one key set merge.
-        let (key, stacked_keys) = match limits {
-            [(policy, subject)] => (policy.redis_key(subject), Vec::new()),
-            _ => {
-                let keys: Vec<Vec<u8>> = limits.iter().map(|(p, s)| p.redis_key(s)).collect();
-                let mut key = b"rl*".to_vec();
-                for k in &keys {
-                    key.extend_from_slice(&(k.len() as u32).to_be_bytes());
-                    key.extend_from_slice(k);
-                }
-                (key, keys)
-            }
-        };
+        // Every key, length-prefixed (the "rl*" prefix keeps it apart from any
+        // single key), so that concurrent requests of one key set merge.
+        let keys: Vec<Vec<u8>> = limits.iter().map(|(p, s)| p.redis_key(s)).collect();
+        let mut key = b"rl*".to_vec();
+        for k in &keys {
+            key.extend_from_slice(&(k.len() as u32).to_be_bytes());
+            key.extend_from_slice(k);
+        }
         let lead = match shared.merger.join(&key) {
             Role::Lead(lead) => lead,
             Role::Alone => shared.merger.lead_alone(key),
@@ -288,56 +341,10 @@ impl RateLimiter {
                 }
             },
         };
-        // A batch's run must outlive its leader's deadline: its followers have
-        // later deadlines of their own. So a run with followers is an owned
-        // future (boxed: a lone request's run of one limit stays on the stack);
-        // when the leader gives up on it, it goes on in a task of its own.
-        let timeout = inner.options.decision_timeout;
-        let result = match limits {
-            [(policy, _)] if lead.requests() == 1 => {
-                within_deadline(timeout, run_batch(inner, Call::One(*policy), lead)).await
-            }
-            [(policy, _)] => {
-                let call = Call::One((*policy).clone());
-                run_owned(&self.inner, call, lead, timeout).await
-            }
-            _ => {
-                let policies = limits.iter().map(|(p, _)| (*p).clone()).collect();
-                let call = Call::Stacked(policies, stacked_keys);
-                run_owned(&self.inner, call, lead, timeout).await
-            }
-        };
-        match result {
-            Ok(Ok((batch, (i, outcome)))) => {
-                if batch.admitted < batch.requests
-                    && let Some(cache) = &shared.deny_cache
-                {
-                    // The refusing limit is spent until then, for this key set and any other.
-                    let (d, denied) = batch.verdict(batch.requests - 1);
-                    let (policy, subject) = limits[d];
-                    cache.insert(policy, subject, &denied, inner.now_ms());
-                }
-                inner.stats.decision(Source::Shared, outcome.allowed);
-                (
-                    i,
-                    Decision::from_outcome(limits[i].0, outcome, Source::Shared),
-                )
-            }
-            // The run failed (and counted it): every request of the batch decides locally.
-            Ok(Err(RunFailed)) => {
-                inner.stats.fallback();
-                inner.local(limits)
-            }
-            // This request's deadline passed. A lone run is dropped (cancelled);
-            // a batch's run goes on for the followers and, when it ends, records
-            // its success or failure with the breaker like any other.
-            Err(_elapsed) => {
-                inner.stats.redis_timeout();
-                inner.trip(shared);
-                inner.stats.fallback();
-                inner.local(limits)
-            }
-        }
+        let policies = limits.iter().map(|(p, _)| (*p).clone()).collect();
+        let call = Call::Stacked(policies, keys);
+        let result = run_owned(&self.inner, call, lead, inner.options.decision_timeout).await;
+        inner.settle(shared, limits, result)
     }
 
     /// True when decisions currently go to Redis (configured, connected, breaker closed).
@@ -395,6 +402,46 @@ impl Inner {
         )
     }
 
+    /// The verdict of a run this request led (or waited for in vain).
+    fn settle(
+        &self,
+        shared: &Shared,
+        limits: &[(&Policy, &[u8])],
+        result: RunResult,
+    ) -> (usize, Decision) {
+        match result {
+            Ok(Ok((batch, (i, outcome)))) => {
+                if batch.admitted < batch.requests
+                    && let Some(cache) = &shared.deny_cache
+                {
+                    // The refusing limit is spent until then, for this key (set) and any other.
+                    let (d, denied) = batch.verdict(batch.requests - 1);
+                    let (policy, subject) = limits[d];
+                    cache.insert(policy, subject, &denied, self.now_ms());
+                }
+                self.stats.decision(Source::Shared, outcome.allowed);
+                (
+                    i,
+                    Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                )
+            }
+            // The run failed (and counted it): every request of the batch decides locally.
+            Ok(Err(RunFailed)) => {
+                self.stats.fallback();
+                self.local(limits)
+            }
+            // This request's deadline passed. A lone run is dropped (cancelled);
+            // a batch's run goes on for the followers and, when it ends, records
+            // its success or failure with the breaker like any other.
+            Err(_elapsed) => {
+                self.stats.redis_timeout();
+                self.trip(shared);
+                self.stats.fallback();
+                self.local(limits)
+            }
+        }
+    }
+
     fn trip(&self, shared: &Shared) {
         if shared.breaker.record_failure(self.now_ms()) {
             self.stats.breaker_opened();
@@ -426,6 +473,10 @@ impl Inner {
 #[derive(Debug)]
 struct RunFailed;
 
+/// A run's verdict within the leader's deadline: the batch and the leader's
+/// own (limit, outcome), the run's failure, or the deadline passing.
+type RunResult = Result<Result<(Batch, (usize, Outcome)), RunFailed>, Elapsed>;
+
 /// What a run asks Redis.
 enum Call<P> {
     /// One limit (its key is the lead's).
@@ -442,7 +493,7 @@ async fn run_owned(
     call: Call<Policy>,
     lead: Lead,
     timeout: Duration,
-) -> Result<Result<(Batch, (usize, Outcome)), RunFailed>, Elapsed> {
+) -> RunResult {
     let followers = lead.requests() > 1;
     let mut run = Box::pin(run_batch(Arc::clone(inner), call, lead));
     let result = within_deadline(timeout, &mut run).await;
@@ -478,11 +529,9 @@ where
                 .decide(policy.borrow(), lead.key(), lead.requests())
                 .await
         }
+        // Boxed: the single-limit run's future stays as small as it was.
         Call::Stacked(policies, keys) => {
-            shared
-                .store
-                .decide_stacked(policies, keys, lead.requests())
-                .await
+            Box::pin(shared.store.decide_stacked(policies, keys, lead.requests())).await
         }
     };
     match answer {

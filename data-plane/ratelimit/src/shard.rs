@@ -96,6 +96,7 @@ impl<V> ShardedMap<V> {
     /// Looks up `(policy, subject)`, lets `f` decide, and applies its [`Write`].
     ///
     /// `is_stale` tells which entries may be dropped when a full shard needs room.
+    #[inline]
     pub(crate) fn update<R>(
         &self,
         policy: &Arc<str>,
@@ -209,6 +210,7 @@ impl<V> ShardedMap<V> {
 
 /// Stores `value` for `(policy, subject)` (hashed to `hash`) in `shard`,
 /// making room first if the shard is full.
+#[inline]
 fn set<V>(
     shard: &mut Shard<V>,
     cap: usize,

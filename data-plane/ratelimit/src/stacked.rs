@@ -48,10 +48,10 @@ pub const MAX_STACKED: usize = 8;
 pub struct SlidingWindowState {
     /// Window index of `count`: `now_ms / window_ms`.
     pub window: u64,
-    /// Requests admitted in that window.
-    pub count: u64,
+    /// Requests admitted in that window (never more than a `u32` limit).
+    pub count: u32,
     /// Requests admitted in the window before it.
-    pub prev: u64,
+    pub prev: u32,
 }
 
 /// The stored state of one budget, whatever its algorithm.
@@ -165,8 +165,12 @@ fn read(shape: Shape, state: Option<State>, now_ms: u64) -> Reading {
 fn sliding(w: u64, state: Option<State>, now_ms: u64) -> Sliding {
     let current = now_ms / w;
     let (window, curr, prev) = match state {
-        Some(State::SlidingWindow(s)) if s.window >= current => (s.window, s.count, s.prev),
-        Some(State::SlidingWindow(s)) if s.window + 1 == current => (current, 0, s.count),
+        Some(State::SlidingWindow(s)) if s.window >= current => {
+            (s.window, u64::from(s.count), u64::from(s.prev))
+        }
+        Some(State::SlidingWindow(s)) if s.window + 1 == current => {
+            (current, 0, u64::from(s.count))
+        }
         _ => (current, 0, 0),
     };
     let start = window * w;
@@ -240,10 +244,11 @@ fn spend(shape: Shape, reading: Reading, k: u64, now_ms: u64) -> (LimitOutcome, 
             } else {
                 0
             };
+            // Both counts stay within the limit, a u32 (k is at most what fits).
             let state = (k > 0).then_some(State::SlidingWindow(SlidingWindowState {
                 window: s.window,
-                count: curr,
-                prev: s.prev,
+                count: u32::try_from(curr).unwrap_or(u32::MAX),
+                prev: u32::try_from(s.prev).unwrap_or(u32::MAX),
             }));
             (
                 LimitOutcome {
