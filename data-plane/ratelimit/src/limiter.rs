@@ -225,9 +225,8 @@ impl RateLimiter {
     /// future stays as small (and as fast to set up) as it was.
     async fn check_one(&self, policy: &Policy, subject: &[u8]) -> Decision {
         let inner = &*self.inner;
-        let limits = [(policy, subject)];
         let Some(shared) = &inner.shared else {
-            return inner.local(&limits).1;
+            return inner.local_one(policy, subject);
         };
         if let Some(cache) = &shared.deny_cache
             && let Some(outcome) = cache.get(policy, subject, inner.now_ms())
@@ -238,7 +237,7 @@ impl RateLimiter {
         }
         if shared.breaker.is_open() {
             inner.stats.fallback();
-            return inner.local(&limits).1;
+            return inner.local_one(policy, subject);
         }
         let key = policy.redis_key(subject);
         let lead = match shared.merger.join(&key) {
@@ -255,12 +254,12 @@ impl RateLimiter {
                 // The run this request waited for failed (and was counted by its leader).
                 Some(Turn::Failed) => {
                     inner.stats.fallback();
-                    return inner.local(&limits).1;
+                    return inner.local_one(policy, subject);
                 }
                 None => {
                     inner.stats.redis_timeout();
                     inner.stats.fallback();
-                    return inner.local(&limits).1;
+                    return inner.local_one(policy, subject);
                 }
             },
         };
@@ -274,7 +273,7 @@ impl RateLimiter {
         } else {
             within_deadline(timeout, run_batch(inner, Call::One(policy), lead)).await
         };
-        inner.settle(shared, &limits, result).1
+        inner.settle(shared, &[(policy, subject)], result).1
     }
 
     /// Stacked limits (two or more): one run of `stacked.lua` over every key.
@@ -387,6 +386,12 @@ impl std::fmt::Debug for RateLimiter {
 impl Inner {
     fn now_ms(&self) -> u64 {
         self.started_epoch_ms + self.started.elapsed().as_millis() as u64
+    }
+
+    fn local_one(&self, policy: &Policy, subject: &[u8]) -> Decision {
+        let outcome = self.local.check_at(policy, subject, self.now_ms());
+        self.stats.decision(Source::Local, outcome.allowed);
+        Decision::from_outcome(policy, outcome, Source::Local)
     }
 
     fn local(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
