@@ -17,6 +17,16 @@
 //! every replica spends the same budget exactly: N replicas together admit
 //! `limit` per window, not N × `limit`. Keys expire once their budget is whole again.
 //!
+//! # Stacked limits
+//! A route may stack up to [`MAX_STACKED`] limits ([`RateLimiter::check_all`]).
+//! A request is admitted only when every limit admits it and only then spends
+//! from each, in one `stacked.lua` run over every key (so, on Redis Cluster,
+//! the keys would have to share a slot: stacked limits need one Redis, or one
+//! primary). Concurrent requests of one key set merge like single ones, and
+//! the local fallback applies the same all-or-nothing rule ([`stacked`]). A
+//! limit found in the "denied until" cache refuses the whole request without
+//! a round trip.
+//!
 //! # When Redis is slow or down (fallback semantics)
 //! A decision waits at most `decision_timeout` (default 5 ms) for Redis. On a
 //! timeout or error that decision is made by the replica's local limiter,

@@ -198,7 +198,8 @@ impl Policy {
     /// The Redis key of `subject`'s budget: `rl:{<policy>:<subject>}`.
     ///
     /// The whole name is a hash tag, so on Redis Cluster every key of a budget
-    /// maps to one slot (each script touches exactly this one key).
+    /// maps to one slot (a single limit's script touches exactly this one key;
+    /// stacked limits' `stacked.lua` touches one per limit).
     pub fn redis_key(&self, subject: impl AsRef<[u8]>) -> Vec<u8> {
         let subject = subject.as_ref();
         let mut key = Vec::with_capacity(6 + self.inner.name.len() + subject.len());

@@ -4,7 +4,7 @@
 //! limit admits it, and only then does it spend from each: a request refused
 //! by one limit burns nothing anywhere. [`decide`] decides `requests` such
 //! requests at one instant (merged concurrent requests of one key set, see
-//! [`crate::merge`]): it admits `min` over the limits of what each could admit
+//! `merge.rs`): it admits `min` over the limits of what each could admit
 //! on its own, and every limit spends exactly that many — what that many
 //! single requests, one after another, would have done.
 //!
