@@ -159,6 +159,20 @@ async fn stacked_limits_are_all_or_nothing_under_200_concurrent_decisions() {
     let (limit, d) = b.check_all(&[(&route, b"orders"), (&caller, b"bob")]).await;
     assert!(d.allowed);
     assert_eq!((limit, d.remaining, d.limit), (0, 11, 50));
+    // A refused limit is remembered: the next request of that key set (or of
+    // any set holding that limit) is refused without a round trip.
+    let spent = [(&route, &b"orders"[..]), (&caller, &b"alice"[..])];
+    let (limit, first) = a.check_all(&spent).await;
+    assert!(!first.allowed && limit == 1, "{first:?}");
+    let hits = a.stats().deny_cache_hits;
+    let (limit, again) = a.check_all(&spent).await;
+    assert!(!again.allowed && limit == 1, "{again:?}");
+    assert_eq!(again.source, Source::Shared);
+    assert!(again.retry_after.is_some());
+    assert_eq!(a.stats().deny_cache_hits, hits + 1);
+    // ... and neither refusal spent anything: the bucket still has its 11.
+    let d = a.check(&route, "orders").await;
+    assert_eq!(d.remaining, 10);
 }
 
 #[tokio::test(flavor = "multi_thread")]
