@@ -64,6 +64,7 @@ fn config(generation: u32) -> (Vec<Route>, Vec<Upstream>) {
                     key: RateLimitKey::KeyIp as i32,
                     limit: 100,
                     window_seconds: 60,
+                    key_header: String::new(),
                 }),
                 timeout_ms: 1000 + generation,
                 ..Route::default()

@@ -96,16 +96,27 @@ pub enum LimitKey<'a> {
     User(&'a [u8]),
     /// The client address (`KEY_IP`).
     Ip(IpAddr),
+    /// The name of the API key that authenticated the caller (`KEY_API_KEY`).
+    ApiKey(&'a [u8]),
+    /// The whole route, whoever calls (`KEY_ROUTE`): the route's name.
+    Route(&'a str),
+    /// The value of the route's `key_header` (`KEY_HEADER`); empty when the
+    /// request has no such header, so those requests share one budget.
+    Header(&'a [u8]),
 }
 
-/// Decides whether a request fits its route's rate limit.
+/// Decides whether a request fits its route's rate limits.
 pub trait RateLimiter: Send + Sync + 'static {
-    /// `Ok` lets the request through; its headers, if any (e.g. `X-RateLimit-Remaining`),
-    /// are added to the response. `Err` answers 429 with the refusal's headers.
+    /// Decides one request under every limit of its route at once:
+    /// `limits[i]` is counted per `keys[i]` (same length, `rate_limit` first,
+    /// then `rate_limits`). The request must fit every limit, and spends from
+    /// each only when it does. `Ok` lets it through; its headers, if any (e.g.
+    /// `X-RateLimit-Remaining` of the most restrictive limit), are added to the
+    /// response. `Err` answers 429 with the refusal's headers.
     fn check<'a>(
         &'a self,
-        limit: &'a RateLimit,
-        key: LimitKey<'a>,
+        limits: &'a [RateLimit],
+        keys: &'a [LimitKey<'a>],
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>>;
 
     /// Appends this stage's counters to `/metrics` (Prometheus text). Default: none.

@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use gateway_proto::v1::{AuthMode, RateLimitKey};
+use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
 use http::header::{self, HeaderValue};
 use http::request::Parts;
@@ -216,7 +217,7 @@ impl Pipeline {
         let limited = self
             .rate_limit(route, identity.as_ref(), &parts, peer)
             .await;
-        if route.rate_limit.is_some() {
+        if !route.rate_limits.is_empty() {
             let decision = if limited.is_ok() { "allowed" } else { "denied" };
             span.set_attribute(attr::RATE_LIMIT_DECISION, decision);
         }
@@ -387,15 +388,42 @@ impl Pipeline {
         parts: &Parts,
         peer: SocketAddr,
     ) -> Result<Option<http::HeaderMap>, ProxyError> {
-        let (Some(limit), Some(limiter)) = (&route.rate_limit, &self.rate_limiter) else {
+        let Some(limiter) = &self.rate_limiter else {
             return Ok(None);
         };
-        let key = match (RateLimitKey::try_from(limit.key), identity) {
-            (Ok(RateLimitKey::KeyUser), Some(id)) => LimitKey::User(id.subject.as_bytes()),
-            _ => LimitKey::Ip(client_ip(&parts.headers, peer.ip(), &self.trusted_proxies)),
-        };
+        // Validation allows at most MAX_RATE_LIMITS per route.
+        let limits = &route.rate_limits[..route.rate_limits.len().min(MAX_RATE_LIMITS)];
+        if limits.is_empty() {
+            return Ok(None);
+        }
+        // Each limit's key, on the stack; the client address is found once, if needed.
+        let mut client = None;
+        let mut keys = [LimitKey::Route(""); MAX_RATE_LIMITS];
+        for (slot, limit) in keys.iter_mut().zip(limits) {
+            *slot = match (RateLimitKey::try_from(limit.key), identity) {
+                (Ok(RateLimitKey::KeyUser), Some(id)) => LimitKey::User(id.subject.as_bytes()),
+                (
+                    Ok(RateLimitKey::KeyApiKey),
+                    Some(Identity {
+                        api_key: Some(name),
+                        ..
+                    }),
+                ) => LimitKey::ApiKey(name.as_bytes()),
+                (Ok(RateLimitKey::KeyRoute), _) => LimitKey::Route(&route.name),
+                (Ok(RateLimitKey::KeyHeader), _) => LimitKey::Header(
+                    parts
+                        .headers
+                        .get(limit.key_header.as_str())
+                        .map_or(&b""[..], HeaderValue::as_bytes),
+                ),
+                // KEY_IP, or (never, validation sees to it) an identity key without an identity.
+                _ => LimitKey::Ip(*client.get_or_insert_with(|| {
+                    client_ip(&parts.headers, peer.ip(), &self.trusted_proxies)
+                })),
+            };
+        }
         limiter
-            .check(limit, key)
+            .check(limits, &keys[..limits.len()])
             .await
             .map_err(ProxyError::RateLimited)
     }

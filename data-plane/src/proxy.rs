@@ -539,7 +539,7 @@ mod tests {
             prefix: prefix.into(),
             rewrite: rewrite.map(Into::into),
             auth: gateway_proto::v1::AuthMode::AuthNone,
-            rate_limit: None,
+            rate_limits: Box::default(),
             timeout: DEFAULT_ROUTE_TIMEOUT,
             target: crate::config::Target::Upstream(Arc::new(UpstreamEntry::new(
                 "u",

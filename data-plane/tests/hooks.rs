@@ -52,14 +52,22 @@ struct TestLimiter {
 impl RateLimiter for TestLimiter {
     fn check<'a>(
         &'a self,
-        limit: &'a RateLimit,
-        key: LimitKey<'a>,
+        limits: &'a [RateLimit],
+        keys: &'a [LimitKey<'a>],
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>> {
         async move {
-            *self.last_key.lock().unwrap() = match key {
-                LimitKey::User(u) => format!("user:{}", String::from_utf8_lossy(u)),
-                LimitKey::Ip(ip) => format!("ip:{ip}"),
-            };
+            let limit = &limits[0];
+            *self.last_key.lock().unwrap() = keys
+                .iter()
+                .map(|key| match *key {
+                    LimitKey::User(u) => format!("user:{}", String::from_utf8_lossy(u)),
+                    LimitKey::Ip(ip) => format!("ip:{ip}"),
+                    LimitKey::ApiKey(k) => format!("api-key:{}", String::from_utf8_lossy(k)),
+                    LimitKey::Route(r) => format!("route:{r}"),
+                    LimitKey::Header(h) => format!("header:{}", String::from_utf8_lossy(h)),
+                })
+                .collect::<Vec<_>>()
+                .join(",");
             let used = self.used.fetch_add(1, Ordering::SeqCst) + 1;
             if used > limit.limit {
                 return Err(RateLimited::new(
@@ -122,6 +130,7 @@ fn config(up: &TestUpstream) -> gateway_proto::v1::ConfigSnapshot {
         key: RateLimitKey::KeyUser as i32,
         limit: 2,
         window_seconds: 60,
+        key_header: String::new(),
     });
     let mut open = route("open", "/open", "svc");
     open.rate_limit = Some(RateLimit {
@@ -130,10 +139,33 @@ fn config(up: &TestUpstream) -> gateway_proto::v1::ConfigSnapshot {
         key: RateLimitKey::KeyIp as i32,
         limit: 100,
         window_seconds: 60,
+        key_header: String::new(),
     });
+    // Stacked: the client address, the whole route and an X-Client value.
+    let mut stacked = route("stacked", "/stacked", "svc");
+    stacked.rate_limit = open.rate_limit.clone();
+    stacked.rate_limits = vec![
+        RateLimit {
+            policy: "whole".into(),
+            key: RateLimitKey::KeyRoute as i32,
+            limit: 100,
+            window_seconds: 60,
+            ..Default::default()
+        },
+        RateLimit {
+            policy: "per-client".into(),
+            key: RateLimitKey::KeyHeader as i32,
+            key_header: "X-Client".into(),
+            limit: 100,
+            window_seconds: 60,
+            ..Default::default()
+        },
+    ];
+    let mut keyed = route("keyed", "/keyed", "svc");
+    keyed.auth = AuthMode::AuthApiKey as i32;
     snapshot(
         1,
-        vec![api, open],
+        vec![api, open, stacked, keyed],
         vec![upstream("svc", &[("a", up.url())])],
     )
 }
@@ -218,5 +250,28 @@ async fn plugged_stages_authenticate_forward_identity_and_limit() {
     let (status, _, _) = send(addr, get_with(addr, "/open/x", None)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(*limiter.last_key.lock().unwrap(), "ip:127.0.0.1");
+
+    // Stacked limits get one key each, in order; a missing header counts as empty.
+    let mut req = get_with(addr, "/stacked/x", None);
+    req.headers_mut()
+        .insert("x-client", http::HeaderValue::from_static("zed"));
+    let (status, _, _) = send(addr, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        *limiter.last_key.lock().unwrap(),
+        "ip:127.0.0.1,route:stacked,header:zed"
+    );
+    let (status, _, _) = send(addr, get_with(addr, "/stacked/x", None)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        *limiter.last_key.lock().unwrap(),
+        "ip:127.0.0.1,route:stacked,header:"
+    );
+
+    // AUTH_API_KEY routes fail closed here: no API-key verifier is plugged in.
+    let before = up.connections.load(Ordering::SeqCst);
+    let (status, _, body) = send(addr, get_with(addr, "/keyed/x", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(up.connections.load(Ordering::SeqCst), before);
     dp.shutdown().await;
 }

@@ -7,7 +7,7 @@
 
 use crate::v1::{
     Aggregate, AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy,
-    RateLimit, RateLimitAlgorithm, RateLimitKey, Route, Upstream,
+    RateLimit, Route, Upstream,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -102,10 +102,10 @@ pub fn validate_config(routes: &[Route], upstreams: &[Upstream]) -> Result<(), V
                 ));
             }
         }
-        if let Some(rl) = &r.rate_limit {
+        for (field, rl) in route_limits(r) {
             match policies.get(rl.policy.as_str()) {
                 Some((first, other)) if !same_budget(rl, other) => v.push(format!(
-                    "route \"{}\": rate_limit.policy \"{}\" is already defined differently by route \"{first}\"; routes sharing a policy must use the same algorithm, key, limit and window",
+                    "route \"{}\": {field}.policy \"{}\" is already defined differently by route \"{first}\"; routes sharing a policy must use the same algorithm, key (and key_header), limit and window",
                     r.name, rl.policy
                 )),
                 Some(_) => {}
@@ -143,6 +143,7 @@ fn methods_overlap(a: &[String], b: &[String]) -> bool {
 fn same_budget(a: &RateLimit, b: &RateLimit) -> bool {
     a.algorithm == b.algorithm
         && a.key == b.key
+        && a.key_header.eq_ignore_ascii_case(&b.key_header)
         && a.limit == b.limit
         && a.window_seconds == b.window_seconds
 }
@@ -368,9 +369,7 @@ impl Validator {
                 "{who}: timeout_ms must be at most {MAX_TIMEOUT_MS}"
             ));
         }
-        if let Some(rl) = &r.rate_limit {
-            self.rate_limit(&who, rl, auth.ok());
-        }
+        self.rate_limits(&who, r, auth.ok());
         self.policies(&who, r);
         self.forwarding(&who, r);
     }
@@ -425,35 +424,6 @@ impl Validator {
                     "{at}: timeout_ms must be at most {MAX_TIMEOUT_MS} (0: the route's timeout)"
                 ));
             }
-        }
-    }
-
-    fn rate_limit(&mut self, who: &str, rl: &RateLimit, auth: Option<AuthMode>) {
-        if !is_valid_name(&rl.policy) {
-            self.push(format!(
-                "{who}: rate_limit.policy must match [a-z0-9][a-z0-9-]*"
-            ));
-        }
-        if RateLimitAlgorithm::try_from(rl.algorithm).is_err() {
-            self.push(format!(
-                "{who}: rate_limit.algorithm: unknown value {}",
-                rl.algorithm
-            ));
-        }
-        match RateLimitKey::try_from(rl.key) {
-            Err(_) => self.push(format!("{who}: rate_limit.key: unknown value {}", rl.key)),
-            Ok(RateLimitKey::KeyUser) if auth != Some(AuthMode::AuthJwt) => self.push(format!(
-                "{who}: rate_limit.key KEY_USER needs auth AUTH_JWT (there is no user otherwise)"
-            )),
-            Ok(_) => {}
-        }
-        if rl.limit == 0 {
-            self.push(format!("{who}: rate_limit.limit must be greater than 0"));
-        }
-        if rl.window_seconds == 0 || rl.window_seconds > MAX_WINDOW_SECONDS {
-            self.push(format!(
-                "{who}: rate_limit.window_seconds must be 1 to {MAX_WINDOW_SECONDS}"
-            ));
         }
     }
 
@@ -619,7 +589,9 @@ impl Validator {
     }
 }
 
+mod limits;
 mod policy;
+pub use limits::*;
 pub use policy::*;
 
 mod identity;
@@ -638,3 +610,6 @@ mod policy_tests;
 
 #[cfg(test)]
 mod proxy_tests;
+
+#[cfg(test)]
+mod limits_tests;

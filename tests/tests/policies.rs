@@ -267,6 +267,7 @@ async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorat
                 key: RateLimitKey::KeyIp as i32,
                 limit: 3,
                 window_seconds: 3600,
+                key_header: String::new(),
             }),
             cors: Some(Cors {
                 allow_origins: strings(&[APP, "http://localhost:3000"]),

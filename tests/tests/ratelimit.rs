@@ -227,6 +227,22 @@ async fn api_burst(
 }
 
 const FALLBACK_METRIC: &str = "gateway_ratelimit_fallbacks_total";
+
+/// Fallbacks, Redis timeouts, Redis errors and merged decisions, summed over `admins`.
+async fn limiter_counters(admins: &[String]) -> Result<[f64; 4]> {
+    let mut sums = [0.0; 4];
+    for admin in admins {
+        for (sum, name) in sums.iter_mut().zip([
+            FALLBACK_METRIC,
+            "gateway_ratelimit_redis_timeouts_total",
+            "gateway_ratelimit_redis_errors_total",
+            "gateway_ratelimit_merged_decisions_total",
+        ]) {
+            *sum += metric_sum(admin, name).await?;
+        }
+    }
+    Ok(sums)
+}
 /// The data plane's `--ratelimit-timeout-ms` (decision deadline) from the environment.
 const RATELIMIT_TIMEOUT_ENV: &str = "DP_RATELIMIT_TIMEOUT_MS";
 
@@ -466,16 +482,15 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
     // decision may still miss Redis now and then; each such miss is decided
     // locally, may admit one extra request, and is counted. So: exactly the
     // limit, plus refills, plus at most one per counted fallback.
-    let mut fallbacks_before = 0.0;
-    for admin in &admins {
-        fallbacks_before += metric_sum(admin, FALLBACK_METRIC).await?;
-    }
+    let before = limiter_counters(&admins).await?;
     let (seen, elapsed) = api_burst(&http, &stack, &bob, 60).await?;
-    let mut fallbacks_after = 0.0;
-    for admin in &admins {
-        fallbacks_after += metric_sum(admin, FALLBACK_METRIC).await?;
-    }
-    let missed = (fallbacks_after - fallbacks_before).max(0.0) as u64;
+    let after = limiter_counters(&admins).await?;
+    let delta: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| (a - b).max(0.0) as u64)
+        .collect();
+    let missed = delta[0];
     ensure!(
         seen.iter().all(|s| !s.status.is_server_error()),
         "{seen:#?}"
@@ -486,7 +501,11 @@ async fn redis_outage_falls_back_locally_and_shared_limits_come_back() -> Result
     // a loaded debug build misses the deadline for a minority at most.
     ensure!(
         missed < 30,
-        "{missed} of 60 decisions fell back although Redis is up: shared limiting did not really resume"
+        "{missed} of 60 decisions fell back although Redis is up: shared limiting did not really resume \
+         (of the burst: {} Redis timeouts, {} Redis errors, {} merged decisions)",
+        delta[1],
+        delta[2],
+        delta[3]
     );
     ensure!(
         (API_LIMIT..=API_LIMIT + refills + missed).contains(&admitted),

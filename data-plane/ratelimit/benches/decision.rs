@@ -66,6 +66,19 @@ fn redis(c: &mut Criterion) {
         });
     }
 
+    // A sliding window (stacked.lua with one key), and two stacked limits
+    // (a route-wide bucket and a per-caller sliding window) in one run.
+    let sliding = roomy(Algorithm::SlidingWindow);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("redis_sliding_window", |b| {
+        b.to_async(&rt).iter(|| limiter.check(&sliding, "alice"))
+    });
+    let (route, caller) = stacked_pair();
+    let pair: [(&Policy, &[u8]); 2] = [(&route, b"orders"), (&caller, b"alice")];
+    group.bench_function("redis_stacked_2", |b| {
+        b.to_async(&rt).iter(|| limiter.check_all(&pair))
+    });
+
     // A key over its limit: answered from the "denied until" cache, no Redis.
     let tight = Policy::new("tight", Algorithm::FixedWindow, 1, 3600).unwrap();
     rt.block_on(async {
@@ -89,6 +102,14 @@ fn redis(c: &mut Criterion) {
     });
 }
 
+/// A route-wide bucket and a per-caller sliding window, both roomy.
+fn stacked_pair() -> (Policy, Policy) {
+    (
+        Policy::new("bench-route", Algorithm::TokenBucket, 1_000_000_000, 1).unwrap(),
+        Policy::new("bench-caller", Algorithm::SlidingWindow, 1_000_000_000, 1).unwrap(),
+    )
+}
+
 const SUBJECTS: [&str; 8] = ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7"];
 
 fn local(c: &mut Criterion) {
@@ -109,7 +130,11 @@ fn local(c: &mut Criterion) {
 
     // The local limiter alone, clock injected.
     let local = LocalLimiter::new(100_000);
-    for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ] {
         let policy = roomy(algorithm);
         let mut now = 0;
         group.bench_function(format!("check_at_{}", algorithm.as_str()), |b| {
@@ -119,6 +144,16 @@ fn local(c: &mut Criterion) {
             })
         });
     }
+
+    // Two stacked limits, all or nothing, under the locks of both shards.
+    let (route, caller) = stacked_pair();
+    let mut now = 0;
+    group.bench_function("check_all_at_stacked_2", |b| {
+        b.iter(|| {
+            now += 1;
+            local.check_all_at(&[(&route, b"orders"), (&caller, b"alice")], now)
+        })
+    });
 
     // Writing the five header fields of a denial into a response's existing
     // map (cleared each time, so its table is already allocated, as it is

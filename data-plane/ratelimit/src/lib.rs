@@ -3,15 +3,29 @@
 //!
 //! * [`Policy`]: a compiled `gateway.v1.RateLimit` (name, algorithm, limit, window).
 //! * [`RateLimiter::check`]: one decision for `(policy, subject)`; the subject is
-//!   the verified JWT `sub` (`KEY_USER`) or the client IP (`KEY_IP`), chosen by the caller.
+//!   whatever the caller counts per (a user, an address, an API key name, a
+//!   route, a header value).
+//! * [`RateLimiter::check_all`]: one decision under up to [`MAX_STACKED`]
+//!   stacked limits, all or nothing ([`stacked`]).
 //! * [`write_headers`]: `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, and `Retry-After` on denial.
 //! * [`StatsSnapshot::write_prometheus`]: the counters for `/metrics`.
 //!
 //! # Shared limiting
 //! Each decision is one `EVALSHA` of `token_bucket.lua` or `fixed_window.lua`
-//! on the key `rl:{<policy>:<subject>}`, timed by Redis's own clock (`TIME`), so
+//! on the key `rl:{<policy>:<subject>}` (a sliding window, or stacked limits:
+//! `stacked.lua` over every key at once), timed by Redis's own clock (`TIME`), so
 //! every replica spends the same budget exactly: N replicas together admit
 //! `limit` per window, not N × `limit`. Keys expire once their budget is whole again.
+//!
+//! # Stacked limits
+//! A route may stack up to [`MAX_STACKED`] limits ([`RateLimiter::check_all`]).
+//! A request is admitted only when every limit admits it and only then spends
+//! from each, in one `stacked.lua` run over every key (so, on Redis Cluster,
+//! the keys would have to share a slot: stacked limits need one Redis, or one
+//! primary). Concurrent requests of one key set merge like single ones, and
+//! the local fallback applies the same all-or-nothing rule ([`stacked`]). A
+//! limit found in the "denied until" cache refuses the whole request without
+//! a round trip.
 //!
 //! # When Redis is slow or down (fallback semantics)
 //! A decision waits at most `decision_timeout` (default 5 ms) for Redis. On a
@@ -52,6 +66,7 @@
 
 pub mod algorithm;
 mod breaker;
+mod deadline;
 mod deny_cache;
 pub mod headers;
 mod limiter;
@@ -60,11 +75,13 @@ mod merge;
 pub mod policy;
 mod redis;
 mod shard;
+pub mod stacked;
 pub mod stats;
 
 pub use headers::{Decision, Source, write_headers};
 pub use limiter::{RateLimitError, RateLimiter, RateLimiterOptions};
 pub use local::LocalLimiter;
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use redis::{FIXED_WINDOW_LUA, TOKEN_BUCKET_LUA};
+pub use redis::{FIXED_WINDOW_LUA, STACKED_LUA, TOKEN_BUCKET_LUA};
+pub use stacked::MAX_STACKED;
 pub use stats::{Stats, StatsSnapshot};

@@ -12,17 +12,19 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
+use crate::algorithm::Outcome;
 use crate::breaker::Breaker;
+use crate::deadline::{Elapsed, within_deadline};
 use crate::deny_cache::DenyCache;
 use crate::headers::{Decision, Source};
 use crate::local::LocalLimiter;
-use crate::merge::{Merger, Role, Turn};
+use crate::merge::{Batch, Lead, Merger, Role, Turn};
 use crate::policy::Policy;
 use crate::redis::{RedisStore, StoreOptions};
+use crate::stacked::MAX_STACKED;
 use crate::stats::{Stats, StatsSnapshot};
 
 /// Tuning of [`RateLimiter`]. Every default is written down here, in [`Default`].
@@ -183,13 +185,48 @@ impl RateLimiter {
     /// Always returns within about `decision_timeout`; never fails: when Redis
     /// cannot decide, the local limiter does ([`Source::Local`]).
     pub async fn check(&self, policy: &Policy, subject: impl AsRef<[u8]>) -> Decision {
-        self.check_bytes(policy, subject.as_ref()).await
+        self.check_one(policy, subject.as_ref()).await
     }
 
-    async fn check_bytes(&self, policy: &Policy, subject: &[u8]) -> Decision {
+    /// Decides one request under every limit of `limits` (policy, subject) at
+    /// once, all or nothing: it is admitted only if every limit admits it, and
+    /// only then does it spend from each, so a request refused by one limit
+    /// burns no other budget. With Redis this is one run of `stacked.lua`
+    /// (concurrent requests of one key set are merged like single ones); the
+    /// local fallback applies the same rule.
+    ///
+    /// Returns the index of the limit that describes the verdict (see
+    /// [`crate::stacked::shaping`]: the most restrictive one when admitted, the
+    /// refusing one with the longest wait when refused) and the decision under
+    /// it. Same deadline and fallback as [`RateLimiter::check`].
+    ///
+    /// # Panics
+    /// If `limits` is empty, holds more than [`MAX_STACKED`] entries, or names
+    /// one policy twice.
+    pub async fn check_all(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
+        assert!(
+            (1..=MAX_STACKED).contains(&limits.len()),
+            "1 to {MAX_STACKED} limits"
+        );
+        debug_assert!(
+            limits
+                .iter()
+                .enumerate()
+                .all(|(i, (p, _))| limits[..i].iter().all(|(q, _)| q.name() != p.name())),
+            "stacked policies must be distinct"
+        );
+        match limits {
+            [(policy, subject)] => (0, self.check_one(policy, subject).await),
+            _ => self.check_stacked(limits).await,
+        }
+    }
+
+    /// One limit: the hot path, kept apart from the stacked one so that its
+    /// future stays as small (and as fast to set up) as it was.
+    async fn check_one(&self, policy: &Policy, subject: &[u8]) -> Decision {
         let inner = &*self.inner;
         let Some(shared) = &inner.shared else {
-            return inner.local(policy, subject);
+            return inner.local_one(policy, subject);
         };
         if let Some(cache) = &shared.deny_cache
             && let Some(outcome) = cache.get(policy, subject, inner.now_ms())
@@ -200,7 +237,7 @@ impl RateLimiter {
         }
         if shared.breaker.is_open() {
             inner.stats.fallback();
-            return inner.local(policy, subject);
+            return inner.local_one(policy, subject);
         }
         let key = policy.redis_key(subject);
         let lead = match shared.merger.join(&key) {
@@ -208,7 +245,7 @@ impl RateLimiter {
             Role::Alone => shared.merger.lead_alone(key),
             // Queued behind the run in flight, then decided by the next one: up to two runs.
             Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
-                Some(Turn::Decided(outcome)) => {
+                Some(Turn::Decided(outcome, _)) => {
                     inner.stats.merged();
                     inner.stats.decision(Source::Shared, outcome.allowed);
                     return Decision::from_outcome(policy, outcome, Source::Shared);
@@ -217,54 +254,96 @@ impl RateLimiter {
                 // The run this request waited for failed (and was counted by its leader).
                 Some(Turn::Failed) => {
                     inner.stats.fallback();
-                    return inner.local(policy, subject);
+                    return inner.local_one(policy, subject);
                 }
                 None => {
                     inner.stats.redis_timeout();
                     inner.stats.fallback();
-                    return inner.local(policy, subject);
+                    return inner.local_one(policy, subject);
                 }
             },
         };
-        match within_deadline(
-            inner.options.decision_timeout,
-            shared.store.decide(policy, lead.key(), lead.requests()),
-        )
-        .await
-        {
-            Ok(Ok(batch)) => {
-                shared.breaker.record_success();
-                let outcome = lead.decided(&batch);
-                if batch.admitted < batch.requests
-                    && let Some(cache) = &shared.deny_cache
+        // A batch's run must outlive its leader's deadline: its followers have
+        // later deadlines of their own. So a run with followers is an owned
+        // future (boxed: batches only, a lone request's run stays on the stack);
+        // when the leader gives up on it, it goes on in a task of its own.
+        let timeout = inner.options.decision_timeout;
+        let result = if lead.requests() > 1 {
+            run_owned(&self.inner, Call::One(policy.clone()), lead, timeout).await
+        } else {
+            within_deadline(timeout, run_batch(inner, Call::One(policy), lead)).await
+        };
+        inner.settle(shared, &[(policy, subject)], result).1
+    }
+
+    /// Stacked limits (two or more): one run of `stacked.lua` over every key.
+    async fn check_stacked(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
+        let inner = &*self.inner;
+        let Some(shared) = &inner.shared else {
+            return inner.local(limits);
+        };
+        if let Some(cache) = &shared.deny_cache {
+            // A limit Redis refused moments ago still refuses: no round trip.
+            let now = inner.now_ms();
+            let mut known: Option<(usize, Outcome)> = None;
+            for (i, (policy, subject)) in limits.iter().enumerate() {
+                if let Some(o) = cache.get(policy, subject, now)
+                    && known.is_none_or(|(_, k)| o.retry_after_ms > k.retry_after_ms)
                 {
-                    // The denied ones of the batch, or this one: the key is spent until then.
-                    cache.insert(
-                        policy,
-                        subject,
-                        &batch.outcome(batch.requests - 1),
-                        inner.now_ms(),
-                    );
+                    known = Some((i, o));
                 }
-                inner.stats.decision(Source::Shared, outcome.allowed);
-                Decision::from_outcome(policy, outcome, Source::Shared)
             }
-            Ok(Err(error)) => {
-                drop(lead);
-                inner.stats.redis_error();
-                tracing::debug!(%error, policy = policy.name(), "rate-limit Redis call failed; deciding locally");
-                inner.trip(shared);
-                inner.stats.fallback();
-                inner.local(policy, subject)
-            }
-            Err(_elapsed) => {
-                drop(lead);
-                inner.stats.redis_timeout();
-                inner.trip(shared);
-                inner.stats.fallback();
-                inner.local(policy, subject)
+            if let Some((i, outcome)) = known {
+                inner.stats.deny_cache_hit();
+                inner.stats.decision(Source::Shared, false);
+                return (
+                    i,
+                    Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                );
             }
         }
+        if shared.breaker.is_open() {
+            inner.stats.fallback();
+            return inner.local(limits);
+        }
+        // Every key, length-prefixed (the "rl*" prefix keeps it apart from any
+        // single key), so that concurrent requests of one key set merge.
+        let keys: Vec<Vec<u8>> = limits.iter().map(|(p, s)| p.redis_key(s)).collect();
+        let mut key = b"rl*".to_vec();
+        for k in &keys {
+            key.extend_from_slice(&(k.len() as u32).to_be_bytes());
+            key.extend_from_slice(k);
+        }
+        let lead = match shared.merger.join(&key) {
+            Role::Lead(lead) => lead,
+            Role::Alone => shared.merger.lead_alone(key),
+            // Queued behind the run in flight, then decided by the next one: up to two runs.
+            Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
+                Some(Turn::Decided(outcome, i)) => {
+                    inner.stats.merged();
+                    inner.stats.decision(Source::Shared, outcome.allowed);
+                    return (
+                        i,
+                        Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                    );
+                }
+                Some(Turn::Lead(followers)) => shared.merger.lead(key, followers),
+                // The run this request waited for failed (and was counted by its leader).
+                Some(Turn::Failed) => {
+                    inner.stats.fallback();
+                    return inner.local(limits);
+                }
+                None => {
+                    inner.stats.redis_timeout();
+                    inner.stats.fallback();
+                    return inner.local(limits);
+                }
+            },
+        };
+        let policies = limits.iter().map(|(p, _)| (*p).clone()).collect();
+        let call = Call::Stacked(policies, keys);
+        let result = run_owned(&self.inner, call, lead, inner.options.decision_timeout).await;
+        inner.settle(shared, limits, result)
     }
 
     /// True when decisions currently go to Redis (configured, connected, breaker closed).
@@ -309,10 +388,63 @@ impl Inner {
         self.started_epoch_ms + self.started.elapsed().as_millis() as u64
     }
 
-    fn local(&self, policy: &Policy, subject: &[u8]) -> Decision {
+    fn local_one(&self, policy: &Policy, subject: &[u8]) -> Decision {
         let outcome = self.local.check_at(policy, subject, self.now_ms());
         self.stats.decision(Source::Local, outcome.allowed);
         Decision::from_outcome(policy, outcome, Source::Local)
+    }
+
+    fn local(&self, limits: &[(&Policy, &[u8])]) -> (usize, Decision) {
+        let now = self.now_ms();
+        let (i, outcome) = match limits {
+            [(policy, subject)] => (0, self.local.check_at(policy, subject, now)),
+            _ => self.local.check_all_at(limits, now),
+        };
+        self.stats.decision(Source::Local, outcome.allowed);
+        (
+            i,
+            Decision::from_outcome(limits[i].0, outcome, Source::Local),
+        )
+    }
+
+    /// The verdict of a run this request led (or waited for in vain).
+    fn settle(
+        &self,
+        shared: &Shared,
+        limits: &[(&Policy, &[u8])],
+        result: RunResult,
+    ) -> (usize, Decision) {
+        match result {
+            Ok(Ok((batch, (i, outcome)))) => {
+                if batch.admitted < batch.requests
+                    && let Some(cache) = &shared.deny_cache
+                {
+                    // The refusing limit is spent until then, for this key (set) and any other.
+                    let (d, denied) = batch.verdict(batch.requests - 1);
+                    let (policy, subject) = limits[d];
+                    cache.insert(policy, subject, &denied, self.now_ms());
+                }
+                self.stats.decision(Source::Shared, outcome.allowed);
+                (
+                    i,
+                    Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                )
+            }
+            // The run failed (and counted it): every request of the batch decides locally.
+            Ok(Err(RunFailed)) => {
+                self.stats.fallback();
+                self.local(limits)
+            }
+            // This request's deadline passed. A lone run is dropped (cancelled);
+            // a batch's run goes on for the followers and, when it ends, records
+            // its success or failure with the breaker like any other.
+            Err(_elapsed) => {
+                self.stats.redis_timeout();
+                self.trip(shared);
+                self.stats.fallback();
+                self.local(limits)
+            }
+        }
     }
 
     fn trip(&self, shared: &Shared) {
@@ -342,32 +474,86 @@ impl Inner {
     }
 }
 
-/// Runs `future` for at most `deadline`, like [`tokio::time::timeout`], with
-/// one difference: when the timer fires, the future is polled again after
-/// each of up to two yields to the runtime.
-///
-/// On a busy host this task and the Redis connection's reader task are often
-/// woken together after a CPU stall (timer and socket share one driver). If
-/// this task runs first, the answer is already in the socket but not yet
-/// parsed; a plain timeout would call that a miss and decide locally, which
-/// over-admits. Yielding lets the reader deliver it, at no extra wall time.
-async fn within_deadline<F: Future>(deadline: Duration, future: F) -> Result<F::Output, Elapsed> {
-    let mut future = std::pin::pin!(future);
-    if let Ok(output) = timeout(deadline, future.as_mut()).await {
-        return Ok(output);
-    }
-    for _ in 0..2 {
-        tokio::task::yield_now().await;
-        if let Some(output) = future.as_mut().now_or_never() {
-            return Ok(output);
-        }
-    }
-    Err(Elapsed)
+/// The run of one batch failed (counted, and its followers told, by [`run_batch`]).
+#[derive(Debug)]
+struct RunFailed;
+
+/// A run's verdict within the leader's deadline: the batch and the leader's
+/// own (limit, outcome), the run's failure, or the deadline passing.
+type RunResult = Result<Result<(Batch, (usize, Outcome)), RunFailed>, Elapsed>;
+
+/// What a run asks Redis.
+enum Call<P> {
+    /// One limit (its key is the lead's).
+    One(P),
+    /// Stacked limits and their keys.
+    Stacked(Vec<Policy>, Vec<Vec<u8>>),
 }
 
-/// The decision deadline passed without an answer.
-#[derive(Debug)]
-struct Elapsed;
+/// Runs a batch's script as an owned future within the leader's deadline;
+/// if the deadline passes, the run goes on in a task of its own, for the
+/// followers.
+async fn run_owned(
+    inner: &Arc<Inner>,
+    call: Call<Policy>,
+    lead: Lead,
+    timeout: Duration,
+) -> RunResult {
+    let followers = lead.requests() > 1;
+    let mut run = Box::pin(run_batch(Arc::clone(inner), call, lead));
+    let result = within_deadline(timeout, &mut run).await;
+    if result.is_err() && followers {
+        tokio::spawn(run);
+    }
+    result
+}
+
+/// One script run deciding `lead`'s batch: tells the followers their verdicts
+/// (or, on failure, to decide locally), hands the key on, and keeps the
+/// breaker and counters honest. Returns the batch and the leader's own verdict.
+///
+/// Generic over how it holds the limiter and the policy so that a lone
+/// request borrows them (no allocation) while a batch's run owns them
+/// (`Arc<Inner>`, a `Policy` clone) and can go on without its leader.
+async fn run_batch<I, P>(
+    inner: I,
+    call: Call<P>,
+    lead: Lead,
+) -> Result<(Batch, (usize, Outcome)), RunFailed>
+where
+    I: std::ops::Deref<Target = Inner>,
+    P: std::borrow::Borrow<Policy>,
+{
+    let Some(shared) = &inner.shared else {
+        return Err(RunFailed);
+    };
+    let answer = match &call {
+        Call::One(policy) => {
+            shared
+                .store
+                .decide(policy.borrow(), lead.key(), lead.requests())
+                .await
+        }
+        // Boxed: the single-limit run's future stays as small as it was.
+        Call::Stacked(policies, keys) => {
+            Box::pin(shared.store.decide_stacked(policies, keys, lead.requests())).await
+        }
+    };
+    match answer {
+        Ok(batch) => {
+            shared.breaker.record_success();
+            let verdict = lead.decided(&batch);
+            Ok((batch, verdict))
+        }
+        Err(error) => {
+            drop(lead);
+            inner.stats.redis_error();
+            tracing::debug!(%error, "rate-limit Redis call failed; deciding locally");
+            inner.trip(shared);
+            Err(RunFailed)
+        }
+    }
+}
 
 /// Background task: while the breaker is open, probe Redis every
 /// `breaker_open_for` and close the breaker when it answers.

@@ -13,11 +13,15 @@
 //! Every request keeps its own deadline (a queued one: two decision
 //! deadlines, one for the run it waits behind and one for its own): one that
 //! is not answered in time decides locally (as on any Redis timeout), and a run that fails makes every
-//! request of its batch decide locally. A leader that is cancelled mid-run
-//! (its client went away) still hands the key on, through [`Lead`]'s `Drop`.
+//! request of its batch decide locally. A [`Lead`] owns everything it needs
+//! ('static), so when the leader's own deadline passes its run is not
+//! abandoned: it goes on in a task of its own and still answers the
+//! followers, whose deadlines are later (only the leader decides locally). A
+//! leader that is cancelled mid-run (its client went away) still hands the
+//! key on, through [`Lead`]'s `Drop`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
@@ -27,39 +31,74 @@ use crate::algorithm::Outcome;
 /// Redis on its own (correct, just not merged).
 pub(crate) const MAX_QUEUED: usize = 512;
 
-/// The answer of one script run deciding `requests` requests of one key.
+/// The answer of one script run deciding `requests` requests of one key (or
+/// of one set of stacked keys: then `*_limit` say which limit describes the
+/// admitted and the refused requests, see [`crate::stacked::shaping`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Batch {
     /// Requests decided together.
     pub(crate) requests: u32,
     /// How many of them, first to last, were admitted.
     pub(crate) admitted: u32,
-    /// Budget left after the batch.
+    /// The limit describing the admitted ones (0 for a single limit).
+    pub(crate) allow_limit: usize,
+    /// Its budget left after the batch.
     pub(crate) remaining: u64,
-    /// Milliseconds until the whole budget is back, after the batch.
+    /// Milliseconds until its whole budget is back, after the batch.
     pub(crate) reset_after_ms: u64,
+    /// The limit that refused the rest (0 for a single limit).
+    pub(crate) deny_limit: usize,
+    /// Milliseconds until that limit's whole budget is back.
+    pub(crate) deny_reset_after_ms: u64,
     /// For the denied ones: milliseconds until one request would be admitted.
     pub(crate) retry_after_ms: u64,
 }
 
 impl Batch {
+    /// The batch of a single limit.
+    pub(crate) fn single(
+        requests: u32,
+        admitted: u32,
+        remaining: u64,
+        reset_after_ms: u64,
+        retry_after_ms: u64,
+    ) -> Self {
+        Self {
+            requests,
+            admitted,
+            allow_limit: 0,
+            remaining,
+            reset_after_ms,
+            deny_limit: 0,
+            deny_reset_after_ms: reset_after_ms,
+            retry_after_ms,
+        }
+    }
+
     /// The outcome of the request at `position` (0: the first in arrival
-    /// order), as it would have been had the requests come one by one.
-    pub(crate) fn outcome(&self, position: u32) -> Outcome {
+    /// order), as it would have been had the requests come one by one, with
+    /// the index of the limit that describes it.
+    pub(crate) fn verdict(&self, position: u32) -> (usize, Outcome) {
         if position < self.admitted {
-            Outcome {
-                allowed: true,
-                remaining: self.remaining + u64::from(self.admitted - 1 - position),
-                reset_after_ms: self.reset_after_ms,
-                retry_after_ms: 0,
-            }
+            (
+                self.allow_limit,
+                Outcome {
+                    allowed: true,
+                    remaining: self.remaining + u64::from(self.admitted - 1 - position),
+                    reset_after_ms: self.reset_after_ms,
+                    retry_after_ms: 0,
+                },
+            )
         } else {
-            Outcome {
-                allowed: false,
-                remaining: 0,
-                reset_after_ms: self.reset_after_ms,
-                retry_after_ms: self.retry_after_ms,
-            }
+            (
+                self.deny_limit,
+                Outcome {
+                    allowed: false,
+                    remaining: 0,
+                    reset_after_ms: self.deny_reset_after_ms,
+                    retry_after_ms: self.retry_after_ms,
+                },
+            )
         }
     }
 }
@@ -67,8 +106,9 @@ impl Batch {
 /// What a queued request is told.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// Its verdict, from a run another request led.
-    Decided(Outcome),
+    /// Its verdict, from a run another request led, with the index of the
+    /// limit describing it (0 unless limits are stacked).
+    Decided(Outcome, usize),
     /// The run failed or timed out: decide locally.
     Failed,
     /// Run the script now, for itself (position 0) and these queued requests.
@@ -77,11 +117,11 @@ pub(crate) enum Turn {
 
 /// What [`Merger::join`] makes of a request.
 #[derive(Debug)]
-pub(crate) enum Role<'m> {
+pub(crate) enum Role {
     /// Run the script for this request alone and then hand the key on.
-    Lead(Lead<'m>),
+    Lead(Lead),
     /// Wait for a verdict, or for the lead.
-    Queued(Queued<'m>),
+    Queued(Queued),
     /// The queue is full: ask Redis on its own, outside the merging.
     Alone,
 }
@@ -92,18 +132,19 @@ pub(crate) enum Role<'m> {
 /// handed the lead, dropping it passes the lead on — otherwise the key would
 /// stay taken with no one to run it.
 #[derive(Debug)]
-pub(crate) struct Queued<'m> {
-    merger: &'m Merger,
+pub(crate) struct Queued {
+    merger: Merger,
     key: Vec<u8>,
     rx: Option<oneshot::Receiver<Turn>>,
 }
 
-impl Queued<'_> {
+impl Queued {
     /// Waits at most `deadline` for the verdict or the lead. `None`: no answer in
     /// time (or the run was abandoned): decide locally.
     pub(crate) async fn wait(mut self, deadline: std::time::Duration) -> Option<Turn> {
         let rx = self.rx.as_mut()?;
-        match tokio::time::timeout(deadline, rx).await {
+        // Like the leader's wait: a verdict already on its way after a stall still counts.
+        match crate::deadline::within_deadline(deadline, rx).await {
             Ok(Ok(turn)) => {
                 self.rx = None;
                 Some(turn)
@@ -113,7 +154,7 @@ impl Queued<'_> {
     }
 }
 
-impl Drop for Queued<'_> {
+impl Drop for Queued {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else {
             return;
@@ -128,14 +169,21 @@ impl Drop for Queued<'_> {
 }
 
 /// The keys with a run in flight, each with the requests queued behind it.
-#[derive(Debug, Default)]
+///
+/// Cheap to clone (one `Arc`): a [`Lead`] owns a handle, so a run can outlive
+/// the request that started it (see [`crate::limiter`]: a batch's run goes on
+/// in a task of its own when its leader's deadline passes, for its followers).
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Merger {
-    keys: Mutex<HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>>,
+    keys: Arc<Mutex<Queues>>,
 }
+
+/// Per key with a run in flight: the requests queued behind it.
+type Queues = HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>;
 
 impl Merger {
     /// Enters a request of budget `key`.
-    pub(crate) fn join(&self, key: &[u8]) -> Role<'_> {
+    pub(crate) fn join(&self, key: &[u8]) -> Role {
         let mut keys = self.keys.lock().expect("merge lock");
         match keys.get_mut(key) {
             Some(queue) if queue.len() >= MAX_QUEUED => Role::Alone,
@@ -143,7 +191,7 @@ impl Merger {
                 let (tx, rx) = oneshot::channel();
                 queue.push(tx);
                 Role::Queued(Queued {
-                    merger: self,
+                    merger: self.clone(),
                     key: key.to_vec(),
                     rx: Some(rx),
                 })
@@ -151,7 +199,7 @@ impl Merger {
             None => {
                 keys.insert(key.to_vec(), Vec::new());
                 Role::Lead(Lead {
-                    merger: self,
+                    merger: self.clone(),
                     key: key.to_vec(),
                     followers: Vec::new(),
                     registered: true,
@@ -161,9 +209,9 @@ impl Merger {
     }
 
     /// Makes a request that was told [`Turn::Lead`] the leader of its batch.
-    pub(crate) fn lead(&self, key: Vec<u8>, followers: Vec<oneshot::Sender<Turn>>) -> Lead<'_> {
+    pub(crate) fn lead(&self, key: Vec<u8>, followers: Vec<oneshot::Sender<Turn>>) -> Lead {
         Lead {
-            merger: self,
+            merger: self.clone(),
             key,
             followers,
             registered: true,
@@ -172,9 +220,9 @@ impl Merger {
 
     /// A run for one request outside the merging ([`Role::Alone`]): it answers
     /// no one and hands nothing on.
-    pub(crate) fn lead_alone(&self, key: Vec<u8>) -> Lead<'_> {
+    pub(crate) fn lead_alone(&self, key: Vec<u8>) -> Lead {
         Lead {
-            merger: self,
+            merger: self.clone(),
             key,
             followers: Vec::new(),
             registered: false,
@@ -220,15 +268,15 @@ impl Merger {
 /// The leader of one run: answers its followers and, when dropped, hands the
 /// key on — also when the run never finished.
 #[derive(Debug)]
-pub(crate) struct Lead<'m> {
-    merger: &'m Merger,
+pub(crate) struct Lead {
+    merger: Merger,
     key: Vec<u8>,
     followers: Vec<oneshot::Sender<Turn>>,
     /// Whether the key's queue is this run's to hand on.
     registered: bool,
 }
 
-impl Lead<'_> {
+impl Lead {
     /// The budget key.
     pub(crate) fn key(&self) -> &[u8] {
         &self.key
@@ -259,17 +307,18 @@ impl Lead<'_> {
     }
 
     /// Tells every follower its verdict; returns the leader's own (position 0).
-    pub(crate) fn decided(mut self, batch: &Batch) -> Outcome {
+    pub(crate) fn decided(mut self, batch: &Batch) -> (usize, Outcome) {
         for (i, follower) in self.followers.drain(..).enumerate() {
             let position = u32::try_from(i + 1).unwrap_or(u32::MAX);
+            let (limit, outcome) = batch.verdict(position);
             // A follower that stopped waiting has decided locally already.
-            let _ = follower.send(Turn::Decided(batch.outcome(position)));
+            let _ = follower.send(Turn::Decided(outcome, limit));
         }
-        batch.outcome(0)
+        batch.verdict(0)
     }
 }
 
-impl Drop for Lead<'_> {
+impl Drop for Lead {
     fn drop(&mut self) {
         // Followers not told a verdict (the run failed or was cancelled) decide locally.
         for follower in self.followers.drain(..) {
@@ -288,28 +337,22 @@ mod tests {
     const W: std::time::Duration = std::time::Duration::from_secs(5);
 
     fn batch(requests: u32, admitted: u32) -> Batch {
-        Batch {
-            requests,
-            admitted,
-            remaining: 5,
-            reset_after_ms: 900,
-            retry_after_ms: 300,
-        }
+        Batch::single(requests, admitted, 5, 900, 300)
     }
 
     #[test]
     fn outcomes_are_those_of_sequential_requests() {
         let b = batch(4, 2);
         // Admitted ones count down to the remaining budget, as one-by-one answers would.
-        assert_eq!(b.outcome(0).remaining, 6);
-        assert_eq!(b.outcome(1).remaining, 5);
-        assert!(b.outcome(0).allowed && b.outcome(1).allowed);
+        assert_eq!(b.verdict(0).1.remaining, 6);
+        assert_eq!(b.verdict(1).1.remaining, 5);
+        assert!(b.verdict(0).1.allowed && b.verdict(1).1.allowed);
         for p in [2, 3] {
-            let o = b.outcome(p);
+            let o = b.verdict(p).1;
             assert!(!o.allowed);
             assert_eq!((o.remaining, o.retry_after_ms), (0, 300));
         }
-        assert_eq!(b.outcome(0).retry_after_ms, 0);
+        assert_eq!(b.verdict(0).1.retry_after_ms, 0);
     }
 
     #[test]
@@ -339,7 +382,7 @@ mod tests {
         let Role::Queued(c) = m.join(b"k") else {
             panic!()
         };
-        assert!(first.decided(&batch(1, 1)).allowed);
+        assert!(first.decided(&batch(1, 1)).1.allowed);
         // `a` leads the next run for itself, `b` and `c`.
         let Turn::Lead(followers) = a.wait(W).await.unwrap() else {
             panic!("a leads")
@@ -347,9 +390,9 @@ mod tests {
         assert_eq!(followers.len(), 2);
         let second = m.lead(b"k".to_vec(), followers);
         assert_eq!(second.requests(), 3);
-        assert!(second.decided(&batch(3, 2)).allowed);
+        assert!(second.decided(&batch(3, 2)).1.allowed);
         match (b.wait(W).await.unwrap(), c.wait(W).await.unwrap()) {
-            (Turn::Decided(ob), Turn::Decided(oc)) => {
+            (Turn::Decided(ob, 0), Turn::Decided(oc, 0)) => {
                 assert!(ob.allowed);
                 assert!(!oc.allowed);
             }
@@ -412,7 +455,7 @@ mod tests {
             panic!()
         };
         // The run ends and hands the lead to `a` (with `b` as follower) ...
-        assert!(first.decided(&batch(1, 1)).allowed);
+        assert!(first.decided(&batch(1, 1)).1.allowed);
         // ... but `a` gave up at that very moment, without reading it.
         drop(a);
         let Turn::Lead(followers) = b.wait(W).await.unwrap() else {
@@ -434,5 +477,54 @@ mod tests {
         // A lone run leaves the key's queue to its leader.
         drop(m.lead_alone(b"k".to_vec()));
         assert_eq!(m.in_flight(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lead_outlives_its_leader_and_still_answers_its_followers() {
+        let m = Merger::default();
+        let Role::Lead(first) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(a) = m.join(b"k") else {
+            panic!()
+        };
+        let Role::Queued(b) = m.join(b"k") else {
+            panic!()
+        };
+        drop(first);
+        let Turn::Lead(followers) = a.wait(W).await.unwrap() else {
+            panic!("a leads")
+        };
+        // `a`'s deadline passes: its run moves into a task of its own (the
+        // Lead is 'static) and answers `b` when it ends.
+        let lead = m.lead(b"k".to_vec(), followers);
+        let (go, ready) = oneshot::channel::<()>();
+        let run = tokio::spawn(async move {
+            ready.await.unwrap();
+            lead.decided(&batch(2, 2)).1
+        });
+        go.send(()).unwrap();
+        assert!(run.await.unwrap().allowed);
+        match b.wait(W).await.unwrap() {
+            Turn::Decided(o, 0) => assert!(o.allowed && o.remaining == 5),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_stacked_batch_names_the_limit_of_each_verdict() {
+        let b = Batch {
+            allow_limit: 2,
+            deny_limit: 1,
+            deny_reset_after_ms: 7_000,
+            ..Batch::single(3, 1, 4, 900, 300)
+        };
+        assert_eq!(b.verdict(0).0, 2);
+        assert_eq!(b.verdict(0).1.remaining, 4);
+        let (limit, o) = b.verdict(1);
+        assert_eq!(limit, 1);
+        assert!(!o.allowed);
+        assert_eq!((o.reset_after_ms, o.retry_after_ms), (7_000, 300));
     }
 }

@@ -31,14 +31,19 @@ pub enum Algorithm {
     /// multiples of `window` since the Unix epoch (Redis's clock) or since the
     /// limiter started (local fallback).
     FixedWindow,
+    /// A sliding-window counter: the current fixed window's count plus the
+    /// previous one's, weighted by how much of it the sliding window still
+    /// covers (see [`crate::stacked`] for the arithmetic and its error bound).
+    SlidingWindow,
 }
 
 impl Algorithm {
-    /// The name used in logs and metrics: `token_bucket` or `fixed_window`.
+    /// The name used in logs and metrics: `token_bucket`, `fixed_window` or `sliding_window`.
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
         }
     }
 }
@@ -193,7 +198,8 @@ impl Policy {
     /// The Redis key of `subject`'s budget: `rl:{<policy>:<subject>}`.
     ///
     /// The whole name is a hash tag, so on Redis Cluster every key of a budget
-    /// maps to one slot (each script touches exactly this one key).
+    /// maps to one slot (a single limit's script touches exactly this one key;
+    /// stacked limits' `stacked.lua` touches one per limit).
     pub fn redis_key(&self, subject: impl AsRef<[u8]>) -> Vec<u8> {
         let subject = subject.as_ref();
         let mut key = Vec::with_capacity(6 + self.inner.name.len() + subject.len());
@@ -203,6 +209,15 @@ impl Policy {
         key.extend_from_slice(subject);
         key.push(b'}');
         key
+    }
+
+    /// The settings the arithmetic needs.
+    pub(crate) fn shape(&self) -> crate::stacked::Shape {
+        crate::stacked::Shape {
+            algorithm: self.inner.algorithm,
+            limit: self.inner.limit,
+            window_ms: self.window_ms(),
+        }
     }
 
     /// True when `other` has the same algorithm, limit and window (the name aside).

@@ -12,15 +12,18 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisResult, Script};
+use redis::{Client, ErrorKind, RedisError, RedisResult, Script};
 
 use crate::merge::Batch;
 use crate::policy::{Algorithm, Policy};
+use crate::stacked::{self, LimitOutcome, MAX_STACKED};
 
 /// The token-bucket script (see the file for the arithmetic).
 pub const TOKEN_BUCKET_LUA: &str = include_str!("token_bucket.lua");
 /// The fixed-window script.
 pub const FIXED_WINDOW_LUA: &str = include_str!("fixed_window.lua");
+/// The stacked-limits script (N budgets, all or nothing; also a lone sliding window).
+pub const STACKED_LUA: &str = include_str!("stacked.lua");
 
 /// Connection settings of the shared store.
 #[derive(Debug, Clone)]
@@ -37,6 +40,7 @@ pub(crate) struct RedisStore {
     conn: ConnectionManager,
     token_bucket: Script,
     fixed_window: Script,
+    stacked: Script,
 }
 
 impl RedisStore {
@@ -57,6 +61,7 @@ impl RedisStore {
             conn,
             token_bucket: Script::new(TOKEN_BUCKET_LUA),
             fixed_window: Script::new(FIXED_WINDOW_LUA),
+            stacked: Script::new(STACKED_LUA),
         })
     }
 
@@ -71,6 +76,11 @@ impl RedisStore {
         let script = match policy.algorithm() {
             Algorithm::TokenBucket => &self.token_bucket,
             Algorithm::FixedWindow => &self.fixed_window,
+            Algorithm::SlidingWindow => {
+                return self
+                    .decide_stacked(std::slice::from_ref(policy), &[key], requests)
+                    .await;
+            }
         };
         // Cloning the manager clones an Arc: every decision shares the one connection.
         let mut conn = self.conn.clone();
@@ -81,12 +91,67 @@ impl RedisStore {
             .arg(requests)
             .invoke_async(&mut conn)
             .await?;
+        Ok(Batch::single(
+            requests,
+            u32::try_from(admitted.clamp(0, i64::from(requests))).unwrap_or(0),
+            clamp(remaining),
+            clamp(reset_after_ms),
+            clamp(retry_after_ms),
+        ))
+    }
+
+    /// Decides `requests` concurrent requests under every limit at once (all
+    /// or nothing) in one run of `stacked.lua`: `policies[i]` counts on
+    /// `keys[i]`. At most [`MAX_STACKED`] limits.
+    pub(crate) async fn decide_stacked<K: AsRef<[u8]>>(
+        &self,
+        policies: &[Policy],
+        keys: &[K],
+        requests: u32,
+    ) -> RedisResult<Batch> {
+        let n = policies.len().min(keys.len()).min(MAX_STACKED);
+        let mut invocation = self.stacked.prepare_invoke();
+        for key in &keys[..n] {
+            invocation.key(key.as_ref());
+        }
+        invocation.arg(requests);
+        for policy in &policies[..n] {
+            let code: u8 = match policy.algorithm() {
+                Algorithm::TokenBucket => 0,
+                Algorithm::FixedWindow => 1,
+                Algorithm::SlidingWindow => 2,
+            };
+            invocation
+                .arg(code)
+                .arg(policy.limit())
+                .arg(policy.window_ms());
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
+        if reply.len() != 1 + 3 * n {
+            return Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "stacked.lua answered an unexpected number of values",
+            )));
+        }
+        let mut out = [LimitOutcome::default(); MAX_STACKED];
+        for (i, o) in out[..n].iter_mut().enumerate() {
+            *o = LimitOutcome {
+                remaining: clamp(reply[1 + 3 * i]),
+                reset_after_ms: clamp(reply[2 + 3 * i]),
+                retry_after_ms: clamp(reply[3 + 3 * i]),
+            };
+        }
+        let (allow, deny) = stacked::shaping(&out[..n]);
         Ok(Batch {
             requests,
-            admitted: u32::try_from(admitted.clamp(0, i64::from(requests))).unwrap_or(0),
-            remaining: clamp(remaining),
-            reset_after_ms: clamp(reset_after_ms),
-            retry_after_ms: clamp(retry_after_ms),
+            admitted: u32::try_from(reply[0].clamp(0, i64::from(requests))).unwrap_or(0),
+            allow_limit: allow,
+            remaining: out[allow].remaining,
+            reset_after_ms: out[allow].reset_after_ms,
+            deny_limit: deny,
+            deny_reset_after_ms: out[deny].reset_after_ms,
+            retry_after_ms: out[deny].retry_after_ms,
         })
     }
 

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::stacked::MAX_STACKED;
+
 /// What a caller wants done with the slot it inspected.
 pub(crate) enum Write<V> {
     /// Leave the map as it is.
@@ -74,9 +76,12 @@ impl<V> ShardedMap<V> {
         h.finish()
     }
 
-    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
+    fn index(&self, hash: u64) -> usize {
         // Middle bits: hashbrown uses the low bits for the bucket and the top 7 as a tag.
-        let index = (hash >> 40) as usize & (self.shards.len() - 1);
+        (hash >> 40) as usize & (self.shards.len() - 1)
+    }
+
+    fn lock(&self, index: usize) -> MutexGuard<'_, Shard<V>> {
         // A panic while holding the lock cannot leave a slot half-written (each
         // write is one insert or remove), so a poisoned shard is still consistent.
         self.shards[index]
@@ -84,9 +89,14 @@ impl<V> ShardedMap<V> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
+        self.lock(self.index(hash))
+    }
+
     /// Looks up `(policy, subject)`, lets `f` decide, and applies its [`Write`].
     ///
     /// `is_stale` tells which entries may be dropped when a full shard needs room.
+    #[inline]
     pub(crate) fn update<R>(
         &self,
         policy: &Arc<str>,
@@ -108,24 +118,82 @@ impl<V> ShardedMap<V> {
                 }
             }
             Write::Set(value) => {
-                if let Some(slot) = shard.get_mut(&hash)
-                    && *slot.policy == **policy
-                    && *slot.subject == *subject
-                {
-                    slot.value = value;
-                    return result;
-                }
-                if shard.len() >= self.per_shard_cap && !shard.contains_key(&hash) {
-                    make_room(&mut shard, self.per_shard_cap, &is_stale);
-                }
-                shard.insert(
+                set(
+                    &mut shard,
+                    self.per_shard_cap,
                     hash,
-                    Slot {
-                        policy: Arc::clone(policy),
-                        subject: subject.into(),
-                        value,
-                    },
+                    policy,
+                    subject,
+                    value,
+                    &is_stale,
                 );
+            }
+        }
+        result
+    }
+
+    /// Like [`ShardedMap::update`] for several keys at once, atomically: every
+    /// shard involved is locked (in ascending order, so two callers cannot
+    /// deadlock) while `f` reads the current values (copies, `None` for a
+    /// missing key) and changes them in place. When `f` returns `true`, every
+    /// value left `Some` is stored. Keys must be distinct; at most
+    /// [`MAX_STACKED`] of them.
+    pub(crate) fn update_many<R>(
+        &self,
+        keys: &[(&Arc<str>, &[u8])],
+        f: impl FnOnce(&mut [Option<V>]) -> (R, bool),
+        is_stale: impl Fn(&V) -> bool,
+    ) -> R
+    where
+        V: Copy,
+    {
+        let n = keys.len();
+        assert!(n <= MAX_STACKED, "at most {MAX_STACKED} keys");
+        let mut hashes = [0u64; MAX_STACKED];
+        let mut shard_of = [0usize; MAX_STACKED];
+        for (i, (policy, subject)) in keys.iter().enumerate() {
+            hashes[i] = self.hash(policy, subject);
+            shard_of[i] = self.index(hashes[i]);
+        }
+        let mut order = shard_of;
+        order[..n].sort_unstable();
+        let mut guards: [Option<MutexGuard<'_, Shard<V>>>; MAX_STACKED] = Default::default();
+        let mut locked = 0;
+        for i in 0..n {
+            if i == 0 || order[i] != order[i - 1] {
+                order[locked] = order[i];
+                guards[locked] = Some(self.lock(order[i]));
+                locked += 1;
+            }
+        }
+        let guard_of = |shard: usize| {
+            order[..locked]
+                .binary_search(&shard)
+                .expect("every shard involved is locked")
+        };
+        let mut values = [None; MAX_STACKED];
+        for (i, (policy, subject)) in keys.iter().enumerate() {
+            let shard = guards[guard_of(shard_of[i])].as_ref().expect("locked");
+            values[i] = shard
+                .get(&hashes[i])
+                .filter(|slot| *slot.policy == ***policy && *slot.subject == **subject)
+                .map(|slot| slot.value);
+        }
+        let (result, write) = f(&mut values[..n]);
+        if write {
+            for (i, (policy, subject)) in keys.iter().enumerate() {
+                if let Some(value) = values[i] {
+                    let shard = guards[guard_of(shard_of[i])].as_mut().expect("locked");
+                    set(
+                        shard,
+                        self.per_shard_cap,
+                        hashes[i],
+                        policy,
+                        subject,
+                        value,
+                        &is_stale,
+                    );
+                }
             }
         }
         result
@@ -138,6 +206,38 @@ impl<V> ShardedMap<V> {
             .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
             .sum()
     }
+}
+
+/// Stores `value` for `(policy, subject)` (hashed to `hash`) in `shard`,
+/// making room first if the shard is full.
+#[inline]
+fn set<V>(
+    shard: &mut Shard<V>,
+    cap: usize,
+    hash: u64,
+    policy: &Arc<str>,
+    subject: &[u8],
+    value: V,
+    is_stale: &impl Fn(&V) -> bool,
+) {
+    if let Some(slot) = shard.get_mut(&hash)
+        && *slot.policy == **policy
+        && *slot.subject == *subject
+    {
+        slot.value = value;
+        return;
+    }
+    if shard.len() >= cap && !shard.contains_key(&hash) {
+        make_room(shard, cap, is_stale);
+    }
+    shard.insert(
+        hash,
+        Slot {
+            policy: Arc::clone(policy),
+            subject: subject.into(),
+            value,
+        },
+    );
 }
 
 /// Drops stale entries; if that frees too little, drops an arbitrary eighth of
@@ -213,5 +313,32 @@ mod tests {
             map.update(&p, b"live-999", |v| (v.copied(), Write::Keep), |_| false),
             Some(1)
         );
+    }
+
+    #[test]
+    fn update_many_reads_and_writes_several_keys_at_once() {
+        let map: ShardedMap<u32> = ShardedMap::new(100, 4);
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        assert_eq!(bump(&map, &a, "x"), 1);
+        let keys: [(&Arc<str>, &[u8]); 3] = [(&a, b"x"), (&b, b"x"), (&a, b"y")];
+        let seen = map.update_many(
+            &keys,
+            |values| {
+                let seen: Vec<_> = values.to_vec();
+                for v in values.iter_mut() {
+                    *v = Some(v.unwrap_or(0) + 10);
+                }
+                (seen, true)
+            },
+            |_| false,
+        );
+        assert_eq!(seen, vec![Some(1), None, None]);
+        // Not written back: nothing changes.
+        map.update_many(&keys, |v| (v.fill(Some(0)), false), |_| false);
+        assert_eq!(bump(&map, &a, "x"), 12);
+        assert_eq!(bump(&map, &b, "x"), 11);
+        assert_eq!(bump(&map, &a, "y"), 11);
+        assert_eq!(map.len(), 3);
     }
 }

@@ -11,7 +11,8 @@
 mod support;
 
 use gateway_ratelimit::algorithm::{self, FixedWindowState, Outcome, TokenBucketState};
-use gateway_ratelimit::{FIXED_WINDOW_LUA, TOKEN_BUCKET_LUA};
+use gateway_ratelimit::stacked::{self, LimitOutcome, Shape, State};
+use gateway_ratelimit::{Algorithm, FIXED_WINDOW_LUA, STACKED_LUA, TOKEN_BUCKET_LUA};
 use support::RedisServer;
 
 const TIME_CALL: &str = "local t = redis.call('TIME')";
@@ -231,6 +232,111 @@ async fn a_merged_run_decides_like_single_runs_at_the_same_instant() {
                 fold(&fw_outcomes),
                 "window {limit}/{window_ms} step {i}, n={n}"
             );
+        }
+    }
+}
+
+/// `stacked.lua` with the time as its last argument and each key's expiry
+/// written to `<key>:ttl`.
+fn stacked_with_fake_clock() -> redis::Script {
+    assert!(STACKED_LUA.contains(TIME_CALL));
+    assert_eq!(
+        STACKED_LUA.matches("redis.call('PEXPIRE', key, ").count(),
+        3
+    );
+    let text = STACKED_LUA
+        .replace(
+            TIME_CALL,
+            "local t = {math.floor(tonumber(ARGV[#ARGV]) / 1000), (tonumber(ARGV[#ARGV]) % 1000) * 1000}",
+        )
+        .replace(
+            "redis.call('PEXPIRE', key, ",
+            "redis.call('SET', key .. ':ttl', ",
+        );
+    redis::Script::new(&text)
+}
+
+/// Stacked limits of mixed algorithms (sliding windows included), one run
+/// per batch of 1 to 6 requests, against `stacked::decide` over long random
+/// timelines: the admitted count, every limit's figures, and every expiry.
+#[tokio::test(flavor = "multi_thread")]
+async fn stacked_lua_matches_the_rust_model() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.connection().await;
+    let script = stacked_with_fake_clock();
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ];
+    let mut rng = Lcg(13);
+    for round in 0..24 {
+        let n = 1 + round % 3;
+        let shapes: Vec<Shape> = (0..n)
+            .map(|i| {
+                let (limit, window_ms) = SHAPES[rng.next(SHAPES.len() as u64) as usize];
+                Shape {
+                    // Every algorithm alone at least once, then mixed.
+                    algorithm: if round < 3 {
+                        algorithms[round]
+                    } else {
+                        algorithms[(i + rng.next(3) as usize) % 3]
+                    },
+                    limit,
+                    window_ms,
+                }
+            })
+            .collect();
+        let keys: Vec<String> = (0..n).map(|i| format!("rl:{{st-{round}-{i}:s}}")).collect();
+        let mut states: Vec<Option<State>> = vec![None; n];
+        let mut now = T0;
+        for step_no in 0..150 {
+            now = step(&mut rng, now, shapes[0].window_ms);
+            let requests = 1 + rng.next(6);
+            let mut expected = vec![LimitOutcome::default(); n];
+            let admitted = stacked::decide(&shapes, &mut states, now, requests, &mut expected);
+
+            let mut invocation = script.prepare_invoke();
+            for key in &keys {
+                let _: () = redis::cmd("DEL")
+                    .arg(format!("{key}:ttl"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                invocation.key(key);
+            }
+            invocation.arg(requests);
+            for s in &shapes {
+                let code = match s.algorithm {
+                    Algorithm::TokenBucket => 0,
+                    Algorithm::FixedWindow => 1,
+                    Algorithm::SlidingWindow => 2,
+                };
+                invocation.arg(code).arg(s.limit).arg(s.window_ms);
+            }
+            invocation.arg(now);
+            let reply: Vec<u64> = invocation.invoke_async(&mut conn).await.unwrap();
+            let ctx = format!("{shapes:?} step {step_no} at {now}, {requests} requests");
+            assert_eq!(reply[0], admitted, "{ctx}");
+            for (i, e) in expected.iter().enumerate() {
+                let actual = LimitOutcome {
+                    remaining: reply[1 + 3 * i],
+                    reset_after_ms: reply[2 + 3 * i],
+                    retry_after_ms: reply[3 + 3 * i],
+                };
+                assert_eq!(actual, *e, "limit {i}: {ctx}");
+                let ttl: Option<u64> = redis::cmd("GET")
+                    .arg(format!("{}:ttl", keys[i]))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let spent = admitted > 0;
+                assert_eq!(
+                    ttl,
+                    spent.then_some(e.reset_after_ms.max(1)),
+                    "expiry of limit {i}: {ctx}"
+                );
+            }
         }
     }
 }

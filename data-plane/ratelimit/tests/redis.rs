@@ -99,10 +99,80 @@ async fn exactly_limit_admitted(algorithm: Algorithm) {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // A sliding window's count weighs on through the next window too.
+    let longest = match algorithm {
+        Algorithm::SlidingWindow => 7_200_000,
+        _ => 3_600_000,
+    };
     assert!(
-        pttl > 0 && pttl <= 3_600_000,
+        pttl > 0 && pttl <= longest,
         "rl:{{burst:alice}} must carry an expiry, PTTL = {pttl}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sliding_window_admits_exactly_the_limit_under_200_concurrent_decisions() {
+    exactly_limit_admitted(Algorithm::SlidingWindow).await;
+}
+
+/// Stacked limits through Redis: 200 concurrent requests over two replicas,
+/// each under a route-wide bucket of 50 and a per-caller window of 37. Exactly
+/// 37 are admitted, and the 163 refusals burn nothing: the bucket lost 37.
+#[tokio::test(flavor = "multi_thread")]
+async fn stacked_limits_are_all_or_nothing_under_200_concurrent_decisions() {
+    let redis = RedisServer::start().await;
+    let a = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    let b = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    wait_shared(&a, Duration::from_secs(10)).await;
+    wait_shared(&b, Duration::from_secs(10)).await;
+    let route = Policy::new("route", Algorithm::TokenBucket, 50, 3600).unwrap();
+    let caller = Policy::new("caller", Algorithm::FixedWindow, 37, 3600).unwrap();
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let limiter = Arc::clone(if i % 2 == 0 { &a } else { &b });
+            let (route, caller) = (route.clone(), caller.clone());
+            tokio::spawn(async move {
+                limiter
+                    .check_all(&[(&route, b"orders"), (&caller, b"alice")])
+                    .await
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let (limit, d) = task.await.unwrap();
+        assert_eq!(d.source, Source::Shared, "{d:?}");
+        // The per-caller window always has less left, and is what refuses.
+        assert_eq!(limit, 1, "{d:?}");
+        assert_eq!(d.limit, 37);
+        admitted += usize::from(d.allowed);
+    }
+    assert_eq!(admitted, 37);
+    let merged = a.stats().merged + b.stats().merged;
+    assert!(merged > 0, "{:?} {:?}", a.stats(), b.stats());
+    assert_eq!(a.stats().fallbacks + b.stats().fallbacks, 0);
+    // The route's bucket spent exactly the admitted ones.
+    let d = a.check(&route, "orders").await;
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 50 - 37 - 1);
+    // Another caller: the bucket is now the most restrictive limit.
+    let (limit, d) = b.check_all(&[(&route, b"orders"), (&caller, b"bob")]).await;
+    assert!(d.allowed);
+    assert_eq!((limit, d.remaining, d.limit), (0, 11, 50));
+    // A refused limit is remembered: the next request of that key set (or of
+    // any set holding that limit) is refused without a round trip.
+    let spent = [(&route, &b"orders"[..]), (&caller, &b"alice"[..])];
+    let (limit, first) = a.check_all(&spent).await;
+    assert!(!first.allowed && limit == 1, "{first:?}");
+    let hits = a.stats().deny_cache_hits;
+    let (limit, again) = a.check_all(&spent).await;
+    assert!(!again.allowed && limit == 1, "{again:?}");
+    assert_eq!(again.source, Source::Shared);
+    assert!(again.retry_after.is_some());
+    assert_eq!(a.stats().deny_cache_hits, hits + 1);
+    // ... and neither refusal spent anything: the bucket still has its 11.
+    let d = a.check(&route, "orders").await;
+    assert_eq!(d.remaining, 10);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -383,4 +453,69 @@ async fn a_frozen_redis_costs_each_decision_at_most_the_deadline() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(limiter.is_shared());
+}
+
+/// A batch's leader that misses its deadline decides locally, but the run it
+/// started goes on for its followers: they get Redis's verdicts within their
+/// own (later) deadlines, and the late success counts as a success.
+#[tokio::test]
+async fn a_batch_outlives_its_leaders_deadline_and_answers_its_followers() {
+    use futures::FutureExt;
+    let redis = RedisServer::start().await;
+    let deadline = Duration::from_millis(500);
+    let limiter = RateLimiter::new(
+        Some(redis.url()),
+        RateLimiterOptions {
+            decision_timeout: deadline,
+            // The client's own bound on a command must outlast the frozen phase.
+            probe_timeout: Duration::from_secs(10),
+            ..RateLimiterOptions::default()
+        },
+    )
+    .unwrap();
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+    let policy = Policy::new("late", Algorithm::TokenBucket, 100, 3600).unwrap();
+
+    // Redis stops answering. `a` leads a run alone; `b` queues behind it, and
+    // so do `c` and `d` a little later, so their deadlines end after `b`'s.
+    redis.signal("-STOP");
+    let mut a = std::pin::pin!(limiter.check(&policy, "k"));
+    let mut b = std::pin::pin!(limiter.check(&policy, "k"));
+    assert!((&mut a).now_or_never().is_none());
+    assert!((&mut b).now_or_never().is_none());
+    tokio::time::sleep(deadline * 7 / 10).await;
+    let mut c = std::pin::pin!(limiter.check(&policy, "k"));
+    let mut d = std::pin::pin!(limiter.check(&policy, "k"));
+    assert!((&mut c).now_or_never().is_none());
+    assert!((&mut d).now_or_never().is_none());
+
+    // `a` gives up and decides locally; `b` then leads the batch {b, c, d}
+    // and gives up too, one deadline later.
+    assert_eq!(a.await.source, Source::Local);
+    assert_eq!(b.await.source, Source::Local);
+    // Redis answers again before `c` and `d` give up: the batch's run, which
+    // went on without its leader, decides them.
+    redis.signal("-CONT");
+    let (c, d) = (c.await, d.await);
+    assert_eq!(
+        (c.source, d.source),
+        (Source::Shared, Source::Shared),
+        "{c:?} {d:?}"
+    );
+    assert!(c.allowed && d.allowed);
+    // Positions 1 and 2 of one batch: consecutive remaining counts.
+    assert_eq!(c.remaining, d.remaining + 1, "{c:?} {d:?}");
+    let stats = limiter.stats();
+    assert_eq!(stats.merged, 2, "{stats:?}");
+    assert_eq!(stats.redis_timeouts, 2, "the two leaders: {stats:?}");
+    assert_eq!(stats.redis_errors, 0, "{stats:?}");
+    assert_eq!(stats.fallbacks, 2, "{stats:?}");
+    assert!(
+        limiter.is_shared(),
+        "a late success is a success: {stats:?}"
+    );
+    // The next decision is shared and sees the batch's spending.
+    let next = limiter.check(&policy, "k").await;
+    assert_eq!(next.source, Source::Shared);
+    assert!(next.remaining < d.remaining, "{next:?} after {d:?}");
 }

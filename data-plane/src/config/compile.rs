@@ -235,7 +235,7 @@ pub fn compile_with_members(
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
             policies: compile_policies(r)?,
             auth: AuthMode::try_from(r.auth).unwrap_or(AuthMode::AuthJwt),
-            rate_limit: r.rate_limit.clone(),
+            rate_limits: r.rate_limit.iter().chain(&r.rate_limits).cloned().collect(),
             timeout,
             target,
             coalesce: r

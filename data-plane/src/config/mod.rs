@@ -68,8 +68,9 @@ pub struct RouteEntry {
     pub policies: RoutePolicies,
     /// Authentication the route requires.
     pub auth: AuthMode,
-    /// Rate limit applied after authentication.
-    pub rate_limit: Option<RateLimit>,
+    /// Every rate limit of the route (`rate_limit` first, then
+    /// `rate_limits`), applied together after authentication.
+    pub rate_limits: Box<[RateLimit]>,
     /// Time allowed until the upstream's response head.
     pub timeout: Duration,
     /// Where the traffic goes.

@@ -1,5 +1,8 @@
 use super::*;
-use crate::v1::{CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy};
+use crate::v1::{
+    CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy, RateLimitAlgorithm,
+    RateLimitKey,
+};
 
 fn upstream(name: &str) -> Upstream {
     Upstream {
@@ -40,6 +43,7 @@ fn limit(policy: &str, n: u32) -> RateLimit {
         key: RateLimitKey::KeyIp as i32,
         limit: n,
         window_seconds: 60,
+        key_header: String::new(),
     }
 }
 
