@@ -5,7 +5,8 @@
 //!
 //! Order: remove, then set (replaces every value), then add (appends).
 //! Validation keeps each name to one operation and off the headers the
-//! gateway owns (identity, `Host`, `Content-Length`, hop-by-hop).
+//! gateway owns (identity, `Host`, `Content-Length`, hop-by-hop), but for
+//! identity and `Host` where the transform says `allow_identity_and_host`.
 
 use std::str::FromStr;
 
@@ -90,6 +91,7 @@ mod tests {
             set: map(set),
             add: map(add),
             remove: remove.iter().map(|s| (*s).to_owned()).collect(),
+            allow_identity_and_host: false,
         }))
         .unwrap()
     }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
-    Cors, HeaderTransform, RateLimit, RateLimitAlgorithm, RateLimitKey, Route, UpsertRouteRequest,
+    AuthMode, Cors, CreateApiKeyRequest, HeaderTransform, RateLimit, RateLimitAlgorithm,
+    RateLimitKey, Route, UpsertRouteRequest,
 };
 use gateway_tests::{
     client, header, metric_sample, mock_requests, open_route, upsert_route_synced,
@@ -160,6 +161,7 @@ fn transform(set: &[(&str, &str)], add: &[(&str, &str)], remove: &[&str]) -> Hea
         set: map(set),
         add: map(add),
         remove: strings(remove),
+        allow_identity_and_host: false,
     }
 }
 
@@ -246,6 +248,54 @@ async fn header_transforms_touching_protected_headers_are_refused() -> Result<()
         .await?
         .into_inner();
     assert_eq!(config.version, before);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn header_transforms_may_change_identity_and_host_when_explicitly_allowed() -> Result<()> {
+    let stack = start(&[]).await;
+    let gw = &stack.gateways()[0];
+    let created = stack
+        .admin_client()
+        .await
+        .create_api_key(CreateApiKeyRequest {
+            name: "partner".into(),
+            subject: "svc-partner".into(),
+            role: "admin".into(),
+            expected_version: None,
+        })
+        .await?
+        .into_inner();
+    stack.wait_synced(created.version).await?;
+    upsert_route_synced(
+        &stack,
+        Route {
+            auth: AuthMode::AuthApiKey as i32,
+            // This backend only ever gets read access, whatever the key says,
+            // and routes by virtual host.
+            request_headers: Some(HeaderTransform {
+                allow_identity_and_host: true,
+                ..transform(
+                    &[("X-User-Role", "reader"), ("Host", "backend.internal")],
+                    &[],
+                    &[],
+                )
+            }),
+            ..open_route("narrowed", "/narrowed/users", "users", "/users")
+        },
+    )
+    .await?;
+    let resp = client()
+        .get(format!("{gw}/narrowed/users/1"))
+        .header("x-api-key", &created.key)
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    let doc: Value = resp.json().await?;
+    let seen = &doc["headers"];
+    assert_eq!(seen["x-user-id"], "svc-partner", "{seen}");
+    assert_eq!(seen["x-user-role"], "reader", "{seen}");
+    assert_eq!(seen["host"], "backend.internal", "{seen}");
     Ok(())
 }
 

@@ -26,6 +26,22 @@ pub const PROTECTED_HEADERS: &[&str] = &[
 fn is_protected(lower: &str) -> bool {
     PROTECTED_HEADERS.contains(&lower) || HOP_BY_HOP.contains(&lower)
 }
+
+/// The protected headers `allow_identity_and_host` opens up.
+const OVERRIDABLE: [&str; 3] = ["host", "x-user-id", "x-user-role"];
+
+/// With `allow_identity_and_host`: whether operation `op` ("set", "add",
+/// "remove") of transform `field` ("request_headers" / "response_headers")
+/// may touch the protected header `lower`. The identity headers may be set
+/// or removed (a second value would make the identity ambiguous); Host may
+/// only be set, and only on the request (a request needs exactly one).
+fn overridable(field: &str, op: &str, lower: &str) -> bool {
+    match lower {
+        "x-user-id" | "x-user-role" => op != "add",
+        "host" => op == "set" && field == "request_headers",
+        _ => false,
+    }
+}
 /// Most `cors.allow_origins` entries.
 pub const MAX_CORS_ORIGINS: usize = 100;
 /// Most `cors.allow_methods` entries.
@@ -217,9 +233,18 @@ impl Validator {
                 self.push(format!(
                     "{at}: \"{name}\" is not a valid header name (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME_LEN})"
                 ));
-            } else if is_protected(&lower) {
+            } else if is_protected(&lower)
+                && !(t.allow_identity_and_host && overridable(field, op, &lower))
+            {
+                let hint = if !OVERRIDABLE.contains(&lower.as_str()) {
+                    ""
+                } else if t.allow_identity_and_host {
+                    " (allow_identity_and_host permits only set and remove of X-User-Id and X-User-Role, and set of Host in request_headers)"
+                } else {
+                    " (set allow_identity_and_host to change Host, X-User-Id or X-User-Role on purpose)"
+                };
                 self.push(format!(
-                    "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role, X-Api-Key-Name, X-Gateway-Signature and hop-by-hop headers are the gateway's)"
+                    "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role, X-Api-Key-Name, X-Gateway-Signature and hop-by-hop headers are the gateway's){hint}"
                 ));
             } else if !seen.insert(lower) {
                 self.push(format!(

@@ -129,6 +129,7 @@ fn transform(set: &[(&str, &str)], add: &[(&str, &str)], remove: &[&str]) -> Hea
         set: map(set),
         add: map(add),
         remove: strings(remove),
+        allow_identity_and_host: false,
     }
 }
 
@@ -186,6 +187,81 @@ fn protected_headers_are_refused_in_every_operation_and_direction() {
             &format!("response_headers.remove: \"{name}\" is a protected header"),
         );
     }
+}
+
+#[test]
+fn allow_identity_and_host_opens_exactly_identity_set_remove_and_request_host_set() {
+    let allowed = |mut t: HeaderTransform| {
+        t.allow_identity_and_host = true;
+        Some(t)
+    };
+    // Accepted: identity set/remove both ways, Host set on the request.
+    let ok = Route {
+        request_headers: allowed(transform(
+            &[("Host", "backend.internal"), ("X-User-Role", "reader")],
+            &[],
+            &["x-user-id"],
+        )),
+        response_headers: allowed(transform(&[("x-user-id", "hidden")], &[], &["X-User-Role"])),
+        ..route()
+    };
+    validate_config(&[ok], &[upstream()]).unwrap();
+    // Still refused with the flag: adding identity, removing Host, Host on the
+    // response, and every other protected header.
+    for (r, needle) in [
+        (
+            Route {
+                request_headers: allowed(transform(&[], &[("X-User-Id", "x")], &[])),
+                ..route()
+            },
+            "request_headers.add: \"X-User-Id\" is a protected header",
+        ),
+        (
+            Route {
+                request_headers: allowed(transform(&[], &[], &["host"])),
+                ..route()
+            },
+            "request_headers.remove: \"host\" is a protected header",
+        ),
+        (
+            Route {
+                response_headers: allowed(transform(&[("Host", "x")], &[], &[])),
+                ..route()
+            },
+            "allow_identity_and_host permits only set and remove of X-User-Id and X-User-Role, and set of Host in request_headers",
+        ),
+        (
+            Route {
+                request_headers: allowed(transform(&[("Content-Length", "1")], &[], &[])),
+                ..route()
+            },
+            "request_headers.set: \"Content-Length\" is a protected header",
+        ),
+        (
+            Route {
+                request_headers: allowed(transform(&[("X-Gateway-Signature", "x")], &[], &[])),
+                ..route()
+            },
+            "request_headers.set: \"X-Gateway-Signature\" is a protected header",
+        ),
+        (
+            Route {
+                request_headers: allowed(transform(&[], &[], &["transfer-encoding"])),
+                ..route()
+            },
+            "request_headers.remove: \"transfer-encoding\" is a protected header",
+        ),
+    ] {
+        fails_with(r, needle);
+    }
+    // Without the flag, the message says how to opt in.
+    fails_with(
+        Route {
+            request_headers: Some(transform(&[("Host", "x")], &[], &[])),
+            ..route()
+        },
+        "set allow_identity_and_host to change Host, X-User-Id or X-User-Role on purpose",
+    );
 }
 
 #[test]
