@@ -137,10 +137,7 @@ impl RateLimiter for RouteLimiter {
                 LimitKey::Ip(ip) => Some(ip),
                 _ => None,
             }) {
-                use std::io::Write as _;
-                let mut w = &mut ip_text[..];
-                let _ = write!(w, "{ip}");
-                ip_len = 45 - w.len();
+                ip_len = crate::sanitize::write_ip(*ip, &mut ip_text);
             }
             let subject = |key: &LimitKey<'a>| -> &[u8] {
                 match *key {

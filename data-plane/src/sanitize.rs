@@ -11,7 +11,6 @@
 //! The common request carries none of the removed headers; it costs one pass
 //! over the header names and no removal.
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::str::FromStr;
 
@@ -40,23 +39,40 @@ pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-
 /// Longest accepted incoming `X-Request-Id`.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
 
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || name == header::PROXY_AUTHORIZATION
-        || name == header::PROXY_AUTHENTICATE
-        || name == KEEP_ALIVE
-        || name == PROXY_CONNECTION
-}
+/// The headers removed at the trust boundary: the hop-by-hop ones (the first
+/// [`HOP_BY_HOP_COUNT`], removed both ways), then the identity ones (requests
+/// only). A header's index is its bit in [`remove_hop_by_hop`]'s scan.
+static REMOVED: [&HeaderName; 13] = [
+    &header::CONNECTION,
+    &PROXY_CONNECTION,
+    &header::TE,
+    &header::TRAILER,
+    &header::TRANSFER_ENCODING,
+    &header::UPGRADE,
+    &header::PROXY_AUTHORIZATION,
+    &header::PROXY_AUTHENTICATE,
+    &KEEP_ALIVE,
+    &X_USER_ID,
+    &X_USER_ROLE,
+    &X_API_KEY_NAME,
+    &X_GATEWAY_SIGNATURE,
+];
+/// How many of [`REMOVED`] are hop-by-hop.
+const HOP_BY_HOP_COUNT: usize = 9;
+/// The bits of `Connection` and `Proxy-Connection`, whose values name more headers.
+const CONNECTION_BITS: u16 = 0b11;
 
-fn is_identity(name: &HeaderName) -> bool {
-    name == X_USER_ID
-        || name == X_USER_ROLE
-        || name == X_API_KEY_NAME
-        || name == X_GATEWAY_SIGNATURE
+/// `name`'s bit among [`REMOVED`] (hop-by-hop only, or identity too), or 0.
+fn removed_bit(name: &HeaderName, strip_identity: bool) -> u16 {
+    let n = if strip_identity {
+        REMOVED.len()
+    } else {
+        HOP_BY_HOP_COUNT
+    };
+    REMOVED[..n]
+        .iter()
+        .position(|r| *r == name)
+        .map_or(0, |i| 1 << i)
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection`
@@ -66,47 +82,51 @@ fn is_identity(name: &HeaderName) -> bool {
 /// field, as on the wire), for the header size limit.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize {
     let mut size = 0;
-    let mut found = false;
+    // Which of REMOVED are present: only those are looked up and removed (an
+    // upstream's `Connection: keep-alive` is on nearly every response).
+    let mut present = 0u16;
     for (name, value) in headers.iter() {
         size += name.as_str().len() + value.len() + 4;
-        found |= is_hop_by_hop(name) || (strip_identity && is_identity(name));
+        present |= removed_bit(name, strip_identity);
     }
-    if !found {
+    if present == 0 {
         return size;
     }
     // Headers named as hop-by-hop by the sender ("Connection: close, X-Secret").
-    let mut named: Vec<HeaderName> = Vec::new();
-    for list in [&header::CONNECTION, &PROXY_CONNECTION] {
-        for value in headers.get_all(list) {
-            let Ok(value) = value.to_str() else { continue };
-            named.extend(
-                value
-                    .split(',')
-                    .filter_map(|t| HeaderName::from_str(t.trim()).ok()),
-            );
+    if present & CONNECTION_BITS != 0 {
+        let mut named: Vec<HeaderName> = Vec::new();
+        for (bit, list) in [&header::CONNECTION, &PROXY_CONNECTION]
+            .into_iter()
+            .enumerate()
+        {
+            if present & (1 << bit) == 0 {
+                continue;
+            }
+            for value in headers.get_all(list) {
+                let Ok(value) = value.to_str() else { continue };
+                for token in value.split(',').map(str::trim) {
+                    // "close" names no header; the fixed list is removed below.
+                    if token.eq_ignore_ascii_case("close")
+                        || token.eq_ignore_ascii_case("keep-alive")
+                    {
+                        continue;
+                    }
+                    if let Ok(name) = HeaderName::from_str(token)
+                        && removed_bit(&name, false) == 0
+                    {
+                        named.push(name);
+                    }
+                }
+            }
+        }
+        for name in named {
+            headers.remove(name);
         }
     }
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        &header::CONNECTION,
-        &header::TE,
-        &header::TRAILER,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-        &header::PROXY_AUTHORIZATION,
-        &header::PROXY_AUTHENTICATE,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-    ] {
-        headers.remove(name);
-    }
-    if strip_identity {
-        headers.remove(&X_USER_ID);
-        headers.remove(&X_USER_ROLE);
-        headers.remove(&X_API_KEY_NAME);
-        headers.remove(&X_GATEWAY_SIGNATURE);
+    for (i, name) in REMOVED.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(*name);
+        }
     }
     size
 }
@@ -121,10 +141,14 @@ pub fn is_valid_request_id(v: &[u8]) -> bool {
 
 /// A new random request id: 32 lower-case hex digits.
 pub fn new_request_id() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let n: u128 = rand::rng().random();
-    let mut s = String::with_capacity(32);
-    let _ = write!(s, "{n:032x}");
-    HeaderValue::from_str(&s).expect("hex is a valid header value")
+    // Hex by hand: `format!` costs several times more on every request.
+    let mut buf = [0u8; 32];
+    for (i, digit) in buf.iter_mut().enumerate() {
+        *digit = HEX[((n >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&buf).expect("hex is a valid header value")
 }
 
 /// Keeps a valid incoming `X-Request-Id` or replaces it with a new one. Returns the id.
@@ -143,18 +167,60 @@ pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
 /// Appends the peer address to `X-Forwarded-For` (joining repeated header lines)
 /// and sets `X-Forwarded-Proto: http`.
 pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr) {
-    let mut xff = String::new();
-    for v in headers.get_all(&X_FORWARDED_FOR) {
-        if let Ok(v) = v.to_str() {
-            xff.push_str(v.trim());
-            xff.push_str(", ");
+    let mut text = [0u8; 45];
+    let len = write_ip(peer, &mut text);
+    let peer = &text[..len];
+    let value = if headers.contains_key(&X_FORWARDED_FOR) {
+        let mut xff = Vec::new();
+        for v in headers.get_all(&X_FORWARDED_FOR) {
+            if let Ok(v) = v.to_str() {
+                xff.extend_from_slice(v.trim().as_bytes());
+                xff.extend_from_slice(b", ");
+            }
         }
-    }
-    let _ = write!(xff, "{peer}");
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+        xff.extend_from_slice(peer);
+        HeaderValue::from_bytes(&xff)
+    } else {
+        HeaderValue::from_bytes(peer)
+    };
+    if let Ok(v) = value {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+}
+
+/// Writes `ip` as `Display` would into `buf` (45 bytes hold any address) and
+/// returns the length. IPv4, the common case, is formatted by hand, without
+/// the `fmt` machinery that costs several times more per request.
+pub fn write_ip(ip: IpAddr, buf: &mut [u8; 45]) -> usize {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut n = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[n] = b'.';
+                    n += 1;
+                }
+                if octet >= 100 {
+                    buf[n] = b'0' + octet / 100;
+                    n += 1;
+                }
+                if octet >= 10 {
+                    buf[n] = b'0' + octet / 10 % 10;
+                    n += 1;
+                }
+                buf[n] = b'0' + octet % 10;
+                n += 1;
+            }
+            n
+        }
+        IpAddr::V6(_) => {
+            use std::io::Write as _;
+            let mut rest = &mut buf[..];
+            let _ = write!(rest, "{ip}");
+            45 - rest.len()
+        }
+    }
 }
 
 pub use gateway_proto::cidr::{Cidr, CidrError};
@@ -247,6 +313,41 @@ mod tests {
         let size = remove_hop_by_hop(&mut plain, true);
         assert_eq!(plain.len(), 2);
         assert_eq!(size, "host".len() + 1 + 4 + "accept".len() + 1 + 4);
+    }
+
+    #[test]
+    fn write_ip_matches_display() {
+        for ip in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.0.0.1",
+            "127.0.0.1",
+            "99.100.109.110",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::5",
+            "::ffff:10.1.2.3",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let mut buf = [0u8; 45];
+            let n = write_ip(ip, &mut buf);
+            assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), ip.to_string());
+        }
+    }
+
+    #[test]
+    fn connection_tokens_naming_fixed_or_identity_headers_are_removed() {
+        // A response: identity headers stay unless the upstream names them in Connection.
+        let mut h = map(&[
+            ("connection", "Keep-Alive, x-user-role, CLOSE"),
+            ("x-user-role", "r"),
+            ("x-user-id", "u"),
+            ("te", "trailers"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-user-id"]);
     }
 
     #[test]
