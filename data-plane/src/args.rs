@@ -114,6 +114,12 @@ pub struct Args {
     #[arg(long, env = "DP_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
 
+    /// On SIGTERM/SIGINT, keep serving this long (milliseconds) with `/readyz`
+    /// answering 503 before the listeners close, so a load balancer that
+    /// health-checks `/readyz` stops sending new requests first. 0: close at once.
+    #[arg(long, env = "DP_DRAIN_DELAY_MS", default_value_t = 0)]
+    pub drain_delay_ms: u64,
+
     /// Idle keep-alive connections kept per upstream instance.
     #[arg(long, env = "DP_UPSTREAM_MAX_IDLE", default_value_t = 128)]
     pub upstream_max_idle: usize,

@@ -351,8 +351,16 @@ pub async fn run(
     data_plane: DataPlane,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
+    let drain_delay = std::time::Duration::from_millis(data_plane.args.drain_delay_ms);
     let running = data_plane.start().await?;
     shutdown.await;
+    if !drain_delay.is_zero() {
+        // Not ready, still serving: the load balancer's checks see 503 and stop
+        // routing here before the listeners close.
+        tracing::info!(?drain_delay, "draining: /readyz answers 503, still serving");
+        running.runtime().start_draining();
+        tokio::time::sleep(drain_delay).await;
+    }
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
