@@ -331,6 +331,19 @@ impl Running {
         &self.runtime
     }
 
+    /// [`shutdown`](Self::shutdown) after `delay` of draining: readiness
+    /// answers 503 at once while requests are still served, so a load balancer
+    /// that checks `/readyz` stops routing here before the listeners close.
+    pub async fn drain_then_shutdown(self, delay: std::time::Duration) {
+        if !delay.is_zero() {
+            tracing::info!(?delay, "draining: /readyz answers 503, still serving");
+            self.runtime.start_draining();
+            tokio::time::sleep(delay).await;
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await;
+    }
+
     /// Graceful shutdown: readiness goes to 503, listeners close, in-flight
     /// requests get the grace period to finish, background tasks stop.
     pub async fn shutdown(self) {
@@ -354,14 +367,6 @@ pub async fn run(
     let drain_delay = std::time::Duration::from_millis(data_plane.args.drain_delay_ms);
     let running = data_plane.start().await?;
     shutdown.await;
-    if !drain_delay.is_zero() {
-        // Not ready, still serving: the load balancer's checks see 503 and stop
-        // routing here before the listeners close.
-        tracing::info!(?drain_delay, "draining: /readyz answers 503, still serving");
-        running.runtime().start_draining();
-        tokio::time::sleep(drain_delay).await;
-    }
-    tracing::info!("shutting down");
-    running.shutdown().await;
+    running.drain_then_shutdown(drain_delay).await;
     Ok(())
 }

@@ -163,3 +163,37 @@ async fn reconnects_announce_the_cached_version_and_readyz_waits_for_config() {
     assert_eq!(hello.version_info, "5");
     dp.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn draining_answers_readyz_503_but_serves_until_the_delay_ends() {
+    let up = TestUpstream::start("a").await;
+    let cache = tempfile::tempdir().unwrap();
+    let mut cp = FakeControlPlane::start().await;
+    let dp = start_data_plane(&cp.url(), cache.path(), &[]).await;
+    cp.next_request().await;
+    cp.push(
+        &snapshot(
+            1,
+            vec![route("api", "/api", "svc")],
+            vec![upstream("svc", &[("a", up.url())])],
+        ),
+        "n1",
+    );
+    assert_ack(&cp.next_request().await, "1", "n1");
+    eventually("readyz 200", || async {
+        (ops(&dp, "/readyz").await.0 == StatusCode::OK).then_some(())
+    })
+    .await;
+    let (proxy, admin) = (dp.proxy_addr(), dp.admin_addr());
+
+    let drained = tokio::spawn(dp.drain_then_shutdown(std::time::Duration::from_secs(5)));
+    eventually("readyz 503 while draining", || async {
+        (get(admin, "/readyz").await.0 == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+    })
+    .await;
+    // Not ready, yet still serving (the listener closes only after the delay).
+    assert_eq!(get(proxy, "/api").await.0, StatusCode::OK);
+    drained.await.unwrap();
+    // And then the listener is gone.
+    assert!(tokio::net::TcpStream::connect(proxy).await.is_err());
+}
