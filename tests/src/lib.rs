@@ -234,6 +234,33 @@ pub async fn upsert_upstream_synced(
     Ok(version)
 }
 
+/// Creates API key `name` for `subject` with `role` and waits until every data
+/// plane has the version that holds it. Returns the answer (the key itself, once).
+pub async fn create_api_key_synced(
+    stack: &devstack::Stack,
+    name: &str,
+    subject: &str,
+    role: &str,
+) -> anyhow::Result<gateway_proto::v1::CreateApiKeyResponse> {
+    let created = stack
+        .admin_client()
+        .await
+        .create_api_key(gateway_proto::v1::CreateApiKeyRequest {
+            name: name.into(),
+            subject: subject.into(),
+            role: role.into(),
+            expected_version: None,
+        })
+        .await
+        .with_context(|| format!("creating API key {name}"))?
+        .into_inner();
+    stack
+        .wait_synced(created.version)
+        .await
+        .with_context(|| format!("data planes syncing version {}", created.version))?;
+    Ok(created)
+}
+
 /// Requests a mock has served so far (its `GET /stats`), by the mock's port.
 pub async fn mock_requests(port: u16) -> anyhow::Result<u64> {
     let stats: serde_json::Value = client()

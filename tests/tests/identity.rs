@@ -10,12 +10,12 @@
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
-    AuthMode, CreateApiKeyRequest, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest,
-    RevokeApiKeyRequest, Route,
+    AuthMode, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest, RevokeApiKeyRequest,
+    Route,
 };
 use gateway_tests::{
-    client, header, metric_sample, open_route, secrets_in_logs, upsert_route_synced,
-    upsert_upstream_synced,
+    client, create_api_key_synced, header, metric_sample, open_route, secrets_in_logs,
+    upsert_route_synced, upsert_upstream_synced,
 };
 use mock_service::identity::{IdentityVerifier, unix_now};
 use serde_json::Value;
@@ -31,20 +31,9 @@ fn keyed_route() -> Route {
     }
 }
 
+/// API key `name` for subject `svc-NAME`, role `service`, synced to every data plane.
 async fn create_key(stack: &Stack, name: &str) -> Result<CreateApiKeyResponse> {
-    let created = stack
-        .admin_client()
-        .await
-        .create_api_key(CreateApiKeyRequest {
-            name: name.into(),
-            subject: format!("svc-{name}"),
-            role: "service".into(),
-            expected_version: None,
-        })
-        .await?
-        .into_inner();
-    stack.wait_synced(created.version).await?;
-    Ok(created)
+    create_api_key_synced(stack, name, &format!("svc-{name}"), "service").await
 }
 
 /// `GET url` with these headers: (status, problem type or echoed headers).

@@ -10,11 +10,12 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
-    AuthMode, Cors, CreateApiKeyRequest, HeaderTransform, RateLimit, RateLimitAlgorithm,
-    RateLimitKey, Route, UpsertRouteRequest,
+    AuthMode, Cors, HeaderTransform, RateLimit, RateLimitAlgorithm, RateLimitKey, Route,
+    UpsertRouteRequest,
 };
 use gateway_tests::{
-    client, header, metric_sample, mock_requests, open_route, upsert_route_synced,
+    client, create_api_key_synced, header, metric_sample, mock_requests, open_route,
+    upsert_route_synced,
 };
 use serde_json::Value;
 
@@ -255,18 +256,7 @@ async fn header_transforms_touching_protected_headers_are_refused() -> Result<()
 async fn header_transforms_may_change_identity_and_host_when_explicitly_allowed() -> Result<()> {
     let stack = start(&[]).await;
     let gw = &stack.gateways()[0];
-    let created = stack
-        .admin_client()
-        .await
-        .create_api_key(CreateApiKeyRequest {
-            name: "partner".into(),
-            subject: "svc-partner".into(),
-            role: "admin".into(),
-            expected_version: None,
-        })
-        .await?
-        .into_inner();
-    stack.wait_synced(created.version).await?;
+    let created = create_api_key_synced(&stack, "partner", "svc-partner", "admin").await?;
     upsert_route_synced(
         &stack,
         Route {

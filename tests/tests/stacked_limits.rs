@@ -12,10 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
-use gateway_proto::v1::{
-    AuthMode, CreateApiKeyRequest, RateLimit, RateLimitAlgorithm, RateLimitKey, Route,
-};
-use gateway_tests::{client, header, open_route, upsert_route_synced};
+use gateway_proto::v1::{AuthMode, RateLimit, RateLimitAlgorithm, RateLimitKey, Route};
+use gateway_tests::{client, create_api_key_synced, header, open_route, upsert_route_synced};
 use reqwest::StatusCode;
 
 async fn start() -> Result<Stack> {
@@ -60,10 +58,16 @@ struct Seen {
     received: Instant,
 }
 
+/// `GET url`, with `X-Client: client_id` when given (the stacks' KEY_HEADER).
 async fn get(http: &reqwest::Client, url: &str, client_id: Option<&str>) -> Result<Seen> {
+    get_with(http, url, client_id.map(|id| ("x-client", id))).await
+}
+
+/// `GET url` with one extra request header, and what the answer said.
+async fn get_with(http: &reqwest::Client, url: &str, extra: Option<(&str, &str)>) -> Result<Seen> {
     let mut request = http.get(url);
-    if let Some(id) = client_id {
-        request = request.header("x-client", id);
+    if let Some((name, value)) = extra {
+        request = request.header(name, value);
     }
     let sent = Instant::now();
     let response = request.send().await.with_context(|| url.to_owned())?;
@@ -245,42 +249,9 @@ async fn key_header_counts_per_value_and_requests_without_it_share_a_budget() ->
     Ok(())
 }
 
-/// Creates API key `name` (subject `svc-NAME`) and waits until the data planes have it.
-async fn create_key(stack: &Stack, name: &str) -> Result<String> {
-    let created = stack
-        .admin_client()
-        .await
-        .create_api_key(CreateApiKeyRequest {
-            name: name.into(),
-            subject: format!("svc-{name}"),
-            role: "service".into(),
-            expected_version: None,
-        })
-        .await?
-        .into_inner();
-    stack.wait_synced(created.version).await?;
-    Ok(created.key)
-}
-
 /// `GET url` with `X-API-Key: key`.
 async fn get_keyed(http: &reqwest::Client, url: &str, key: &str) -> Result<Seen> {
-    let sent = Instant::now();
-    let response = http
-        .get(url)
-        .header("x-api-key", key)
-        .send()
-        .await
-        .with_context(|| url.to_owned())?;
-    let received = Instant::now();
-    let number = |name| header(&response, name).and_then(|v| v.parse().ok());
-    Ok(Seen {
-        status: response.status(),
-        policy: header(&response, "ratelimit-policy").map(str::to_owned),
-        remaining: number("x-ratelimit-remaining"),
-        retry_after: number("retry-after"),
-        sent,
-        received,
-    })
+    get_with(http, url, Some(("x-api-key", key))).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -311,8 +282,12 @@ async fn per_ip_and_per_api_key_limits_both_apply_and_a_refusal_burns_neither() 
         },
     )
     .await?;
-    let alpha = create_key(&stack, "alpha").await?;
-    let beta = create_key(&stack, "beta").await?;
+    let alpha = create_api_key_synced(&stack, "alpha", "svc-alpha", "service")
+        .await?
+        .key;
+    let beta = create_api_key_synced(&stack, "beta", "svc-beta", "service")
+        .await?
+        .key;
     let http = client();
     let url = format!("{gw}/keyed-stack/users/1");
     let key_budget = "\"keyed-key\";q=3;w=3600";
