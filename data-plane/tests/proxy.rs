@@ -639,3 +639,85 @@ async fn slow_header_senders_are_cut_off() {
     assert_eq!(up.connections.load(std::sync::atomic::Ordering::SeqCst), 0);
     dp.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn silent_connections_are_closed_after_the_header_read_timeout() {
+    use tokio::io::AsyncReadExt as _;
+    let up = TestUpstream::start("o1").await;
+    let cfg = snapshot(
+        1,
+        vec![route("all", "/", "svc")],
+        vec![upstream("svc", &[("o1", up.url())])],
+    );
+    let (dp, _cache) = data_plane_with(cfg, &["--header-read-timeout-ms", "300"]).await;
+    // Connects and never sends a byte: the protocol sniff must not wait forever.
+    let mut s = tokio::net::TcpStream::connect(dp.proxy_addr())
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, s.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "connection still open after {DEADLINE:?}");
+    assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    dp.shutdown().await;
+}
+
+/// Clients that send their first bytes in pieces: an HTTP/1.1 request whose
+/// first segment ("P") could still be the HTTP/2 preface, and an h2c client
+/// whose preface arrives in two segments, are each served in their protocol.
+#[tokio::test(flavor = "multi_thread")]
+async fn first_bytes_split_across_segments_pick_the_right_protocol() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let up = TestUpstream::start("o1").await;
+    let cfg = snapshot(
+        1,
+        vec![route("all", "/", "svc")],
+        vec![upstream("svc", &[("o1", up.url())])],
+    );
+    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    let addr = dp.proxy_addr();
+
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(b"P").await.unwrap();
+    // Gives the gateway a chance to see "P" alone; the test holds either way.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.write_all(
+        b"OST /count HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut buf))
+        .await
+        .expect("answered within the deadline")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("\r\n\r\n3"), "{text}");
+
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(&PREFACE[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.write_all(&PREFACE[10..]).await.unwrap();
+    // An empty SETTINGS frame: length 0, type 4, flags 0, stream 0.
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    // The server's first frame is its own SETTINGS frame.
+    let mut frame_head = [0u8; 9];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut frame_head))
+        .await
+        .expect("answered within the deadline")
+        .unwrap();
+    assert_eq!(
+        frame_head[3], 4,
+        "not an HTTP/2 SETTINGS frame: {frame_head:?}"
+    );
+    dp.shutdown().await;
+}
