@@ -14,7 +14,8 @@
 //!   [`dns`]: upstream members found in DNS, refreshed and reconciled;
 //! * [`aggregate`] (aggregation routes) and [`coalesce`] (request coalescing):
 //!   the composition stages, between rate limiting and balancing;
-//! * [`server`]: listeners and graceful shutdown; [`workers`]: the per-core
+//! * [`server`]: listeners and graceful shutdown ([`conn_timer`]: the header read
+//!   timer each connection re-arms); [`workers`]: the per-core
 //!   proxy workers; [`ops`]: the ops listener;
 //!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
 //! * [`api_key`]: `AUTH_API_KEY` callers, checked against the snapshot's key
@@ -37,6 +38,7 @@ pub mod breaker;
 pub mod cache;
 pub mod coalesce;
 pub mod config;
+pub mod conn_timer;
 pub mod cors;
 pub mod dns;
 pub mod error;

@@ -34,6 +34,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::body::ResponseBody;
+use crate::conn_timer::ConnTimer;
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -243,7 +244,10 @@ async fn connection<S, B>(
     let io = TokioIo::new(stream);
     let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match protocol {
         Protocol::Http1 => {
-            let conn = builders.http1.serve_connection(io, service).with_upgrades();
+            // A timer of its own, so the header read timeout re-arms one tokio timer.
+            let mut http1 = builders.http1.clone();
+            http1.timer(ConnTimer::new());
+            let conn = http1.serve_connection(io, service).with_upgrades();
             drop(builders);
             Box::pin(drive(conn, stop, |c| c.graceful_shutdown()))
                 .await
