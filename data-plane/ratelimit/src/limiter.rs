@@ -244,27 +244,24 @@ impl RateLimiter {
             Role::Lead(lead) => lead,
             Role::Alone => shared.merger.lead_alone(key),
             // Queued behind the run in flight, then decided by the next one: up to two runs.
-            Role::Queued(queued) => {
-                let shard = queued.shard();
-                match queued.wait(inner.options.decision_timeout * 2).await {
-                    Some(Turn::Decided(outcome, _)) => {
-                        inner.stats.merged();
-                        inner.stats.decision(Source::Shared, outcome.allowed);
-                        return Decision::from_outcome(policy, outcome, Source::Shared);
-                    }
-                    Some(Turn::Lead(followers)) => shared.merger.lead(shard, key, followers),
-                    // The run this request waited for failed (and was counted by its leader).
-                    Some(Turn::Failed) => {
-                        inner.stats.fallback();
-                        return inner.local_one(policy, subject);
-                    }
-                    None => {
-                        inner.stats.redis_timeout();
-                        inner.stats.fallback();
-                        return inner.local_one(policy, subject);
-                    }
+            Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
+                Some(Turn::Decided(outcome, _)) => {
+                    inner.stats.merged();
+                    inner.stats.decision(Source::Shared, outcome.allowed);
+                    return Decision::from_outcome(policy, outcome, Source::Shared);
                 }
-            }
+                Some(Turn::Lead(followers)) => shared.merger.lead(key, followers),
+                // The run this request waited for failed (and was counted by its leader).
+                Some(Turn::Failed) => {
+                    inner.stats.fallback();
+                    return inner.local_one(policy, subject);
+                }
+                None => {
+                    inner.stats.redis_timeout();
+                    inner.stats.fallback();
+                    return inner.local_one(policy, subject);
+                }
+            },
         };
         // A batch's run must outlive its leader's deadline: its followers have
         // later deadlines of their own. So a run with followers is an owned
@@ -321,30 +318,27 @@ impl RateLimiter {
             Role::Lead(lead) => lead,
             Role::Alone => shared.merger.lead_alone(key),
             // Queued behind the run in flight, then decided by the next one: up to two runs.
-            Role::Queued(queued) => {
-                let shard = queued.shard();
-                match queued.wait(inner.options.decision_timeout * 2).await {
-                    Some(Turn::Decided(outcome, i)) => {
-                        inner.stats.merged();
-                        inner.stats.decision(Source::Shared, outcome.allowed);
-                        return (
-                            i,
-                            Decision::from_outcome(limits[i].0, outcome, Source::Shared),
-                        );
-                    }
-                    Some(Turn::Lead(followers)) => shared.merger.lead(shard, key, followers),
-                    // The run this request waited for failed (and was counted by its leader).
-                    Some(Turn::Failed) => {
-                        inner.stats.fallback();
-                        return inner.local(limits);
-                    }
-                    None => {
-                        inner.stats.redis_timeout();
-                        inner.stats.fallback();
-                        return inner.local(limits);
-                    }
+            Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
+                Some(Turn::Decided(outcome, i)) => {
+                    inner.stats.merged();
+                    inner.stats.decision(Source::Shared, outcome.allowed);
+                    return (
+                        i,
+                        Decision::from_outcome(limits[i].0, outcome, Source::Shared),
+                    );
                 }
-            }
+                Some(Turn::Lead(followers)) => shared.merger.lead(key, followers),
+                // The run this request waited for failed (and was counted by its leader).
+                Some(Turn::Failed) => {
+                    inner.stats.fallback();
+                    return inner.local(limits);
+                }
+                None => {
+                    inner.stats.redis_timeout();
+                    inner.stats.fallback();
+                    return inner.local(limits);
+                }
+            },
         };
         let policies = limits.iter().map(|(p, _)| (*p).clone()).collect();
         let call = Call::Stacked(policies, keys);

@@ -19,18 +19,8 @@
 //! followers, whose deadlines are later (only the leader decides locally). A
 //! leader that is cancelled mid-run (its client went away) still hands the
 //! key on, through [`Lead`]'s `Drop`.
-//!
-//! Queues are kept per thread ([`SHARDS`] of them, a thread's picked
-//! round-robin when it first merges): the data plane's proxy workers are one
-//! thread each, so a batch's leader and followers share a thread and waking
-//! them is a local queue push, not a cross-thread wake-up through the other
-//! worker's eventfd (measured with `perf`, BENCHMARKS.md). A key may then have
-//! one run in flight per worker; the verdicts are unchanged, since every run is
-//! one atomic script. A [`Lead`] and a [`Queued`] remember their shard, so a
-//! run finished on another thread hands on the right queue.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -40,18 +30,6 @@ use crate::algorithm::Outcome;
 /// Most requests queued behind one key's run; beyond that a request asks
 /// Redis on its own (correct, just not merged).
 pub(crate) const MAX_QUEUED: usize = 512;
-
-/// Independent sets of queues; threads are spread over them round-robin.
-pub(crate) const SHARDS: usize = 16;
-
-/// The shard of the calling thread.
-pub(crate) fn this_thread_shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-    }
-    SHARD.with(|s| *s)
-}
 
 /// The answer of one script run deciding `requests` requests of one key (or
 /// of one set of stacked keys: then `*_limit` say which limit describes the
@@ -156,18 +134,11 @@ pub(crate) enum Role {
 #[derive(Debug)]
 pub(crate) struct Queued {
     merger: Merger,
-    shard: usize,
     key: Vec<u8>,
     rx: Option<oneshot::Receiver<Turn>>,
 }
 
 impl Queued {
-    /// The shard whose queue this request waits in: pass it to
-    /// [`Merger::lead`] when told [`Turn::Lead`].
-    pub(crate) fn shard(&self) -> usize {
-        self.shard
-    }
-
     /// Waits at most `deadline` for the verdict or the lead. `None`: no answer in
     /// time (or the run was abandoned): decide locally.
     pub(crate) async fn wait(mut self, deadline: std::time::Duration) -> Option<Turn> {
@@ -191,7 +162,7 @@ impl Drop for Queued {
         rx.close();
         if let Ok(Turn::Lead(followers)) = rx.try_recv() {
             self.merger
-                .lead(self.shard, std::mem::take(&mut self.key), followers)
+                .lead(std::mem::take(&mut self.key), followers)
                 .pass_on();
         }
     }
@@ -202,17 +173,9 @@ impl Drop for Queued {
 /// Cheap to clone (one `Arc`): a [`Lead`] owns a handle, so a run can outlive
 /// the request that started it (see [`crate::limiter`]: a batch's run goes on
 /// in a task of its own when its leader's deadline passes, for its followers).
-#[derive(Debug, Clone)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Merger {
-    shards: Arc<[Mutex<Queues>]>,
-}
-
-impl Default for Merger {
-    fn default() -> Self {
-        Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
+    keys: Arc<Mutex<Queues>>,
 }
 
 /// Per key with a run in flight: the requests queued behind it.
@@ -221,8 +184,7 @@ type Queues = HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>;
 impl Merger {
     /// Enters a request of budget `key`.
     pub(crate) fn join(&self, key: &[u8]) -> Role {
-        let shard = this_thread_shard();
-        let mut keys = self.shards[shard].lock().expect("merge lock");
+        let mut keys = self.keys.lock().expect("merge lock");
         match keys.get_mut(key) {
             Some(queue) if queue.len() >= MAX_QUEUED => Role::Alone,
             Some(queue) => {
@@ -230,7 +192,6 @@ impl Merger {
                 queue.push(tx);
                 Role::Queued(Queued {
                     merger: self.clone(),
-                    shard,
                     key: key.to_vec(),
                     rx: Some(rx),
                 })
@@ -239,7 +200,6 @@ impl Merger {
                 keys.insert(key.to_vec(), Vec::new());
                 Role::Lead(Lead {
                     merger: self.clone(),
-                    shard,
                     key: key.to_vec(),
                     followers: Vec::new(),
                     registered: true,
@@ -248,17 +208,10 @@ impl Merger {
         }
     }
 
-    /// Makes a request that was told [`Turn::Lead`] the leader of its batch
-    /// (`shard`: its [`Queued::shard`]).
-    pub(crate) fn lead(
-        &self,
-        shard: usize,
-        key: Vec<u8>,
-        followers: Vec<oneshot::Sender<Turn>>,
-    ) -> Lead {
+    /// Makes a request that was told [`Turn::Lead`] the leader of its batch.
+    pub(crate) fn lead(&self, key: Vec<u8>, followers: Vec<oneshot::Sender<Turn>>) -> Lead {
         Lead {
             merger: self.clone(),
-            shard,
             key,
             followers,
             registered: true,
@@ -270,7 +223,6 @@ impl Merger {
     pub(crate) fn lead_alone(&self, key: Vec<u8>) -> Lead {
         Lead {
             merger: self.clone(),
-            shard: this_thread_shard(),
             key,
             followers: Vec::new(),
             registered: false,
@@ -279,10 +231,10 @@ impl Merger {
 
     /// After a run of `key`: the queued requests become the next batch (the
     /// first one still waiting leads it), or the key is released.
-    fn hand_on(&self, shard: usize, key: &[u8]) {
+    fn hand_on(&self, key: &[u8]) {
         loop {
             let queue = {
-                let mut keys = self.shards[shard].lock().expect("merge lock");
+                let mut keys = self.keys.lock().expect("merge lock");
                 match keys.get_mut(key) {
                     None => return,
                     Some(queue) if queue.is_empty() => {
@@ -309,10 +261,7 @@ impl Merger {
     /// Keys with a run in flight (for tests).
     #[cfg(test)]
     fn in_flight(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().expect("merge lock").len())
-            .sum()
+        self.keys.lock().expect("merge lock").len()
     }
 }
 
@@ -321,8 +270,6 @@ impl Merger {
 #[derive(Debug)]
 pub(crate) struct Lead {
     merger: Merger,
-    /// The shard of the key's queue.
-    shard: usize,
     key: Vec<u8>,
     followers: Vec<oneshot::Sender<Turn>>,
     /// Whether the key's queue is this run's to hand on.
@@ -378,7 +325,7 @@ impl Drop for Lead {
             let _ = follower.send(Turn::Failed);
         }
         if self.registered {
-            self.merger.hand_on(self.shard, &self.key);
+            self.merger.hand_on(&self.key);
         }
     }
 }
@@ -441,7 +388,7 @@ mod tests {
             panic!("a leads")
         };
         assert_eq!(followers.len(), 2);
-        let second = m.lead(this_thread_shard(), b"k".to_vec(), followers);
+        let second = m.lead(b"k".to_vec(), followers);
         assert_eq!(second.requests(), 3);
         assert!(second.decided(&batch(3, 2)).1.allowed);
         match (b.wait(W).await.unwrap(), c.wait(W).await.unwrap()) {
@@ -475,7 +422,7 @@ mod tests {
         };
         // `b` gave up waiting (its deadline passed): `c` leads the run after this one.
         drop(b);
-        let lead = m.lead(this_thread_shard(), b"k".to_vec(), none);
+        let lead = m.lead(b"k".to_vec(), none);
         drop(lead);
         assert!(matches!(c.wait(W).await.unwrap(), Turn::Lead(f) if f.is_empty()));
         // A run that failed with followers tells them.
@@ -483,14 +430,14 @@ mod tests {
             panic!()
         };
         let Turn::Lead(_) = ({
-            let l = m.lead(this_thread_shard(), b"k".to_vec(), Vec::new());
+            let l = m.lead(b"k".to_vec(), Vec::new());
             drop(l);
             d.wait(W).await.unwrap()
         }) else {
             panic!()
         };
         let (tx, rx) = oneshot::channel();
-        drop(m.lead(this_thread_shard(), b"k".to_vec(), vec![tx]));
+        drop(m.lead(b"k".to_vec(), vec![tx]));
         assert!(matches!(rx.await.unwrap(), Turn::Failed));
         assert_eq!(m.in_flight(), 0);
     }
@@ -515,7 +462,7 @@ mod tests {
             panic!("b leads instead")
         };
         assert!(followers.is_empty());
-        drop(m.lead(this_thread_shard(), b"k".to_vec(), followers));
+        drop(m.lead(b"k".to_vec(), followers));
         assert_eq!(m.in_flight(), 0, "the key is not left taken");
     }
 
@@ -550,7 +497,7 @@ mod tests {
         };
         // `a`'s deadline passes: its run moves into a task of its own (the
         // Lead is 'static) and answers `b` when it ends.
-        let lead = m.lead(this_thread_shard(), b"k".to_vec(), followers);
+        let lead = m.lead(b"k".to_vec(), followers);
         let (go, ready) = oneshot::channel::<()>();
         let run = tokio::spawn(async move {
             ready.await.unwrap();
@@ -563,39 +510,6 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(m.in_flight(), 0);
-    }
-
-    #[tokio::test]
-    async fn each_thread_merges_its_own_requests_and_a_run_ended_elsewhere_hands_on_its_own_queue()
-    {
-        let m = Merger::default();
-        let Role::Lead(here) = m.join(b"k") else {
-            panic!()
-        };
-        let Role::Queued(queued) = m.join(b"k") else {
-            panic!()
-        };
-        // Another thread (another worker) with the same key leads a run of its own.
-        let other = m.clone();
-        let (shard, led) = std::thread::spawn(move || {
-            let role = other.join(b"k");
-            (this_thread_shard(), matches!(role, Role::Lead(_)))
-        })
-        .join()
-        .unwrap();
-        assert_ne!(shard, this_thread_shard());
-        assert!(
-            led,
-            "another thread's request is not queued behind this thread's run"
-        );
-        // This thread's run ends on another thread (a run that outlived its leader):
-        // it still hands this thread's queue on.
-        std::thread::spawn(move || drop(here)).join().unwrap();
-        let Turn::Lead(followers) = queued.wait(W).await.unwrap() else {
-            panic!("the queued request leads next")
-        };
-        drop(m.lead(this_thread_shard(), b"k".to_vec(), followers));
-        assert_eq!(m.in_flight(), 0, "no key left taken");
     }
 
     #[test]
