@@ -12,19 +12,36 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
         // Two Authorization headers: ambiguous, refuse rather than pick one.
         return None;
     }
-    let value = value.to_str().ok()?;
-    let (scheme, rest) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
+    let value = value.as_bytes();
+    let space = value.iter().position(|&b| b == b' ')?;
+    if !value[..space].eq_ignore_ascii_case(b"bearer") {
         return None;
     }
-    let token = rest.trim_matches(' ');
+    let rest = &value[space + 1..];
+    let start = rest.iter().position(|&b| b != b' ')?;
+    let end = rest.iter().rposition(|&b| b != b' ')? + 1;
+    let token = &rest[start..end];
     // b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="
-    let valid = !token.is_empty()
-        && token.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/' | b'=')
-        });
-    valid.then_some(token)
+    // One table load per byte: a token is a few hundred bytes on every request.
+    if !token.iter().all(|&b| B64TOKEN[usize::from(b)]) {
+        return None;
+    }
+    // Only ASCII passed the table.
+    std::str::from_utf8(token).ok()
 }
+
+/// The bytes a b64token may hold (RFC 6750 §2.1).
+static B64TOKEN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        table[i] = b.is_ascii_alphanumeric()
+            || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/' | b'=');
+        i += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -53,9 +70,19 @@ mod tests {
             (&["Bearer a b"], None),
             (&["Bearer a\"b"], None),
             (&["Bearer abc", "Bearer def"], None),
+            (&["Bearer abc\t"], None),
+            (&["Bearer\tabc"], None),
+            (&["Bearer a~b+c/d=="], Some("a~b+c/d==")),
         ];
         for (values, want) in cases {
             assert_eq!(bearer_token(&headers(values)), *want, "{values:?}");
         }
+        // Bytes beyond ASCII (obs-text) are never part of a token.
+        let mut h = HeaderMap::new();
+        h.insert(
+            AUTHORIZATION,
+            HeaderValue::from_bytes(b"Bearer ab\xffc").unwrap(),
+        );
+        assert_eq!(bearer_token(&h), None);
     }
 }
