@@ -6,7 +6,7 @@
 //! itself stays in debug logs, never in the response.
 
 use futures::future::BoxFuture;
-use gateway_jwt::{JwtError, JwtVerifier, bearer_token};
+use gateway_jwt::{JwtError, JwtVerifier, bearer_candidate, is_b64token};
 use http::request::Parts;
 
 use crate::hooks::{AuthError, Authenticator, Identity};
@@ -24,14 +24,22 @@ impl std::fmt::Debug for JwtAuth {
 impl Authenticator for JwtAuth {
     fn authenticate<'a>(&'a self, req: &'a Parts) -> BoxFuture<'a, Result<Identity, AuthError>> {
         Box::pin(async move {
-            let token = bearer_token(&req.headers).ok_or(AuthError::Missing)?;
-            let id = self.0.verify(token).await.map_err(|e| match e {
-                JwtError::Missing => AuthError::Missing,
-                e => {
-                    tracing::debug!(reason = e.label(), "bearer token refused");
-                    AuthError::Invalid
-                }
-            })?;
+            let token = bearer_candidate(&req.headers).ok_or(AuthError::Missing)?;
+            // A token verified before needs neither the character check nor a
+            // signature check: the cache compares whole tokens (≈ 2.4k instructions
+            // per request saved on the full route, callgrind).
+            let id = match self.0.cached(token) {
+                Some(id) => id,
+                // Not a b64token: no usable bearer token, as `bearer_token` would say.
+                None if !is_b64token(token) => return Err(AuthError::Missing),
+                None => self.0.verify(token).await.map_err(|e| match e {
+                    JwtError::Missing => AuthError::Missing,
+                    e => {
+                        tracing::debug!(reason = e.label(), "bearer token refused");
+                        AuthError::Invalid
+                    }
+                })?,
+            };
             // The verifier caches the header values per token: these clones do not allocate.
             Ok(Identity {
                 subject: id.sub_header().clone(),
@@ -118,6 +126,14 @@ mod tests {
                 .unwrap_err(),
             AuthError::Missing
         );
+        // Characters a bearer token cannot have: no usable token, as before the cache fast path.
+        for header in ["Bearer a\"b.c.d", "Bearer a b", "Bearer abc,def"] {
+            assert_eq!(
+                a.authenticate(&parts(Some(header))).await.unwrap_err(),
+                AuthError::Missing,
+                "{header}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -6,6 +6,14 @@ use http::header::AUTHORIZATION;
 /// The token of a single `Authorization: Bearer <token>` header, or `None` when the header is
 /// absent, repeated, not `Bearer`, empty, or contains characters a token cannot have.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    bearer_candidate(headers).filter(|t| is_b64token(t))
+}
+
+/// [`bearer_token`] without the character check: what stands after `Bearer ` in a
+/// single `Authorization` header, trimmed and not empty. For a caller that looks
+/// the token up among verified ones first (a hit needs no check) and calls
+/// [`is_b64token`] before verifying anything new.
+pub fn bearer_candidate(headers: &HeaderMap) -> Option<&str> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
     let value = values.next()?;
     if values.next().is_some() {
@@ -20,14 +28,15 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let rest = &value[space + 1..];
     let start = rest.iter().position(|&b| b != b' ')?;
     let end = rest.iter().rposition(|&b| b != b' ')? + 1;
-    let token = &rest[start..end];
-    // b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="
-    // One table load per byte: a token is a few hundred bytes on every request.
-    if !token.iter().all(|&b| B64TOKEN[usize::from(b)]) {
-        return None;
-    }
-    // Only ASCII passed the table.
-    std::str::from_utf8(token).ok()
+    // A header value's bytes are not always UTF-8 (obs-text): such a value is no token.
+    std::str::from_utf8(&rest[start..end]).ok()
+}
+
+/// True when `token` is a b64token (RFC 6750 §2.1):
+/// `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="` (the `=`
+/// placement is left to the JWT decoder). One table load per byte.
+pub fn is_b64token(token: &str) -> bool {
+    !token.is_empty() && token.bytes().all(|b| B64TOKEN[usize::from(b)])
 }
 
 /// The bytes a b64token may hold (RFC 6750 §2.1).

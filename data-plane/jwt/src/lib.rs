@@ -33,7 +33,7 @@ mod error;
 mod jwks;
 mod verifier;
 
-pub use bearer::bearer_token;
+pub use bearer::{bearer_candidate, bearer_token, is_b64token};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{JwtConfigError, JwtError};
 pub use verifier::{Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES};

@@ -229,6 +229,18 @@ impl JwtVerifier {
         Ok(Self { inner })
     }
 
+    /// The identity of `token` if it was verified before and has not expired:
+    /// the cache lookup [`JwtVerifier::verify`] starts with, alone. The token
+    /// need not have been checked by [`crate::is_b64token`]: only a token that
+    /// passed verification is ever cached, and the lookup compares whole tokens.
+    pub fn cached(&self, token: &str) -> Option<Arc<Identity>> {
+        let inner = &*self.inner;
+        if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
+            return None;
+        }
+        inner.cache.get(token, inner.clock.now().as_secs())
+    }
+
     /// Verifies `token` (the bare token, without `Bearer `) and returns who it speaks for.
     pub async fn verify(&self, token: &str) -> Result<Arc<Identity>, JwtError> {
         let inner = &*self.inner;

@@ -498,11 +498,17 @@ async fn token_cache_never_serves_past_exp() {
     let (v, clock) = verifier(&server, cfg).await;
     let token = k1.sign(&with(claims(), "exp", json!(NOW + 60)));
 
+    assert!(v.cached(&token).is_none(), "not verified yet");
     v.verify(&token).await.unwrap();
     assert_eq!(v.stats().cached_tokens, 1);
+    assert_eq!(v.cached(&token).unwrap().sub_header(), "alice");
+    // Only the exact token hits: the same signature after another payload does not.
+    let (_, signature) = token.rsplit_once('.').unwrap();
+    assert!(v.cached(&format!("x.y.{signature}")).is_none());
     clock.advance(Duration::from_secs(59));
     assert!(v.verify(&token).await.is_ok(), "cached and still valid");
     clock.advance(Duration::from_secs(1));
+    assert!(v.cached(&token).is_none(), "never past exp");
     assert_eq!(v.verify(&token).await, Err(JwtError::Expired));
     assert_eq!(v.stats().cached_tokens, 0, "the expired entry is gone");
 }
