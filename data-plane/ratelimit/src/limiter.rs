@@ -32,8 +32,11 @@ use crate::stats::{Stats, StatsSnapshot};
 pub struct RateLimiterOptions {
     /// Longest a request waits for Redis before deciding locally. Default 5 ms:
     /// a loopback or same-zone round trip takes well under 1 ms. A request
-    /// merged with others of its key ([`crate::merge`]) may wait for the run in
-    /// flight and then its own: at most twice this.
+    /// merged with others of its key ([`crate::merge`]) waits for the run in
+    /// flight and then its own, and a run with followers may outlive its
+    /// leader's deadline by one more of these (so its followers still get
+    /// Redis's verdicts after a stall): at most four times this, on a Redis
+    /// stall only.
     pub decision_timeout: Duration,
     /// Consecutive Redis failures or timeouts that open the breaker. Default 3.
     pub breaker_failure_threshold: u32,
@@ -244,7 +247,7 @@ impl RateLimiter {
             Role::Lead(lead) => lead,
             Role::Alone => shared.merger.lead_alone(key),
             // Queued behind the run in flight, then decided by the next one: up to two runs.
-            Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
+            Role::Queued(queued) => match queued.wait().await {
                 Some(Turn::Decided(outcome, _)) => {
                     inner.stats.merged();
                     inner.stats.decision(Source::Shared, outcome.allowed);
@@ -318,7 +321,7 @@ impl RateLimiter {
             Role::Lead(lead) => lead,
             Role::Alone => shared.merger.lead_alone(key),
             // Queued behind the run in flight, then decided by the next one: up to two runs.
-            Role::Queued(queued) => match queued.wait(inner.options.decision_timeout * 2).await {
+            Role::Queued(queued) => match queued.wait().await {
                 Some(Turn::Decided(outcome, i)) => {
                     inner.stats.merged();
                     inner.stats.decision(Source::Shared, outcome.allowed);
@@ -492,7 +495,12 @@ enum Call<P> {
 
 /// Runs a batch's script as an owned future within the leader's deadline;
 /// if the deadline passes, the run goes on in a task of its own, for the
-/// followers.
+/// followers, for at most one more `timeout`: then it is dropped, and its
+/// [`Lead`]'s `Drop` tells the followers to decide locally and hands the key
+/// on. That bound is what lets followers wait without a timer of their own
+/// (one timer per batch instead of one per request: a follower's tokio timer
+/// woke the I/O driver through its eventfd on most full-route requests,
+/// BENCHMARKS.md).
 async fn run_owned(
     inner: &Arc<Inner>,
     call: Call<Policy>,
@@ -503,7 +511,7 @@ async fn run_owned(
     let mut run = Box::pin(run_batch(Arc::clone(inner), call, lead));
     let result = within_deadline(timeout, &mut run).await;
     if result.is_err() && followers {
-        tokio::spawn(run);
+        tokio::spawn(tokio::time::timeout(timeout, run));
     }
     result
 }
@@ -645,6 +653,117 @@ mod tests {
         let err = RateLimiter::new(Some("http://nope".into()), RateLimiterOptions::default())
             .unwrap_err();
         assert!(matches!(err, RateLimitError::InvalidRedisUrl(_)), "{err}");
+    }
+
+    /// A Redis that answers everything except scripts, which it never answers:
+    /// a stall in the middle of decisions. Returns its URL and the count of
+    /// scripts it was sent.
+    async fn stalling_redis() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let scripts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = scripts.clone();
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = socket.into_split();
+                    let mut read = BufReader::new(read);
+                    let mut line = String::new();
+                    loop {
+                        // One RESP array of bulk strings: "*N", then N × ("$len", bytes).
+                        line.clear();
+                        if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let n: usize = line.trim_start_matches('*').trim().parse().unwrap_or(0);
+                        let mut words = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            line.clear();
+                            read.read_line(&mut line).await.unwrap();
+                            let len: usize = line.trim_start_matches('$').trim().parse().unwrap();
+                            let mut word = vec![0; len + 2];
+                            read.read_exact(&mut word).await.unwrap();
+                            word.truncate(len);
+                            words.push(String::from_utf8_lossy(&word).to_uppercase());
+                        }
+                        let reply: &[u8] = match words.first().map(String::as_str) {
+                            Some("EVALSHA" | "EVAL") => {
+                                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                continue;
+                            }
+                            Some("PING") => b"+PONG\r\n",
+                            _ => b"+OK\r\n",
+                        };
+                        if write.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, scripts)
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn merged_requests_are_answered_when_redis_stalls_mid_run() {
+        let options = RateLimiterOptions {
+            decision_timeout: Duration::from_millis(50),
+            // The Redis client's own response timeout follows this: far above
+            // the runs' bound, so only that bound can answer the requests in time.
+            probe_timeout: Duration::from_secs(10),
+            ..RateLimiterOptions::default()
+        };
+        let (url, scripts) = stalling_redis().await;
+        let limiter = Arc::new(RateLimiter::new(Some(url), options).unwrap());
+        let p = Policy::new("api", Algorithm::TokenBucket, 1000, 60).unwrap();
+        let connected = std::time::Instant::now() + Duration::from_secs(10);
+        while !limiter.is_shared() {
+            assert!(
+                std::time::Instant::now() < connected,
+                "never connected to the fake Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Concurrent requests of one key: one leads, the rest queue behind its run
+        // and then form the next batch. Neither run is ever answered; queued
+        // requests have no timer of their own, so only the runs' own bounds
+        // (two decision deadlines each) get them an answer.
+        let started = std::time::Instant::now();
+        let requests: Vec<_> = (0..16)
+            .map(|_| {
+                let limiter = limiter.clone();
+                let p = p.clone();
+                tokio::spawn(async move { limiter.check(&p, "alice").await })
+            })
+            .collect();
+        let all =
+            tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(requests))
+                .await
+                .expect("every merged request is answered while Redis stalls");
+        for d in all {
+            let d = d.unwrap();
+            assert!(d.allowed);
+            assert_eq!(d.source, Source::Local);
+        }
+        let stats = limiter.stats();
+        assert_eq!(stats.fallbacks, 16, "{stats:?}");
+        assert!(stats.merged == 0, "no verdict came from Redis: {stats:?}");
+        // The first request's run, then one run for the batch queued behind it.
+        let runs = scripts.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(runs >= 2, "{runs} script runs reached Redis");
+        // Nothing is left waiting on the key: the next request is answered too.
+        let next = tokio::time::timeout(Duration::from_secs(20), limiter.check(&p, "alice"))
+            .await
+            .expect("the key is not left taken");
+        assert_eq!(next.source, Source::Local);
+        // Bounded by the runs (four deadlines at most), not by luck: generous for CI.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -139,18 +139,15 @@ pub(crate) struct Queued {
 }
 
 impl Queued {
-    /// Waits at most `deadline` for the verdict or the lead. `None`: no answer in
-    /// time (or the run was abandoned): decide locally.
-    pub(crate) async fn wait(mut self, deadline: std::time::Duration) -> Option<Turn> {
+    /// Waits for the verdict or the lead: at most until the run in flight and
+    /// then its own have ended, each within two decision deadlines of its start
+    /// (see the module documentation). `None`: the run was abandoned without an
+    /// answer: decide locally.
+    pub(crate) async fn wait(mut self) -> Option<Turn> {
         let rx = self.rx.as_mut()?;
-        // Like the leader's wait: a verdict already on its way after a stall still counts.
-        match crate::deadline::within_deadline(deadline, rx).await {
-            Ok(Ok(turn)) => {
-                self.rx = None;
-                Some(turn)
-            }
-            Ok(Err(_)) | Err(_) => None,
-        }
+        let turn = rx.await.ok()?;
+        self.rx = None;
+        Some(turn)
     }
 }
 
@@ -334,8 +331,6 @@ impl Drop for Lead {
 mod tests {
     use super::*;
 
-    const W: std::time::Duration = std::time::Duration::from_secs(5);
-
     fn batch(requests: u32, admitted: u32) -> Batch {
         Batch::single(requests, admitted, 5, 900, 300)
     }
@@ -384,14 +379,14 @@ mod tests {
         };
         assert!(first.decided(&batch(1, 1)).1.allowed);
         // `a` leads the next run for itself, `b` and `c`.
-        let Turn::Lead(followers) = a.wait(W).await.unwrap() else {
+        let Turn::Lead(followers) = a.wait().await.unwrap() else {
             panic!("a leads")
         };
         assert_eq!(followers.len(), 2);
         let second = m.lead(b"k".to_vec(), followers);
         assert_eq!(second.requests(), 3);
         assert!(second.decided(&batch(3, 2)).1.allowed);
-        match (b.wait(W).await.unwrap(), c.wait(W).await.unwrap()) {
+        match (b.wait().await.unwrap(), c.wait().await.unwrap()) {
             (Turn::Decided(ob, 0), Turn::Decided(oc, 0)) => {
                 assert!(ob.allowed);
                 assert!(!oc.allowed);
@@ -411,7 +406,7 @@ mod tests {
             panic!()
         };
         drop(first);
-        let Turn::Lead(none) = a.wait(W).await.unwrap() else {
+        let Turn::Lead(none) = a.wait().await.unwrap() else {
             panic!()
         };
         let Role::Queued(b) = m.join(b"k") else {
@@ -424,7 +419,7 @@ mod tests {
         drop(b);
         let lead = m.lead(b"k".to_vec(), none);
         drop(lead);
-        assert!(matches!(c.wait(W).await.unwrap(), Turn::Lead(f) if f.is_empty()));
+        assert!(matches!(c.wait().await.unwrap(), Turn::Lead(f) if f.is_empty()));
         // A run that failed with followers tells them.
         let Role::Queued(d) = m.join(b"k") else {
             panic!()
@@ -432,7 +427,7 @@ mod tests {
         let Turn::Lead(_) = ({
             let l = m.lead(b"k".to_vec(), Vec::new());
             drop(l);
-            d.wait(W).await.unwrap()
+            d.wait().await.unwrap()
         }) else {
             panic!()
         };
@@ -458,7 +453,7 @@ mod tests {
         assert!(first.decided(&batch(1, 1)).1.allowed);
         // ... but `a` gave up at that very moment, without reading it.
         drop(a);
-        let Turn::Lead(followers) = b.wait(W).await.unwrap() else {
+        let Turn::Lead(followers) = b.wait().await.unwrap() else {
             panic!("b leads instead")
         };
         assert!(followers.is_empty());
@@ -492,7 +487,7 @@ mod tests {
             panic!()
         };
         drop(first);
-        let Turn::Lead(followers) = a.wait(W).await.unwrap() else {
+        let Turn::Lead(followers) = a.wait().await.unwrap() else {
             panic!("a leads")
         };
         // `a`'s deadline passes: its run moves into a task of its own (the
@@ -505,7 +500,7 @@ mod tests {
         });
         go.send(()).unwrap();
         assert!(run.await.unwrap().allowed);
-        match b.wait(W).await.unwrap() {
+        match b.wait().await.unwrap() {
             Turn::Decided(o, 0) => assert!(o.allowed && o.remaining == 5),
             other => panic!("{other:?}"),
         }
