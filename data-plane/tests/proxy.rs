@@ -667,6 +667,43 @@ async fn silent_connections_are_closed_after_the_header_read_timeout() {
     dp.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_does_not_wait_for_a_connection_that_never_spoke() {
+    let up = TestUpstream::start("o1").await;
+    let cfg = snapshot(
+        1,
+        vec![route("all", "/", "svc")],
+        vec![upstream("svc", &[("o1", up.url())])],
+    );
+    // The silent connection would be cut off only after 60 s, and the grace
+    // period is 20 s: shutdown must close it at once instead.
+    let (dp, _cache) = data_plane_with(
+        cfg,
+        &[
+            "--header-read-timeout-ms",
+            "60000",
+            "--shutdown-timeout-ms",
+            "20000",
+        ],
+    )
+    .await;
+    let _silent = tokio::net::TcpStream::connect(dp.proxy_addr())
+        .await
+        .unwrap();
+    // An HTTP/1.1 exchange on another connection proves the listener is serving.
+    let (status, _, _) = get(dp.proxy_addr(), "/x").await;
+    assert_eq!(status, StatusCode::OK);
+    let started = std::time::Instant::now();
+    tokio::time::timeout(DEADLINE, dp.shutdown())
+        .await
+        .expect("shutdown finished");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown waited {:?} for a silent connection",
+        started.elapsed()
+    );
+}
+
 /// Clients that send their first bytes in pieces: an HTTP/1.1 request whose
 /// first segment ("P") could still be the HTTP/2 preface, and an h2c client
 /// whose preface arrives in two segments, are each served in their protocol.
