@@ -26,6 +26,19 @@ async fn data_plane_with(cfg: ConfigSnapshot, extra: &[&str]) -> (Running, tempf
     (dp, cache)
 }
 
+/// One upstream instance `o1` behind a catch-all route, and a data plane
+/// serving it with the `extra` flags.
+async fn one_route(extra: &[&str]) -> (TestUpstream, Running, tempfile::TempDir) {
+    let up = TestUpstream::start("o1").await;
+    let cfg = snapshot(
+        1,
+        vec![route("all", "/", "svc")],
+        vec![upstream("svc", &[("o1", up.url())])],
+    );
+    let (dp, cache) = data_plane_with(cfg, extra).await;
+    (up, dp, cache)
+}
+
 fn problem_type(body: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
     v["type"].as_str().unwrap().to_string()
@@ -97,13 +110,7 @@ async fn forwards_with_rewrite_query_and_clean_headers() {
 /// a data plane with `workers` proxy workers; returns the upstream connections
 /// opened and the `/health/load-balancer` document.
 async fn sequential_mix(workers: &str) -> (usize, String) {
-    let up = TestUpstream::start("o1").await;
-    let cfg = snapshot(
-        1,
-        vec![route("all", "/", "svc")],
-        vec![upstream("svc", &[("o1", up.url())])],
-    );
-    let (dp, _cache) = data_plane_with(cfg, &["--workers", workers]).await;
+    let (up, dp, _cache) = one_route(&["--workers", workers]).await;
     for path in [
         "/a",
         "/bytes?n=100000",
@@ -203,13 +210,7 @@ async fn routing_errors_are_problem_json() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn size_limits_431_and_413() {
-    let up = TestUpstream::start("o1").await;
-    let cfg = snapshot(
-        1,
-        vec![route("all", "/", "svc")],
-        vec![upstream("svc", &[("o1", up.url())])],
-    );
-    let (dp, _cache) = data_plane_with(cfg, &["--max-body-bytes", "1048576"]).await;
+    let (_up, dp, _cache) = one_route(&["--max-body-bytes", "1048576"]).await;
     let addr = dp.proxy_addr();
 
     // Headers over the 16 KiB default: 431 with a problem document ...
@@ -266,13 +267,7 @@ async fn size_limits_431_and_413() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bodies_stream_both_ways() {
-    let up = TestUpstream::start("o1").await;
-    let cfg = snapshot(
-        1,
-        vec![route("all", "/", "svc")],
-        vec![upstream("svc", &[("o1", up.url())])],
-    );
-    let (dp, _cache) = data_plane_with(cfg, &["--max-body-bytes", "104857600"]).await;
+    let (up, dp, _cache) = one_route(&["--max-body-bytes", "104857600"]).await;
     let addr = dp.proxy_addr();
 
     // The first chunk reaches the client while the upstream is still holding the rest.
@@ -479,13 +474,7 @@ async fn idempotent_requests_cut_off_mid_exchange_are_replayed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn h2c_and_graceful_shutdown() {
-    let up = TestUpstream::start("o1").await;
-    let cfg = snapshot(
-        1,
-        vec![route("all", "/", "svc")],
-        vec![upstream("svc", &[("o1", up.url())])],
-    );
-    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    let (_up, dp, _cache) = one_route(&[]).await;
     let addr = dp.proxy_addr();
 
     // HTTP/2 with prior knowledge (h2c).
@@ -606,64 +595,33 @@ async fn active_health_checks_take_instances_out_and_back() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn slow_header_senders_are_cut_off() {
+async fn slow_and_silent_header_senders_are_cut_off() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let up = TestUpstream::start("o1").await;
-    let cfg = snapshot(
-        1,
-        vec![route("all", "/", "svc")],
-        vec![upstream("svc", &[("o1", up.url())])],
-    );
-    let (dp, _cache) = data_plane_with(cfg, &["--header-read-timeout-ms", "300"]).await;
-    let mut s = tokio::net::TcpStream::connect(dp.proxy_addr())
-        .await
-        .unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: gw\r\nX-Slow: ")
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    // The gateway closes the connection (possibly after a 408) without a complete head.
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(DEADLINE, s.read_to_end(&mut buf)).await;
-    assert!(read.is_ok(), "connection still open after {DEADLINE:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
-    let text = String::from_utf8_lossy(&buf);
-    assert!(
-        text.is_empty() || text.starts_with("HTTP/1.1 408"),
-        "{text}"
-    );
+    let (up, dp, _cache) = one_route(&["--header-read-timeout-ms", "300"]).await;
+    // Half a head and then nothing; and nothing at all (the protocol sniff,
+    // which waits for the first bytes, must not wait forever either).
+    for sent in [&b"GET / HTTP/1.1\r\nHost: gw\r\nX-Slow: "[..], &b""[..]] {
+        let mut s = tokio::net::TcpStream::connect(dp.proxy_addr())
+            .await
+            .unwrap();
+        s.write_all(sent).await.unwrap();
+        let started = std::time::Instant::now();
+        // The gateway closes the connection (possibly after a 408) without a complete head.
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(DEADLINE, s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "connection still open after {DEADLINE:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        let text = String::from_utf8_lossy(&buf);
+        assert!(
+            text.is_empty() || (!sent.is_empty() && text.starts_with("HTTP/1.1 408")),
+            "{text}"
+        );
+    }
     assert_eq!(up.connections.load(std::sync::atomic::Ordering::SeqCst), 0);
-    dp.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn silent_connections_are_closed_after_the_header_read_timeout() {
-    use tokio::io::AsyncReadExt as _;
-    let up = TestUpstream::start("o1").await;
-    let cfg = snapshot(
-        1,
-        vec![route("all", "/", "svc")],
-        vec![upstream("svc", &[("o1", up.url())])],
-    );
-    let (dp, _cache) = data_plane_with(cfg, &["--header-read-timeout-ms", "300"]).await;
-    // Connects and never sends a byte: the protocol sniff must not wait forever.
-    let mut s = tokio::net::TcpStream::connect(dp.proxy_addr())
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(DEADLINE, s.read_to_end(&mut buf)).await;
-    assert!(read.is_ok(), "connection still open after {DEADLINE:?}");
-    assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
     dp.shutdown().await;
 }
 
@@ -710,13 +668,7 @@ async fn shutdown_does_not_wait_for_a_connection_that_never_spoke() {
 #[tokio::test(flavor = "multi_thread")]
 async fn first_bytes_split_across_segments_pick_the_right_protocol() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let up = TestUpstream::start("o1").await;
-    let cfg = snapshot(
-        1,
-        vec![route("all", "/", "svc")],
-        vec![upstream("svc", &[("o1", up.url())])],
-    );
-    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    let (_up, dp, _cache) = one_route(&[]).await;
     let addr = dp.proxy_addr();
 
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
