@@ -511,7 +511,10 @@ async fn run_owned(
     let mut run = Box::pin(run_batch(Arc::clone(inner), call, lead));
     let result = within_deadline(timeout, &mut run).await;
     if result.is_err() && followers {
-        tokio::spawn(tokio::time::timeout(timeout, run));
+        // Like every decision deadline, tolerant of the wake-up order after a stall.
+        tokio::spawn(async move {
+            let _ = within_deadline(timeout, run).await;
+        });
     }
     result
 }

@@ -10,13 +10,17 @@
 //! the verdicts. A key has at most one run in flight; a queued request waits
 //! for at most one run before its own; different keys never wait on each other.
 //!
-//! Every request keeps its own deadline (a queued one: two decision
-//! deadlines, one for the run it waits behind and one for its own): one that
-//! is not answered in time decides locally (as on any Redis timeout), and a run that fails makes every
-//! request of its batch decide locally. A [`Lead`] owns everything it needs
-//! ('static), so when the leader's own deadline passes its run is not
-//! abandoned: it goes on in a task of its own and still answers the
-//! followers, whose deadlines are later (only the leader decides locally). A
+//! Deadlines belong to runs, not to queued requests. A leader waits for its
+//! run at most one decision deadline, then decides locally (as on any Redis
+//! timeout). A [`Lead`] owns everything it needs ('static), so when the
+//! leader's deadline passes a run with followers is not abandoned: it goes on
+//! in a task of its own for at most one more deadline and still answers the
+//! followers; past that it is dropped and they decide locally (see
+//! `run_owned` in [`crate::limiter`]). So every run ends within two deadlines
+//! of its start, and a queued request, which waits for the run in flight and
+//! then for its own, is answered within four (only while Redis stalls)
+//! without a timer of its own: one timer per batch, not one per request. A
+//! run that fails makes every request of its batch decide locally. A
 //! leader that is cancelled mid-run (its client went away) still hands the
 //! key on, through [`Lead`]'s `Drop`.
 
@@ -128,7 +132,7 @@ pub(crate) enum Role {
 
 /// A request waiting in a key's queue.
 ///
-/// If it stops waiting (deadline, or its client went away) just as it is
+/// If it stops waiting (its client went away) just as it is
 /// handed the lead, dropping it passes the lead on — otherwise the key would
 /// stay taken with no one to run it.
 #[derive(Debug)]
@@ -246,7 +250,7 @@ impl Merger {
                 let next = rest.remove(0);
                 match next.send(Turn::Lead(rest)) {
                     Ok(()) => return,
-                    // That request stopped waiting (its deadline passed): the next one leads.
+                    // That request stopped waiting (its client went away): the next one leads.
                     Err(Turn::Lead(back)) => rest = back,
                     Err(_) => return,
                 }
@@ -415,7 +419,7 @@ mod tests {
         let Role::Queued(c) = m.join(b"k") else {
             panic!()
         };
-        // `b` gave up waiting (its deadline passed): `c` leads the run after this one.
+        // `b` gave up waiting (its client went away): `c` leads the run after this one.
         drop(b);
         let lead = m.lead(b"k".to_vec(), none);
         drop(lead);
