@@ -55,6 +55,7 @@ pub struct HttpSettings {
 
 /// The connection builders of one listener, all configured alike.
 struct Builders {
+    /// Without a timer: each connection gets its own ([`Builders::http1_connection`]).
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
     auto: auto::Builder<TokioExecutor>,
@@ -69,7 +70,6 @@ impl Builders {
         let max_header_list = u32::try_from(buf).unwrap_or(u32::MAX);
         let mut http1 = http1::Builder::new();
         http1
-            .timer(TokioTimer::new())
             .header_read_timeout(settings.header_read_timeout)
             .max_buf_size(buf)
             .keep_alive(true);
@@ -89,6 +89,15 @@ impl Builders {
             .max_header_list_size(max_header_list)
             .max_concurrent_streams(256);
         Self { http1, http2, auto }
+    }
+
+    /// The HTTP/1.1 builder for one connection: with a timer of its own, so the
+    /// header read timeout re-arms one tokio timer ([`ConnTimer`]). hyper's
+    /// header read timeout needs a timer to work at all.
+    fn http1_connection(&self) -> http1::Builder {
+        let mut http1 = self.http1.clone();
+        http1.timer(ConnTimer::new());
+        http1
     }
 }
 
@@ -247,10 +256,10 @@ async fn connection<S, B>(
     let io = TokioIo::new(stream);
     let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match protocol {
         Protocol::Http1 => {
-            // A timer of its own, so the header read timeout re-arms one tokio timer.
-            let mut http1 = builders.http1.clone();
-            http1.timer(ConnTimer::new());
-            let conn = http1.serve_connection(io, service).with_upgrades();
+            let conn = builders
+                .http1_connection()
+                .serve_connection(io, service)
+                .with_upgrades();
             drop(builders);
             Box::pin(drive(conn, stop, |c| c.graceful_shutdown()))
                 .await
