@@ -93,6 +93,13 @@ pub struct Args {
     #[arg(long, env = "DP_RATELIMIT_TIMEOUT_MS", default_value_t = 5)]
     pub ratelimit_timeout_ms: u64,
 
+    /// Most tokens the replica leases from a busy key's shared Redis budget
+    /// ahead of demand, so that key's next requests are decided without a
+    /// round trip (never over-admits; unspent leased tokens are lost to every
+    /// replica until the budget refills). 0: every decision asks Redis.
+    #[arg(long, env = "DP_RATELIMIT_LEASE_MAX_TOKENS", default_value_t = 1000)]
+    pub ratelimit_lease_max_tokens: u32,
+
     /// Proxies (CIDRs, comma-separated) whose X-Forwarded-For is believed when
     /// finding the client address.
     #[arg(long, env = "DP_TRUSTED_PROXIES", value_delimiter = ',')]
@@ -280,6 +287,7 @@ impl Args {
     pub fn ratelimit(&self) -> gateway_ratelimit::RateLimiterOptions {
         gateway_ratelimit::RateLimiterOptions {
             decision_timeout: Duration::from_millis(self.ratelimit_timeout_ms),
+            lease_max_tokens: self.ratelimit_lease_max_tokens,
             ..gateway_ratelimit::RateLimiterOptions::default()
         }
     }
@@ -328,6 +336,7 @@ mod tests {
         assert_eq!(a.jwt_audience, "gateway");
         assert_eq!(a.trusted_proxies.len(), 2);
         assert_eq!(a.ratelimit().decision_timeout, Duration::from_millis(5));
+        assert_eq!(a.ratelimit().lease_max_tokens, 1000);
         assert!(a.jwt().is_none());
         assert_eq!(a.node_id(), "dp-1");
         a.validate().unwrap();

@@ -17,6 +17,20 @@
 //! every replica spends the same budget exactly: N replicas together admit
 //! `limit` per window, not N × `limit`. Keys expire once their budget is whole again.
 //!
+//! # Leases: busy keys decided in-process
+//! A key this replica decides many times a second asks Redis, in the same
+//! atomic run, for a few tokens more than its requests need, and spends them
+//! on its next requests without a round trip (`lease.rs`). Leased tokens are
+//! spent from the shared budget when they are taken, so leasing never admits
+//! more than the limit; what a replica leased and did not spend is lost to
+//! every replica until the budget refills (a token bucket) or the window ends
+//! (a fixed window). A lease holds at most the key's demand on this replica
+//! over `lease_period` (100 ms), at most 1/64 of the budget Redis last
+//! reported left (so a nearly spent budget, and any limit below 64, is decided
+//! one request at a time), and at most `lease_max_tokens` (1,000; 0 turns
+//! leasing off). A fixed window's lease ends with its window; sliding windows
+//! and stacked limits are never leased.
+//!
 //! # Stacked limits
 //! A route may stack up to [`MAX_STACKED`] limits ([`RateLimiter::check_all`]).
 //! A request is admitted only when every limit admits it and only then spends
@@ -69,6 +83,7 @@ mod breaker;
 mod deadline;
 mod deny_cache;
 pub mod headers;
+mod lease;
 mod limiter;
 pub mod local;
 mod merge;

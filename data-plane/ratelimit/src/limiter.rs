@@ -20,6 +20,7 @@ use crate::breaker::Breaker;
 use crate::deadline::{Elapsed, within_deadline};
 use crate::deny_cache::DenyCache;
 use crate::headers::{Decision, Source};
+use crate::lease::{LeaseSettings, Leases, RunAnswer};
 use crate::local::LocalLimiter;
 use crate::merge::{Batch, Lead, Merger, Role, Turn};
 use crate::policy::Policy;
@@ -55,6 +56,16 @@ pub struct RateLimiterOptions {
     pub local_max_keys: usize,
     /// Most keys the "denied until" cache remembers; 0 disables it. Default 100 000.
     pub deny_cache_max_keys: usize,
+    /// Most tokens a replica leases from a busy key's shared budget ahead of
+    /// demand, to decide that key's next requests without Redis
+    /// ([`crate::lease`]); 0 disables leasing (every decision asks Redis).
+    /// Default 1,000.
+    pub lease_max_tokens: u32,
+    /// A lease is sized by the key's demand over this period and lives at
+    /// most this long. Default 100 ms.
+    pub lease_period: Duration,
+    /// Most keys holding a lease. Default 100 000.
+    pub lease_max_keys: usize,
 }
 
 impl Default for RateLimiterOptions {
@@ -68,6 +79,9 @@ impl Default for RateLimiterOptions {
             connect_timeout: Duration::from_millis(500),
             local_max_keys: 100_000,
             deny_cache_max_keys: 100_000,
+            lease_max_tokens: 1_000,
+            lease_period: Duration::from_millis(100),
+            lease_max_keys: 100_000,
         }
     }
 }
@@ -106,6 +120,7 @@ struct Shared {
     store: RedisStore,
     breaker: Arc<Breaker>,
     deny_cache: Option<DenyCache>,
+    leases: Leases,
     merger: Merger,
 }
 
@@ -157,6 +172,13 @@ impl RateLimiter {
                     )),
                     deny_cache: (options.deny_cache_max_keys > 0)
                         .then(|| DenyCache::new(options.deny_cache_max_keys)),
+                    leases: Leases::new(
+                        LeaseSettings {
+                            max_tokens: options.lease_max_tokens,
+                            period: options.lease_period,
+                        },
+                        options.lease_max_keys,
+                    ),
                     merger: Merger::default(),
                 })
             }
@@ -231,8 +253,17 @@ impl RateLimiter {
         let Some(shared) = &inner.shared else {
             return inner.local_one(policy, subject);
         };
+        let now = inner.now_ms();
+        // Tokens Redis already admitted for this replica: no round trip. They
+        // were spent from the shared budget when leased, so they stay good
+        // after Redis has refused others (the denied-until cache) or gone away.
+        if let Some(outcome) = shared.leases.take(policy, subject, now) {
+            inner.stats.leased();
+            inner.stats.decision(Source::Shared, true);
+            return Decision::from_outcome(policy, outcome, Source::Shared);
+        }
         if let Some(cache) = &shared.deny_cache
-            && let Some(outcome) = cache.get(policy, subject, inner.now_ms())
+            && let Some(outcome) = cache.get(policy, subject, now)
         {
             inner.stats.deny_cache_hit();
             inner.stats.decision(Source::Shared, false);
@@ -270,12 +301,30 @@ impl RateLimiter {
         // later deadlines of their own. So a run with followers is an owned
         // future (boxed: batches only, a lone request's run stays on the stack);
         // when the leader gives up on it, it goes on in a task of its own.
+        //
+        // A busy key asks for a lease on top of its batch ([`crate::lease`]).
+        // If the leader gives up on the run, the tokens it leased are lost (the
+        // shared budget errs towards refusing).
         let timeout = inner.options.decision_timeout;
+        let sent_ms = inner.now_ms();
+        let extra = shared.leases.extra(policy, subject, sent_ms);
         let result = if lead.requests() > 1 {
-            run_owned(&self.inner, Call::One(policy.clone()), lead, timeout).await
+            run_owned(&self.inner, Call::One(policy.clone(), extra), lead, timeout).await
         } else {
-            within_deadline(timeout, run_batch(inner, Call::One(policy), lead)).await
+            within_deadline(timeout, run_batch(inner, Call::One(policy, extra), lead)).await
         };
+        if let Ok(Ok((batch, _))) = &result {
+            let answer = RunAnswer {
+                requests: batch.requests,
+                leased: batch.leased,
+                remaining: batch.remaining - u64::from(batch.leased),
+                reset_after_ms: batch.reset_after_ms,
+            };
+            inner.stats.lease_taken(batch.leased);
+            shared
+                .leases
+                .record(policy, subject, answer, sent_ms, inner.now_ms());
+        }
         inner.settle(shared, &[(policy, subject)], result).1
     }
 
@@ -487,8 +536,8 @@ type RunResult = Result<Result<(Batch, (usize, Outcome)), RunFailed>, Elapsed>;
 
 /// What a run asks Redis.
 enum Call<P> {
-    /// One limit (its key is the lead's).
-    One(P),
+    /// One limit (its key is the lead's), and the tokens to lease beyond the batch.
+    One(P, u32),
     /// Stacked limits and their keys.
     Stacked(Vec<Policy>, Vec<Vec<u8>>),
 }
@@ -539,10 +588,10 @@ where
         return Err(RunFailed);
     };
     let answer = match &call {
-        Call::One(policy) => {
+        Call::One(policy, extra) => {
             shared
                 .store
-                .decide(policy.borrow(), lead.key(), lead.requests())
+                .decide(policy.borrow(), lead.key(), lead.requests(), *extra)
                 .await
         }
         // Boxed: the single-limit run's future stays as small as it was.

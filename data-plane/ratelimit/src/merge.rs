@@ -46,7 +46,8 @@ pub(crate) struct Batch {
     pub(crate) admitted: u32,
     /// The limit describing the admitted ones (0 for a single limit).
     pub(crate) allow_limit: usize,
-    /// Its budget left after the batch.
+    /// Its budget left after the batch, as this replica sees it: what Redis
+    /// reported left plus the tokens `leased` with the batch.
     pub(crate) remaining: u64,
     /// Milliseconds until its whole budget is back, after the batch.
     pub(crate) reset_after_ms: u64,
@@ -56,6 +57,9 @@ pub(crate) struct Batch {
     pub(crate) deny_reset_after_ms: u64,
     /// For the denied ones: milliseconds until one request would be admitted.
     pub(crate) retry_after_ms: u64,
+    /// Tokens the run took beyond the batch's requests, for this replica's
+    /// lease ([`crate::lease`]); non-zero only when every request was admitted.
+    pub(crate) leased: u32,
 }
 
 impl Batch {
@@ -76,6 +80,37 @@ impl Batch {
             deny_limit: 0,
             deny_reset_after_ms: reset_after_ms,
             retry_after_ms,
+            leased: 0,
+        }
+    }
+
+    /// The batch of a single-limit run that asked for `requests + extra`
+    /// tokens and got `admitted` of them, with Redis's `remaining` after the
+    /// run: the batch's requests get the first tokens, in arrival order, and
+    /// whatever was admitted beyond them is the lease.
+    pub(crate) fn leasing(
+        requests: u32,
+        admitted: u32,
+        remaining: u64,
+        reset_after_ms: u64,
+        retry_after_ms: u64,
+    ) -> Self {
+        let leased = admitted.saturating_sub(requests);
+        let admitted = admitted.min(requests);
+        Self {
+            leased,
+            ..Self::single(
+                requests,
+                admitted,
+                remaining + u64::from(leased),
+                reset_after_ms,
+                // The batch's own requests were all admitted: none waits.
+                if admitted == requests {
+                    0
+                } else {
+                    retry_after_ms
+                },
+            )
         }
     }
 
@@ -525,5 +560,24 @@ mod tests {
         assert_eq!(limit, 1);
         assert!(!o.allowed);
         assert_eq!((o.reset_after_ms, o.retry_after_ms), (7_000, 300));
+    }
+
+    #[test]
+    fn a_leasing_run_gives_the_batch_the_first_tokens_and_keeps_the_rest() {
+        // Asked for 3 + 10, got 8: all three admitted, five leased, and the
+        // verdicts count the lease as budget still left to this replica.
+        let b = Batch::leasing(3, 8, 100, 900, 50);
+        assert_eq!((b.admitted, b.leased, b.retry_after_ms), (3, 5, 0));
+        let remaining: Vec<u64> = (0..3).map(|p| b.verdict(p).1.remaining).collect();
+        assert_eq!(remaining, [107, 106, 105]);
+        // Got fewer than the batch needs: nothing is leased and the rest wait.
+        let b = Batch::leasing(3, 2, 0, 900, 50);
+        assert_eq!((b.admitted, b.leased, b.retry_after_ms), (2, 0, 50));
+        assert!(!b.verdict(2).1.allowed);
+        // Nothing extra asked for: the same as a plain single-limit batch.
+        assert_eq!(
+            Batch::leasing(3, 3, 7, 900, 0),
+            Batch::single(3, 3, 7, 900, 0)
+        );
     }
 }

@@ -66,12 +66,15 @@ impl RedisStore {
     }
 
     /// Decides `requests` concurrent requests of the budget `key` under
-    /// `policy` in one atomic script run (see [`crate::merge`]).
+    /// `policy` in one atomic script run (see [`crate::merge`]), asking for
+    /// `extra` tokens more for this replica's lease ([`crate::lease`]; a
+    /// sliding window ignores it).
     pub(crate) async fn decide(
         &self,
         policy: &Policy,
         key: &[u8],
         requests: u32,
+        extra: u32,
     ) -> RedisResult<Batch> {
         let script = match policy.algorithm() {
             Algorithm::TokenBucket => &self.token_bucket,
@@ -84,16 +87,17 @@ impl RedisStore {
         };
         // Cloning the manager clones an Arc: every decision shares the one connection.
         let mut conn = self.conn.clone();
+        let cost = requests.saturating_add(extra);
         let (admitted, remaining, reset_after_ms, retry_after_ms): (i64, i64, i64, i64) = script
             .key(key)
             .arg(policy.limit())
             .arg(policy.window_ms())
-            .arg(requests)
+            .arg(cost)
             .invoke_async(&mut conn)
             .await?;
-        Ok(Batch::single(
+        Ok(Batch::leasing(
             requests,
-            u32::try_from(admitted.clamp(0, i64::from(requests))).unwrap_or(0),
+            u32::try_from(admitted.clamp(0, i64::from(cost))).unwrap_or(0),
             clamp(remaining),
             clamp(reset_after_ms),
             clamp(retry_after_ms),
@@ -152,6 +156,7 @@ impl RedisStore {
             deny_limit: deny,
             deny_reset_after_ms: out[deny].reset_after_ms,
             retry_after_ms: out[deny].retry_after_ms,
+            leased: 0,
         })
     }
 

@@ -17,6 +17,8 @@ pub struct Stats {
     denied_local: AtomicU64,
     deny_cache_hits: AtomicU64,
     merged: AtomicU64,
+    leased: AtomicU64,
+    lease_tokens: AtomicU64,
     redis_errors: AtomicU64,
     redis_timeouts: AtomicU64,
     fallbacks: AtomicU64,
@@ -40,6 +42,12 @@ impl Stats {
     }
     pub(crate) fn merged(&self) {
         self.merged.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn leased(&self) {
+        self.leased.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn lease_taken(&self, tokens: u32) {
+        self.lease_tokens.fetch_add(u64::from(tokens), Relaxed);
     }
     pub(crate) fn redis_error(&self) {
         self.redis_errors.fetch_add(1, Relaxed);
@@ -74,6 +82,8 @@ impl Stats {
             denied_local: self.denied_local.load(Relaxed),
             deny_cache_hits: self.deny_cache_hits.load(Relaxed),
             merged: self.merged.load(Relaxed),
+            leased: self.leased.load(Relaxed),
+            lease_tokens: self.lease_tokens.load(Relaxed),
             redis_errors: self.redis_errors.load(Relaxed),
             redis_timeouts: self.redis_timeouts.load(Relaxed),
             fallbacks: self.fallbacks.load(Relaxed),
@@ -100,6 +110,11 @@ pub struct StatsSnapshot {
     /// Shared decisions answered by another request's Redis call (concurrent
     /// requests of one key merged into one script run).
     pub merged: u64,
+    /// Shared decisions answered from a lease: tokens this replica took from
+    /// the shared budget ahead of demand ([`crate::lease`]), no Redis call.
+    pub leased: u64,
+    /// Tokens taken as leases (admitted by Redis beyond the requests of their runs).
+    pub lease_tokens: u64,
     /// Redis commands that failed (connection refused or lost, server error).
     pub redis_errors: u64,
     /// Decisions for which Redis did not answer within the decision deadline.
@@ -127,6 +142,8 @@ impl StatsSnapshot {
     /// | `gateway_ratelimit_decisions_total` | counter | `source` = `redis`\|`local`, `result` = `allowed`\|`denied` |
     /// | `gateway_ratelimit_deny_cache_hits_total` | counter | |
     /// | `gateway_ratelimit_merged_decisions_total` | counter | |
+    /// | `gateway_ratelimit_leased_decisions_total` | counter | |
+    /// | `gateway_ratelimit_lease_tokens_total` | counter | |
     /// | `gateway_ratelimit_redis_errors_total` | counter | |
     /// | `gateway_ratelimit_redis_timeouts_total` | counter | |
     /// | `gateway_ratelimit_fallbacks_total` | counter | |
@@ -162,6 +179,18 @@ impl StatsSnapshot {
                 "counter",
                 "Shared rate-limit decisions answered by another concurrent request's Redis call (same key).",
                 self.merged,
+            ),
+            (
+                "gateway_ratelimit_leased_decisions_total",
+                "counter",
+                "Shared rate-limit decisions answered from tokens leased from Redis ahead of demand (no Redis call).",
+                self.leased,
+            ),
+            (
+                "gateway_ratelimit_lease_tokens_total",
+                "counter",
+                "Tokens leased from the shared Redis budgets ahead of demand.",
+                self.lease_tokens,
             ),
             (
                 "gateway_ratelimit_redis_errors_total",
@@ -220,6 +249,8 @@ mod tests {
         stats.decision(Source::Local, false);
         stats.fallback();
         stats.breaker_opened();
+        stats.leased();
+        stats.lease_taken(7);
         let snap = stats.snapshot();
         assert_eq!(snap.decisions(), 3);
         assert!(snap.breaker_open);
@@ -234,6 +265,8 @@ mod tests {
             )
         );
         assert!(text.contains("\ngateway_ratelimit_fallbacks_total 1\n"));
+        assert!(text.contains("\ngateway_ratelimit_leased_decisions_total 1\n"));
+        assert!(text.contains("\ngateway_ratelimit_lease_tokens_total 7\n"));
         assert!(text.contains("\ngateway_ratelimit_breaker_open 1\n"));
         stats.breaker_closed();
         assert!(!stats.snapshot().breaker_open);

@@ -519,3 +519,146 @@ async fn a_batch_outlives_its_leaders_deadline_and_answers_its_followers() {
     assert_eq!(next.source, Source::Shared);
     assert!(next.remaining < d.remaining, "{next:?} after {d:?}");
 }
+
+/// Script runs Redis has executed so far (`INFO commandstats`).
+async fn script_runs(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A busy key over two replicas: leases answer most decisions without Redis,
+/// and together the replicas still never admit more than the limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn leases_spare_redis_for_a_busy_key_and_never_over_admit_across_replicas() {
+    let redis = RedisServer::start().await;
+    let a = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    let b = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
+    wait_shared(&a, Duration::from_secs(10)).await;
+    wait_shared(&b, Duration::from_secs(10)).await;
+    // A bucket that refills one token per 1,000 s: nothing refills during the test.
+    const LIMIT: u32 = 10_000;
+    let policy = Policy::new("busy", Algorithm::TokenBucket, LIMIT, 10_000_000).unwrap();
+    let started = Instant::now();
+    let mut conn = redis.connection().await;
+    let runs_before = script_runs(&mut conn).await;
+
+    // 30,000 requests, 32 at a time on each replica, three times the budget.
+    let mut admitted = 0u32;
+    let mut waves = 0u32;
+    for _ in 0..(30_000 / 64) {
+        let wave: Vec<_> = (0..64)
+            .map(|i| {
+                let limiter = Arc::clone(if i % 2 == 0 { &a } else { &b });
+                let policy = policy.clone();
+                tokio::spawn(async move { limiter.check(&policy, "alice").await })
+            })
+            .collect();
+        for task in futures::future::join_all(wave).await {
+            let d = task.unwrap();
+            assert_eq!(d.source, Source::Shared, "{d:?}");
+            admitted += u32::from(d.allowed);
+        }
+        waves += 1;
+    }
+    let decisions = u64::from(waves) * 64;
+    let runs = script_runs(&mut conn).await - runs_before;
+    let (sa, sb) = (a.stats(), b.stats());
+    eprintln!(
+        "{decisions} decisions, {admitted} admitted, {runs} script runs; leased decisions {} + {}",
+        sa.leased, sb.leased
+    );
+    let refilled = (started.elapsed().as_secs() / 1_000) as u32;
+    assert!(
+        admitted <= LIMIT + refilled,
+        "{admitted} admitted: more than the limit"
+    );
+    // Unspent leases are lost, but each replica's traffic kept spending its
+    // own; at most the last lease of each (<= 1,000 tokens) can be left.
+    assert!(
+        admitted >= LIMIT - 2 * 1_000,
+        "{admitted} admitted: leases wasted too much of the budget {sa:?} {sb:?}"
+    );
+    assert!(sa.leased > 0 && sb.leased > 0, "{sa:?} {sb:?}");
+    for s in [&sa, &sb] {
+        assert!(s.leased <= s.lease_tokens, "spent more than leased: {s:?}");
+        assert_eq!(s.fallbacks, 0, "{s:?}");
+    }
+    // Most admitted decisions came from leases, so far fewer script runs than
+    // admissions (denials are answered by the denied-until cache).
+    assert!(
+        runs * 4 < u64::from(admitted),
+        "{runs} script runs for {admitted} admissions ({decisions} decisions)"
+    );
+}
+
+/// On one replica a leased decision's headers read as if every request had
+/// gone to Redis: the budget left falls by one per request.
+#[tokio::test(flavor = "multi_thread")]
+async fn leased_decisions_report_the_budget_left_one_by_one() {
+    let redis = RedisServer::start().await;
+    let limiter = RateLimiter::new(Some(redis.url()), patient()).unwrap();
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+    const LIMIT: u32 = 100_000;
+    let policy = Policy::new("steady", Algorithm::FixedWindow, LIMIT, 86_400).unwrap();
+    let day = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            / 86_400
+    };
+    let first_day = day();
+    let mut seen = Vec::with_capacity(2_000);
+    for _ in 0..2_000 {
+        let d = limiter.check(&policy, "bob").await;
+        assert!(d.allowed && d.source == Source::Shared, "{d:?}");
+        seen.push(d.remaining);
+    }
+    // A new window (midnight UTC) during the run would restart the count.
+    if day() == first_day {
+        let want: Vec<u64> = (0..2_000).map(|i| u64::from(LIMIT) - 1 - i).collect();
+        assert_eq!(seen, want, "remaining must fall by one per request");
+    }
+    let stats = limiter.stats();
+    assert!(
+        stats.leased > 1_000,
+        "back-to-back requests lease: {stats:?}"
+    );
+}
+
+/// `lease_max_tokens: 0` turns leasing off: every admission is a script run's.
+#[tokio::test(flavor = "multi_thread")]
+async fn leasing_can_be_turned_off() {
+    let redis = RedisServer::start().await;
+    let options = RateLimiterOptions {
+        lease_max_tokens: 0,
+        ..patient()
+    };
+    let limiter = RateLimiter::new(Some(redis.url()), options).unwrap();
+    wait_shared(&limiter, Duration::from_secs(10)).await;
+    let policy = Policy::new("off", Algorithm::TokenBucket, 100_000, 86_400).unwrap();
+    let mut conn = redis.connection().await;
+    // The first decision loads the script (a refused EVALSHA, then a good one).
+    assert!(limiter.check(&policy, "carol").await.allowed);
+    let before = script_runs(&mut conn).await;
+    for _ in 0..200 {
+        assert!(limiter.check(&policy, "carol").await.allowed);
+    }
+    let stats = limiter.stats();
+    assert_eq!((stats.leased, stats.lease_tokens), (0, 0), "{stats:?}");
+    assert_eq!(script_runs(&mut conn).await - before, 200);
+}
