@@ -12,6 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::config::InFlight;
+use crate::h1::{ExchangeError, H1Body};
 use crate::pool::Checkin;
 
 /// Why the client's request body could not be forwarded.
@@ -137,22 +138,31 @@ impl Body for RequestBody {
 /// connection is closed instead (HTTP/1.1 cannot abandon half a response).
 #[derive(Debug)]
 pub struct UpstreamBody {
-    inner: Incoming,
+    inner: Upstream,
     checkin: Option<Checkin>,
     _in_flight: InFlight,
+}
+
+#[derive(Debug)]
+enum Upstream {
+    /// Read from a pooled connection ([`crate::h1`]); `None` once the
+    /// connection went back to its pool.
+    H1(Option<H1Body>),
+    /// The answer to an upgrade request, from its hyper connection.
+    Hyper(Incoming),
 }
 
 impl UpstreamBody {
     /// Wraps an upstream response body. `checkin` returns the connection to its
     /// pool at the end of the body; `in_flight` counts the request until then.
-    pub fn new(inner: Incoming, checkin: Checkin, in_flight: InFlight) -> Self {
+    pub fn new(inner: H1Body, checkin: Checkin, in_flight: InFlight) -> Self {
         let mut body = Self {
-            inner,
+            inner: Upstream::H1(Some(inner)),
             checkin: Some(checkin),
             _in_flight: in_flight,
         };
         // Bodiless responses (HEAD, 204, 304) may never be polled: return now.
-        if body.inner.is_end_stream() {
+        if body.is_end_stream() {
             body.finish();
         }
         body
@@ -162,32 +172,42 @@ impl UpstreamBody {
     /// non-101 answer to an upgrade request): the connection closes with it.
     pub fn unpooled(inner: Incoming, in_flight: InFlight) -> Self {
         Self {
-            inner,
+            inner: Upstream::Hyper(inner),
             checkin: None,
             _in_flight: in_flight,
         }
     }
 
+    /// The body is complete: its connection goes back to the pool, if it can.
     fn finish(&mut self) {
-        if let Some(c) = self.checkin.take() {
-            c.checkin();
+        if let Some(c) = self.checkin.take()
+            && let Upstream::H1(body) = &mut self.inner
+            && let Some(conn) = body.take().and_then(H1Body::take_conn)
+        {
+            c.checkin(conn);
         }
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ExchangeError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let polled = match &mut this.inner {
+            Upstream::H1(Some(b)) => Pin::new(b).poll_frame(cx),
+            Upstream::H1(None) => Poll::Ready(None),
+            Upstream::Hyper(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(ExchangeError::from))),
+        };
         match &polled {
             Poll::Ready(None) => this.finish(),
-            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.finish(),
+            Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
             Poll::Ready(Some(Err(_))) => this.checkin = None,
             _ => {}
         }
@@ -195,11 +215,19 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Upstream::H1(Some(b)) => b.is_end_stream(),
+            Upstream::H1(None) => true,
+            Upstream::Hyper(b) => b.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Upstream::H1(Some(b)) => b.size_hint(),
+            Upstream::H1(None) => SizeHint::with_exact(0),
+            Upstream::Hyper(b) => b.size_hint(),
+        }
     }
 }
 
@@ -231,12 +259,12 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ExchangeError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
         match self.get_mut() {
             Self::Upstream(b) => Pin::new(b).poll_frame(cx),
             Self::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),

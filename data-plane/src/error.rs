@@ -98,7 +98,7 @@ pub enum ProxyError {
     Connect(#[source] ConnectError),
     /// The connection to the instance failed during the exchange (502).
     #[error("the upstream connection failed")]
-    Upstream(#[source] hyper::Error),
+    Upstream(#[source] crate::h1::ExchangeError),
     /// No response head within the route timeout (504).
     #[error("the upstream did not answer within {0:?}")]
     Timeout(Duration),

@@ -42,6 +42,7 @@ pub mod conn_timer;
 pub mod cors;
 pub mod dns;
 pub mod error;
+pub mod h1;
 pub mod health;
 pub mod hooks;
 pub mod ip_rules;

@@ -6,9 +6,14 @@
 //! request left the gateway: a request that was never written comes back to
 //! us intact and may be retried on another instance whatever its method.
 //!
+//! Exchanges use our own HTTP/1.1 client ([`crate::h1`]): the request's task
+//! writes and reads the socket itself. Upgrade requests (WebSockets) go over
+//! a hyper connection of their own ([`Pool::send_upgrade`]).
+//!
 //! Idle connections are kept LIFO (the warmest is reused first), at most
-//! `max_idle` of them, each for at most `idle_timeout`. The lock is held only to
-//! push or pop, never across an `.await`.
+//! `max_idle` of them, each for at most `idle_timeout`; one the upstream has
+//! closed (or written to unasked) is dropped when it is next taken. The lock
+//! is held only to push or pop, never across an `.await`.
 //!
 //! Each proxy worker ([`crate::workers`]) has its own idle list, so a worker
 //! reuses the connections whose tasks run on its own thread and an exchange
@@ -26,9 +31,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::RequestBody;
-
-/// Longest wait for a pooled connection to finish its previous exchange.
-const READY_WAIT: Duration = Duration::from_millis(50);
+use crate::h1::{Conn, ExchangeError, H1Body, SendFailure};
 
 /// Pool limits, the same for every instance.
 #[derive(Debug, Clone, Copy)]
@@ -101,12 +104,15 @@ pub enum SendError {
         /// The untouched request.
         req: Request<RequestBody>,
         /// Why.
-        error: hyper::Error,
+        error: ExchangeError,
     },
     /// The request was (at least partly) written; it may have reached the instance.
     Failed {
         /// Why.
-        error: hyper::Error,
+        error: ExchangeError,
+        /// The request, when it had no body (nothing of it was consumed): what
+        /// a replay sends.
+        req: Option<Box<Request<RequestBody>>>,
         /// Whether the connection had served earlier requests (a stale keep-alive
         /// connection closed by the upstream, rather than a broken instance).
         reused: bool,
@@ -114,7 +120,7 @@ pub enum SendError {
 }
 
 struct Idle {
-    sender: http1::SendRequest<RequestBody>,
+    conn: Box<Conn>,
     since: Instant,
 }
 
@@ -150,7 +156,6 @@ impl std::fmt::Debug for Pool {
 /// Returns a connection to its pool once its response body has been read to the end.
 pub struct Checkin {
     pool: Arc<Inner>,
-    sender: http1::SendRequest<RequestBody>,
 }
 
 impl std::fmt::Debug for Checkin {
@@ -162,23 +167,24 @@ impl std::fmt::Debug for Checkin {
 }
 
 impl Checkin {
-    /// Puts the connection back as idle (or closes it when the pool is full).
-    pub fn checkin(self) {
-        let Self { pool, sender } = self;
-        if sender.is_closed() || pool.settings.max_idle == 0 {
+    /// Puts `conn` (done with its exchange) back as idle, or closes it when
+    /// the pool is full.
+    pub fn checkin(self, conn: Box<Conn>) {
+        let pool = self.pool;
+        if pool.settings.max_idle == 0 {
             return;
         }
         let now = Instant::now();
         let mut idle = pool.idle().lock().expect("pool lock");
-        // The oldest entries sit at the bottom: drop expired or closed ones there.
+        // The oldest entries sit at the bottom: drop expired ones there.
         while idle
             .first()
-            .is_some_and(|i| i.sender.is_closed() || now - i.since > pool.settings.idle_timeout)
+            .is_some_and(|i| now - i.since > pool.settings.idle_timeout)
         {
             idle.remove(0);
         }
         if idle.len() < pool.settings.max_idle {
-            idle.push(Idle { sender, since: now });
+            idle.push(Idle { conn, since: now });
         }
     }
 }
@@ -202,39 +208,29 @@ impl Pool {
         &self.inner.authority
     }
 
-    /// Idle connections now held (closed ones awaiting cleanup are not counted).
+    /// Idle connections now held (ones the upstream closed are counted until
+    /// they are next taken).
     pub fn idle_count(&self) -> usize {
         self.inner
             .idle
             .iter()
-            .map(|slot| {
-                slot.lock()
-                    .map_or(0, |i| i.iter().filter(|c| !c.sender.is_closed()).count())
-            })
+            .map(|slot| slot.lock().map_or(0, |i| i.len()))
             .sum()
     }
 
-    fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
+    fn take_idle(&self) -> Option<Box<Conn>> {
         let now = Instant::now();
         let mut idle = self.inner.idle().lock().expect("pool lock");
         while let Some(i) = idle.pop() {
-            if !i.sender.is_closed() && now - i.since <= self.inner.settings.idle_timeout {
-                return Some(i.sender);
+            if now - i.since <= self.inner.settings.idle_timeout && i.conn.is_reusable() {
+                return Some(i.conn);
             }
         }
         None
     }
 
-    async fn connect(&self) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
-        self.connect_with(false).await
-    }
-
-    /// A new connection; with `upgrades` its task hands the socket over to
-    /// `hyper::upgrade::on` after a 101 answer instead of closing it.
-    async fn connect_with(
-        &self,
-        upgrades: bool,
-    ) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
+    /// A new TCP connection to the instance.
+    async fn connect_tcp(&self) -> Result<TcpStream, ConnectError> {
         let authority = &self.inner.authority;
         let stream = tokio::time::timeout(
             self.inner.settings.connect_timeout,
@@ -250,25 +246,25 @@ impl Pool {
         })?;
         // Small request/response exchanges must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    /// A new hyper connection whose task hands the socket over to
+    /// `hyper::upgrade::on` after a 101 answer instead of closing it.
+    async fn connect_upgradable(&self) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
+        let authority = &self.inner.authority;
+        let stream = self.connect_tcp().await?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|source| ConnectError::Handshake {
                 authority: authority.clone(),
                 source,
             })?;
-        if upgrades {
-            tokio::spawn(async move {
-                if let Err(e) = conn.with_upgrades().await {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-            });
-        } else {
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-            });
-        }
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
         Ok(sender)
     }
 
@@ -280,7 +276,7 @@ impl Pool {
         &self,
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, SendError> {
-        let mut sender = match self.connect_with(true).await {
+        let mut sender = match self.connect_upgradable().await {
             Ok(s) => s,
             Err(error) => return Err(SendError::Connect { req, error }),
         };
@@ -290,10 +286,11 @@ impl Pool {
             .map_err(|mut e| match e.take_message() {
                 Some(back) => SendError::NotSent {
                     req: back,
-                    error: e.into_error(),
+                    error: e.into_error().into(),
                 },
                 None => SendError::Failed {
-                    error: e.into_error(),
+                    error: e.into_error().into(),
+                    req: None,
                     reused: false,
                 },
             })
@@ -302,52 +299,34 @@ impl Pool {
     /// Sends `req` on an idle connection, or on a new one. A reused connection
     /// that turns out to be closed before the request was written is skipped
     /// silently (the request comes back and goes on the next connection).
-    /// Returns the response head and the [`Checkin`] for its connection.
+    /// Returns the response (its body reads the connection) and the
+    /// [`Checkin`] that takes the connection back at the body's end.
     pub async fn send(
         &self,
         mut req: Request<RequestBody>,
-    ) -> Result<(Response<Incoming>, Checkin), SendError> {
+    ) -> Result<(Response<H1Body>, Checkin), SendError> {
         loop {
-            let (mut sender, reused) = match self.take_idle() {
-                Some(s) => (s, true),
-                None => match self.connect().await {
-                    Ok(s) => (s, false),
+            let (conn, reused) = match self.take_idle() {
+                Some(c) => (c, true),
+                None => match self.connect_tcp().await {
+                    Ok(s) => (Conn::new(s), false),
                     Err(error) => return Err(SendError::Connect { req, error }),
                 },
             };
-            // A connection checked in at the end of its response body is usually
-            // ready at once, or a moment later when its task catches up. One still
-            // busy (e.g. still sending a request body the upstream answered early)
-            // is not worth waiting for: drop it and take another.
-            if reused && !sender.is_ready() {
-                match tokio::time::timeout(READY_WAIT, sender.ready()).await {
-                    Ok(Ok(())) => {}
-                    _ => continue,
-                }
-            }
-            match sender.try_send_request(req).await {
+            match conn.send(req, &self.inner.authority).await {
                 Ok(resp) => {
                     let checkin = Checkin {
                         pool: self.inner.clone(),
-                        sender,
                     };
                     return Ok((resp, checkin));
                 }
-                Err(mut e) => match e.take_message() {
-                    Some(back) if reused => req = back,
-                    Some(back) => {
-                        return Err(SendError::NotSent {
-                            req: back,
-                            error: e.into_error(),
-                        });
-                    }
-                    None => {
-                        return Err(SendError::Failed {
-                            error: e.into_error(),
-                            reused,
-                        });
-                    }
-                },
+                Err(SendFailure::NotSent(back, _)) if reused => req = *back,
+                Err(SendFailure::NotSent(back, error)) => {
+                    return Err(SendError::NotSent { req: *back, error });
+                }
+                Err(SendFailure::Failed(error, req)) => {
+                    return Err(SendError::Failed { error, req, reused });
+                }
             }
         }
     }

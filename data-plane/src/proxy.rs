@@ -36,7 +36,6 @@
 //! its context goes upstream as `traceparent` (replacing whatever the client
 //! sent) with the caller's validated `tracestate`.
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
@@ -53,6 +52,7 @@ use crate::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
 use crate::breaker::{Permit, Transition};
 use crate::config::{InstanceState, RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
+use crate::h1::ExchangeError;
 use crate::metrics::UpstreamErrorKind;
 use crate::pool::SendError;
 use crate::retry::{
@@ -149,12 +149,6 @@ impl Replay {
         }
     }
 
-    /// The default rule (no route `retry`): a bodiless GET/HEAD/OPTIONS.
-    fn bodiless(req: &Request<RequestBody>) -> Option<Self> {
-        let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-        (safe && req.body().is_end_stream()).then(|| Self::new(req, None))
-    }
-
     /// A retrying route's rule: an idempotent request whose body is empty or
     /// declared at most [`MAX_REPLAY_BODY_BYTES`]; that body is read now so it
     /// can be sent again. Other requests are sent as they are, with no replay.
@@ -231,18 +225,6 @@ pub(crate) fn fail(
     report(upstream, instance, permit.failure());
 }
 
-/// The client-side cause of a failed exchange, if the failure was the request body's.
-fn body_error(e: &hyper::Error) -> Option<&RequestBodyError> {
-    let mut source = e.source();
-    while let Some(s) = source {
-        if let Some(b) = s.downcast_ref::<RequestBodyError>() {
-            return Some(b);
-        }
-        source = s.source();
-    }
-    None
-}
-
 /// The request's trace, for the attempts' CLIENT spans.
 pub struct Trace<'s, 'a> {
     /// Parent of every attempt's CLIENT span: the request's SERVER span, or a
@@ -261,6 +243,9 @@ enum Failed {
     NotReached(Box<Request<RequestBody>>, ProxyError),
     /// The request may have reached the instance; only a replay can follow.
     Reached(ProxyError),
+    /// Like `Reached`, for a request without a body, handed back by the pool
+    /// (boxed, as `NotReached`): the default rules may send it again.
+    Sent(ProxyError, Box<Request<RequestBody>>),
     /// The instance answered with a retryable 5xx; returned if no retry follows.
     Answered(Response<ResponseBody>),
 }
@@ -278,11 +263,10 @@ pub async fn forward<'a>(
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let deadline = Instant::now() + timeout;
     upstream.retry.record_request();
+    // The default rules replay only a bodiless request, which the pool hands
+    // back when its exchange fails ([`SendError::Failed`]): no copy up front.
     let (mut req, replay) = match retry {
-        None => {
-            let replay = Replay::bodiless(&req);
-            (req, replay)
-        }
+        None => (req, None),
         Some(_) => Replay::buffered(req).await?,
     };
     let mut pick = first;
@@ -381,21 +365,25 @@ pub async fn forward<'a>(
                 };
                 (f, RetryReason::ConnectFailure, false)
             }
-            Ok(Err(SendError::Failed { error, reused })) => {
-                match body_error(&error) {
-                    Some(RequestBodyError::TooLarge { limit }) => {
-                        return Err(ProxyError::BodyTooLarge { limit: *limit });
+            Ok(Err(SendError::Failed { error, req, reused })) => {
+                // The client's body failed, not the instance: nothing to report.
+                match error {
+                    ExchangeError::Body(RequestBodyError::TooLarge { limit }) => {
+                        return Err(ProxyError::BodyTooLarge { limit });
                     }
-                    Some(RequestBodyError::Client(_)) => return Err(ProxyError::ClientBody(error)),
-                    None => {}
+                    ExchangeError::Body(RequestBodyError::Client(e)) => {
+                        return Err(ProxyError::ClientBody(e));
+                    }
+                    _ => {}
                 }
                 fail(upstream, instance, permit, UpstreamErrorKind::Protocol);
                 tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "upstream exchange failed");
-                (
-                    Failed::Reached(ProxyError::Upstream(error)),
-                    RetryReason::ConnectFailure,
-                    reused,
-                )
+                let e = ProxyError::Upstream(error);
+                let f = match req {
+                    Some(back) => Failed::Sent(e, back),
+                    None => Failed::Reached(e),
+                };
+                (f, RetryReason::ConnectFailure, reused)
             }
         };
         let next = match retry {
@@ -409,27 +397,20 @@ pub async fn forward<'a>(
                 replay.as_ref(),
                 failed,
             ),
-            None => default_retry(
-                upstream,
-                key,
-                index,
-                retries,
-                reused,
-                replay.as_ref(),
-                failed,
-            ),
+            None => default_retry(upstream, key, index, retries, reused, failed),
         };
         (pick, req) = match next {
-            Next::Retry(p, r) => (p, r),
+            Next::Retry(p, r) => (p, *r),
             Next::Done(outcome) => return outcome,
         };
         retries += 1;
     }
 }
 
-/// After a failed attempt: another one, or the request's outcome.
+/// After a failed attempt: another one (the request boxed: the failure path
+/// keeps the enum small), or the request's outcome.
 enum Next<'a> {
-    Retry(Pick<'a>, Request<RequestBody>),
+    Retry(Pick<'a>, Box<Request<RequestBody>>),
     Done(Result<Response<ResponseBody>, ProxyError>),
 }
 
@@ -438,7 +419,7 @@ impl Failed {
     fn stands<'a>(self) -> Next<'a> {
         Next::Done(match self {
             Self::Answered(resp) => Ok(resp),
-            Self::NotReached(_, e) | Self::Reached(e) => Err(e),
+            Self::NotReached(_, e) | Self::Reached(e) | Self::Sent(e, _) => Err(e),
         })
     }
 }
@@ -454,7 +435,6 @@ fn default_retry<'a>(
     index: usize,
     retries: u32,
     reused: bool,
-    replay: Option<&Replay>,
     failed: Failed,
 ) -> Next<'a> {
     if retries > 0 {
@@ -462,24 +442,23 @@ fn default_retry<'a>(
     }
     match failed {
         Failed::NotReached(back, e) => match balancer::pick(upstream, key, Some(index)) {
-            Some(p) => Next::Retry(p, *back),
+            Some(p) => Next::Retry(p, back),
             None => Next::Done(Err(e)),
         },
-        Failed::Reached(e) => {
-            let next = replay.and_then(|r| {
-                balancer::pick(upstream, key, Some(index))
-                    .or_else(|| {
-                        reused
-                            .then(|| balancer::pick(upstream, key, None))
-                            .flatten()
-                    })
-                    .map(|p| (p, r.request()))
+        Failed::Sent(e, back)
+            if matches!(*back.method(), Method::GET | Method::HEAD | Method::OPTIONS) =>
+        {
+            let next = balancer::pick(upstream, key, Some(index)).or_else(|| {
+                reused
+                    .then(|| balancer::pick(upstream, key, None))
+                    .flatten()
             });
             match next {
-                Some((p, r)) => Next::Retry(p, r),
+                Some(p) => Next::Retry(p, back),
                 None => Next::Done(Err(e)),
             }
         }
+        Failed::Reached(e) | Failed::Sent(e, _) => Next::Done(Err(e)),
         answered @ Failed::Answered(_) => answered.stands(),
     }
 }
@@ -518,8 +497,8 @@ fn policy_retry<'a>(
         return failed.stands();
     }
     let req = match (failed, replay) {
-        (Failed::NotReached(back, _), _) => *back,
-        (_, Some(r)) => r.request(),
+        (Failed::NotReached(back, _), _) => back,
+        (_, Some(r)) => Box::new(r.request()),
         // Excluded by `sendable` above.
         (f, None) => return f.stands(),
     };

@@ -1,0 +1,959 @@
+//! The upstream side of a proxied exchange: an HTTP/1.1 client connection of
+//! our own (DESIGN §4, "Proxy"; issue 8).
+//!
+//! hyper's client runs each connection as a task of its own: the request is
+//! handed to it through a channel, the response head comes back through a
+//! oneshot, and every body frame through another channel. On this proxy that
+//! was a quarter of the user-space instructions of a plain request
+//! (BENCHMARKS.md). Here the request's own task writes the head, reads the
+//! response head, and the response body reads the socket as hyper's server
+//! polls it, so an exchange is two system calls on the upstream socket (one
+//! write, one read) and no hand-off between tasks.
+//!
+//! What it implements of RFC 9112, client side:
+//! * the request head in origin form, with `Host` (the instance's authority
+//!   when the request has none) and framing of our own: `Content-Length`
+//!   when the body's length is known, `Transfer-Encoding: chunked` otherwise,
+//!   `Content-Length: 0` for an empty POST/PUT/PATCH; the client's own framing
+//!   headers are never forwarded as they came; request trailers are dropped;
+//! * the body is sent while the response is awaited: an upstream that answers
+//!   before it has read the whole body gets its answer forwarded, and the
+//!   connection is closed afterwards;
+//! * interim 1xx responses are skipped; a 101 is refused (upgrades go through
+//!   hyper, [`crate::pool::Pool::send_upgrade`]);
+//! * response framing: none for HEAD, 204 and 304; chunked when it is the last
+//!   transfer coding (trailers are read and dropped); otherwise
+//!   `Content-Length` (every value must agree), or the body runs until the
+//!   upstream closes;
+//! * persistence: HTTP/1.1 keeps the connection unless `Connection: close`,
+//!   HTTP/1.0 only with `Connection: keep-alive`; a connection goes back to
+//!   its pool only after a complete response with no byte beyond it.
+//!
+//! Limits: a response head of at most [`MAX_HEAD_BYTES`] and [`MAX_HEADERS`]
+//! fields (502 beyond), chunk-size lines and trailers of at most
+//! [`MAX_LINE_BYTES`] each.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+use tokio_util::io::poll_read_buf;
+
+use crate::body::{RequestBody, RequestBodyError};
+
+/// Most header fields a response head may have.
+pub const MAX_HEADERS: usize = 100;
+/// Largest response head, in bytes.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Longest chunk-size line or trailer field, in bytes.
+pub const MAX_LINE_BYTES: usize = 8 * 1024;
+/// Room made in the read buffer before each read.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Why an exchange with an upstream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// Reading from or writing to the upstream failed.
+    #[error("upstream connection I/O failed")]
+    Io(#[source] io::Error),
+    /// The upstream closed the connection before its response was complete.
+    #[error("the upstream closed the connection before the response was complete")]
+    Closed,
+    /// The upstream's response is not valid HTTP/1.1 (or exceeds a limit).
+    #[error("the upstream sent an invalid response: {0}")]
+    Invalid(&'static str),
+    /// The request body did not match its own `Content-Length`.
+    #[error("the request body does not match its content-length")]
+    BodyLength,
+    /// The client's request body could not be forwarded.
+    #[error("the request body could not be forwarded")]
+    Body(#[source] RequestBodyError),
+    /// An exchange on a hyper connection (upgrade requests) failed.
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+}
+
+/// A failed [`Conn::send`].
+#[derive(Debug)]
+pub enum SendFailure {
+    /// Not a byte of the request was written: it comes back untouched.
+    NotSent(Box<Request<RequestBody>>, ExchangeError),
+    /// The request was (at least partly) written. A request without a body
+    /// comes back too (nothing of it was consumed), for a replay.
+    Failed(ExchangeError, Option<Box<Request<RequestBody>>>),
+}
+
+/// One HTTP/1.1 connection to an upstream instance, idle between exchanges.
+/// Always boxed (one allocation per connection, not per exchange), so the
+/// response body that owns it stays small to move.
+#[derive(Debug)]
+pub struct Conn {
+    io: TcpStream,
+    /// Bytes read and not yet consumed (empty while idle).
+    buf: BytesMut,
+    /// The request head being written (kept for its allocation).
+    head: Vec<u8>,
+}
+
+/// How the request body is framed.
+#[derive(Debug, Clone, Copy)]
+enum ReqFraming {
+    /// No body.
+    Empty,
+    /// `Content-Length`.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+impl Conn {
+    /// A connection over `io` (connected, `TCP_NODELAY` set by the caller).
+    pub fn new(io: TcpStream) -> Box<Self> {
+        Box::new(Self {
+            io,
+            buf: BytesMut::new(),
+            head: Vec::new(),
+        })
+    }
+
+    /// Whether an idle connection can carry another request: the upstream
+    /// has neither closed it nor sent anything unasked. Costs a system call
+    /// only when the socket has become readable since its last read.
+    pub fn is_reusable(&self) -> bool {
+        let mut probe = [0u8; 1];
+        self.buf.is_empty()
+            && matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Sends `req` (origin-form URI) and reads the response head. `authority`
+    /// is the `Host` sent when the request has none.
+    pub async fn send(
+        mut self: Box<Self>,
+        req: Request<RequestBody>,
+        authority: &str,
+    ) -> Result<Response<H1Body>, SendFailure> {
+        let framing = if req.body().is_end_stream() {
+            ReqFraming::Empty
+        } else {
+            match req.body().size_hint().exact() {
+                Some(n) => ReqFraming::Length(n),
+                None => ReqFraming::Chunked,
+            }
+        };
+        encode_head(&mut self.head, &req, framing, authority);
+        let mut written = 0;
+        while written < self.head.len() {
+            let e = match self.io.write(&self.head[written..]).await {
+                Ok(0) => ExchangeError::Io(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    written += n;
+                    continue;
+                }
+                Err(e) => ExchangeError::Io(e),
+            };
+            return Err(if written == 0 {
+                SendFailure::NotSent(Box::new(req), e)
+            } else {
+                failed(e, req, framing)
+            });
+        }
+        let head_request = req.method() == Method::HEAD;
+        let (parts, mut body) = req.into_parts();
+        let mut early = false;
+        let head = match framing {
+            ReqFraming::Empty => read_head(&mut self.io, &mut self.buf, head_request).await,
+            _ => {
+                let (mut rd, mut wr) = self.io.split();
+                let mut sending = std::pin::pin!(write_body(&mut wr, &mut body, framing));
+                let mut sent = false;
+                loop {
+                    tokio::select! {
+                        biased;
+                        done = &mut sending, if !sent => {
+                            done.map_err(|e| SendFailure::Failed(e, None))?;
+                            sent = true;
+                        }
+                        head = read_head(&mut rd, &mut self.buf, head_request) => {
+                            // An answer before the whole body: forward it, then close.
+                            early = !sent;
+                            break head;
+                        }
+                    }
+                }
+            }
+        };
+        let head = match head {
+            Ok(head) => head,
+            Err(e) => return Err(failed(e, Request::from_parts(parts, body), framing)),
+        };
+        let Head {
+            status,
+            version,
+            headers,
+            framing,
+            keep_alive,
+        } = head;
+        let body = H1Body::new(self, framing, keep_alive && !early);
+        let mut resp = Response::new(body);
+        *resp.status_mut() = status;
+        *resp.version_mut() = version;
+        *resp.headers_mut() = headers;
+        Ok(resp)
+    }
+}
+
+/// A failure after the request was (partly) written: a bodiless request comes back.
+fn failed(e: ExchangeError, req: Request<RequestBody>, framing: ReqFraming) -> SendFailure {
+    let back = matches!(framing, ReqFraming::Empty).then(|| Box::new(req));
+    SendFailure::Failed(e, back)
+}
+
+/// Writes the request line and header fields into `out` (cleared first).
+fn encode_head(
+    out: &mut Vec<u8>,
+    req: &Request<RequestBody>,
+    framing: ReqFraming,
+    authority: &str,
+) {
+    out.clear();
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    out.extend_from_slice(if target.is_empty() { "/" } else { target }.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let headers = req.headers();
+    if !headers.contains_key(header::HOST) {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(authority.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let mut had_length = false;
+    for (name, value) in headers {
+        if name == header::CONTENT_LENGTH {
+            had_length = true;
+            continue;
+        }
+        if name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        ReqFraming::Empty => {
+            let expects_body = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
+            if had_length || expects_body {
+                out.extend_from_slice(b"content-length: 0\r\n");
+            }
+        }
+        ReqFraming::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        ReqFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Streams the request body after its head.
+async fn write_body<W: tokio::io::AsyncWrite + Unpin>(
+    wr: &mut W,
+    body: &mut RequestBody,
+    framing: ReqFraming,
+) -> Result<(), ExchangeError> {
+    let mut sent: u64 = 0;
+    let mut chunk = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+        let frame = frame.map_err(ExchangeError::Body)?;
+        // Trailers are not forwarded.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        sent += data.len() as u64;
+        match framing {
+            ReqFraming::Length(n) if sent > n => return Err(ExchangeError::BodyLength),
+            ReqFraming::Chunked => {
+                chunk.clear();
+                chunk.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                chunk.extend_from_slice(&data);
+                chunk.extend_from_slice(b"\r\n");
+                wr.write_all(&chunk).await.map_err(ExchangeError::Io)?;
+                continue;
+            }
+            _ => {}
+        }
+        wr.write_all(&data).await.map_err(ExchangeError::Io)?;
+    }
+    match framing {
+        ReqFraming::Length(n) if sent != n => Err(ExchangeError::BodyLength),
+        ReqFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(ExchangeError::Io),
+        _ => Ok(()),
+    }
+}
+
+/// A parsed response head.
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: RespFraming,
+    keep_alive: bool,
+}
+
+/// How the response body is framed.
+#[derive(Debug, Clone, Copy)]
+enum RespFraming {
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// Reads until a final (non-1xx) response head is complete. Cancel-safe:
+/// whatever was read stays in `buf`.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Head, ExchangeError> {
+    loop {
+        if !buf.is_empty()
+            && let Some(head) = parse_head(buf, head_request)?
+        {
+            return Ok(head);
+        }
+        buf.reserve(READ_CHUNK);
+        let n = std::future::poll_fn(|cx| poll_read_buf(Pin::new(&mut *rd), cx, buf))
+            .await
+            .map_err(ExchangeError::Io)?;
+        if n == 0 {
+            return Err(ExchangeError::Closed);
+        }
+    }
+}
+
+/// Parses a response head at the start of `buf` and consumes it; interim
+/// (1xx) heads are consumed and skipped. `None`: more bytes are needed.
+fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, ExchangeError> {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut res = httparse::Response::new(&mut fields);
+        let len = match res.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+                return Err(ExchangeError::Invalid("response head too large"));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(ExchangeError::Invalid("too many response header fields"));
+            }
+            Err(_) => return Err(ExchangeError::Invalid("malformed response head")),
+        };
+        if len > MAX_HEAD_BYTES {
+            return Err(ExchangeError::Invalid("response head too large"));
+        }
+        let code = res.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code)
+            .map_err(|_| ExchangeError::Invalid("invalid response status"))?;
+        let version = if res.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        // Where each field sits in the head, so values can share its bytes.
+        let base = buf.as_ptr() as usize;
+        let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+        let count = res.headers.len();
+        for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
+            *span = (
+                f.name.as_ptr() as usize - base,
+                f.name.len(),
+                f.value.as_ptr() as usize - base,
+                f.value.len(),
+            );
+        }
+        let head = buf.split_to(len).freeze();
+        if status.is_informational() {
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(ExchangeError::Invalid("unexpected 101 Switching Protocols"));
+            }
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            continue;
+        }
+        let mut headers = HeaderMap::with_capacity(count);
+        for &(ns, nl, vs, vl) in &spans[..count] {
+            let name = HeaderName::from_bytes(&head[ns..ns + nl])
+                .map_err(|_| ExchangeError::Invalid("invalid header field name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
+                .map_err(|_| ExchangeError::Invalid("invalid header field value"))?;
+            headers.append(name, value);
+        }
+        let (framing, keep_alive) = framing_of(status, version, &mut headers, head_request)?;
+        return Ok(Some(Head {
+            status,
+            version,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// Whether `value` (a comma-separated list) holds `token`, case-insensitively.
+fn has_token(value: &HeaderValue, token: &str) -> bool {
+    value
+        .as_bytes()
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// The response body's framing and whether the connection persists after it.
+fn framing_of(
+    status: StatusCode,
+    version: Version,
+    headers: &mut HeaderMap,
+    head_request: bool,
+) -> Result<(RespFraming, bool), ExchangeError> {
+    let mut keep_alive = version == Version::HTTP_11;
+    for v in headers.get_all(header::CONNECTION) {
+        if has_token(v, "close") {
+            keep_alive = false;
+        } else if has_token(v, "keep-alive") && version == Version::HTTP_10 {
+            keep_alive = true;
+        }
+    }
+    if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok((RespFraming::Length(0), keep_alive));
+    }
+    if let Some(last) = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+    {
+        let chunked = last
+            .as_bytes()
+            .rsplit(|b| *b == b',')
+            .next()
+            .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        // With both, Transfer-Encoding wins and the connection is not reused (RFC 9112 §6.3).
+        if headers.remove(header::CONTENT_LENGTH).is_some() {
+            keep_alive = false;
+        }
+        return Ok(if chunked {
+            (RespFraming::Chunked, keep_alive)
+        } else {
+            (RespFraming::UntilClose, false)
+        });
+    }
+    let mut length: Option<u64> = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        for part in v.as_bytes().split(|b| *b == b',') {
+            let part = part.trim_ascii();
+            let n = std::str::from_utf8(part)
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or(ExchangeError::Invalid("invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(ExchangeError::Invalid("conflicting content-length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (RespFraming::Length(n), keep_alive),
+        None => (RespFraming::UntilClose, false),
+    })
+}
+
+/// Where a response body's reader is.
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// This many bytes of a `Content-Length` body are still to come.
+    Length(u64),
+    /// Expecting a chunk-size line.
+    ChunkSize,
+    /// This many bytes of the current chunk are still to come.
+    ChunkData(u64),
+    /// Expecting the CRLF after a chunk's data.
+    ChunkEnd,
+    /// Reading (and dropping) trailer fields up to the empty line.
+    Trailers,
+    /// Until the upstream closes.
+    UntilClose,
+    /// Complete.
+    Done,
+}
+
+/// A response body read straight from its upstream connection. At its end
+/// the connection can be taken back ([`H1Body::take_conn`]) for the pool.
+#[derive(Debug)]
+pub struct H1Body {
+    conn: Box<Conn>,
+    state: State,
+    keep_alive: bool,
+}
+
+impl H1Body {
+    fn new(conn: Box<Conn>, framing: RespFraming, keep_alive: bool) -> Self {
+        let state = match framing {
+            RespFraming::Length(0) => State::Done,
+            RespFraming::Length(n) => State::Length(n),
+            RespFraming::Chunked => State::ChunkSize,
+            RespFraming::UntilClose => State::UntilClose,
+        };
+        Self {
+            conn,
+            state,
+            keep_alive,
+        }
+    }
+
+    /// The connection, if the body is complete and it may carry another
+    /// request (persistent, nothing read beyond the response).
+    pub fn take_conn(self) -> Option<Box<Conn>> {
+        (matches!(self.state, State::Done) && self.keep_alive && self.conn.buf.is_empty())
+            .then_some(self.conn)
+    }
+
+    /// Reads more bytes into the buffer; `Closed` at end of stream.
+    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ExchangeError>> {
+        self.conn.buf.reserve(READ_CHUNK);
+        let n = ready!(poll_read_buf(
+            Pin::new(&mut self.conn.io),
+            cx,
+            &mut self.conn.buf
+        ))
+        .map_err(ExchangeError::Io)?;
+        Poll::Ready(if n == 0 {
+            Err(ExchangeError::Closed)
+        } else {
+            Ok(())
+        })
+    }
+
+    /// Takes one CRLF-terminated line off the buffer (without the CRLF).
+    fn line(&mut self) -> Result<Option<Bytes>, ExchangeError> {
+        match self.conn.buf.windows(2).position(|w| w == b"\r\n") {
+            Some(at) => {
+                let line = self.conn.buf.split_to(at).freeze();
+                self.conn.buf.advance(2);
+                Ok(Some(line))
+            }
+            None if self.conn.buf.len() > MAX_LINE_BYTES => {
+                Err(ExchangeError::Invalid("chunk line too long"))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+fn chunk_size(line: &[u8]) -> Result<u64, ExchangeError> {
+    let digits = line
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    if digits.is_empty() || digits.len() > 16 {
+        return Err(ExchangeError::Invalid("invalid chunk size"));
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            b'A'..=b'F' => d - b'A' + 10,
+            _ => return Err(ExchangeError::Invalid("invalid chunk size")),
+        };
+        n = n << 4 | u64::from(v);
+    }
+    Ok(n)
+}
+
+impl Body for H1Body {
+    type Data = Bytes;
+    type Error = ExchangeError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+        let this = self.get_mut();
+        loop {
+            match this.state {
+                State::Done => return Poll::Ready(None),
+                State::Length(rem) | State::ChunkData(rem) => {
+                    if this.conn.buf.is_empty()
+                        && let Err(e) = ready!(this.fill(cx))
+                    {
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    let take = rem.min(this.conn.buf.len() as u64);
+                    let data = this.conn.buf.split_to(take as usize).freeze();
+                    let left = rem - take;
+                    this.state = match (this.state, left) {
+                        (State::Length(_), 0) => State::Done,
+                        (State::Length(_), _) => State::Length(left),
+                        (_, 0) => State::ChunkEnd,
+                        (_, _) => State::ChunkData(left),
+                    };
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                State::UntilClose => {
+                    if this.conn.buf.is_empty() {
+                        match ready!(this.fill(cx)) {
+                            Ok(()) => {}
+                            Err(ExchangeError::Closed) => {
+                                this.state = State::Done;
+                                this.keep_alive = false;
+                                return Poll::Ready(None);
+                            }
+                            Err(e) => return Poll::Ready(Some(Err(e))),
+                        }
+                    }
+                    let data = this.conn.buf.split().freeze();
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                State::ChunkSize | State::Trailers => match this.line() {
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                    Ok(Some(line)) => {
+                        this.state = match this.state {
+                            State::Trailers if line.is_empty() => State::Done,
+                            State::Trailers => State::Trailers,
+                            _ => match chunk_size(&line) {
+                                Ok(0) => State::Trailers,
+                                Ok(n) => State::ChunkData(n),
+                                Err(e) => return Poll::Ready(Some(Err(e))),
+                            },
+                        };
+                        if matches!(this.state, State::Done) {
+                            return Poll::Ready(None);
+                        }
+                    }
+                    Ok(None) => {
+                        if let Err(e) = ready!(this.fill(cx)) {
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                    }
+                },
+                State::ChunkEnd => {
+                    if this.conn.buf.len() < 2 {
+                        if let Err(e) = ready!(this.fill(cx)) {
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        continue;
+                    }
+                    if &this.conn.buf[..2] != b"\r\n" {
+                        return Poll::Ready(Some(Err(ExchangeError::Invalid(
+                            "chunk data not followed by CRLF",
+                        ))));
+                    }
+                    this.conn.buf.advance(2);
+                    this.state = State::ChunkSize;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.state {
+            State::Done => SizeHint::with_exact(0),
+            State::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use tokio::io::AsyncReadExt as _;
+    use tokio::net::TcpListener;
+
+    /// A one-connection upstream: reads one request head (and `body_bytes`
+    /// more), answers `answer`, and reports what it received.
+    async fn upstream(
+        answer: &'static [u8],
+        body_bytes: usize,
+    ) -> (Box<Conn>, tokio::task::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "client closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            while got.len() < head_end + body_bytes {
+                let n = s.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(answer).await.unwrap();
+            // Keep the socket open until the client is done with it.
+            let _ = s.read(&mut buf).await;
+            got
+        });
+        let io = TcpStream::connect(addr).await.unwrap();
+        (Conn::new(io), server)
+    }
+
+    fn get(uri: &str) -> Request<RequestBody> {
+        Request::get(uri).body(RequestBody::empty()).unwrap()
+    }
+
+    async fn body_of(resp: Response<H1Body>) -> (Bytes, Option<Box<Conn>>) {
+        let mut body = resp.into_body();
+        let mut all = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(d) = frame.unwrap().into_data() {
+                all.extend_from_slice(&d);
+            }
+        }
+        (all.freeze(), body.take_conn())
+    }
+
+    #[tokio::test]
+    async fn a_content_length_response_and_a_reusable_connection() {
+        let (conn, server) = upstream(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello",
+            0,
+        )
+        .await;
+        let resp = conn.send(get("/a/b?c=1"), "up:80").await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let values: Vec<_> = resp.headers().get_all("x-a").iter().collect();
+        assert_eq!(values, ["1", "2"]);
+        let (body, conn) = body_of(resp).await;
+        assert_eq!(body, "hello");
+        let conn = conn.expect("keep-alive connection comes back");
+        assert!(conn.is_reusable());
+        drop(conn);
+        let got = String::from_utf8(server.await.unwrap()).unwrap();
+        assert!(
+            got.starts_with("GET /a/b?c=1 HTTP/1.1\r\nhost: up:80\r\n"),
+            "{got}"
+        );
+        assert!(!got.contains("content-length"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn chunked_responses_are_decoded_and_trailers_dropped() {
+        let (conn, _server) = upstream(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\nA\r\n, world!!!\r\n0\r\nX-T: 1\r\n\r\n",
+            0,
+        )
+        .await;
+        let resp = conn.send(get("/"), "up").await.unwrap();
+        let (body, conn) = body_of(resp).await;
+        assert_eq!(body, "hello, world!!!");
+        assert!(conn.is_some());
+    }
+
+    #[tokio::test]
+    async fn interim_responses_are_skipped_and_close_means_close() {
+        let (conn, _server) = upstream(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+            0,
+        )
+        .await;
+        let resp = conn.send(get("/"), "up").await.unwrap();
+        assert_eq!(resp.status(), 201);
+        let (body, conn) = body_of(resp).await;
+        assert_eq!(body, "ok");
+        assert!(conn.is_none(), "Connection: close is not pooled");
+    }
+
+    #[tokio::test]
+    async fn a_body_without_framing_runs_until_close_and_is_not_pooled() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            s.write_all(b"HTTP/1.0 200 OK\r\n\r\nall of it")
+                .await
+                .unwrap();
+        });
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let resp = conn.send(get("/"), "up").await.unwrap();
+        assert_eq!(resp.version(), Version::HTTP_10);
+        let (body, conn) = body_of(resp).await;
+        assert_eq!(body, "all of it");
+        assert!(conn.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_head_answer_has_no_body_whatever_its_length() {
+        let (conn, _server) = upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", 0).await;
+        let req = Request::head("/").body(RequestBody::empty()).unwrap();
+        let resp = conn.send(req, "up").await.unwrap();
+        assert!(resp.body().is_end_stream());
+        assert_eq!(resp.headers()["content-length"], "1000");
+        assert!(resp.into_body().take_conn().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_known_length_body_is_sent_with_its_length_and_an_empty_post_says_zero() {
+        let (conn, server) = upstream(b"HTTP/1.1 204 No Content\r\n\r\n", 3).await;
+        let req = Request::put("/x")
+            .header("host", "gw")
+            .header("content-length", "3")
+            .body(RequestBody::buffered(Bytes::from_static(b"abc")))
+            .unwrap();
+        let resp = conn.send(req, "up").await.unwrap();
+        assert_eq!(resp.status(), 204);
+        drop(resp);
+        let got = String::from_utf8(server.await.unwrap()).unwrap();
+        assert!(got.starts_with("PUT /x HTTP/1.1\r\nhost: gw\r\n"), "{got}");
+        assert!(got.ends_with("content-length: 3\r\n\r\nabc"), "{got}");
+
+        let (conn, server) = upstream(b"HTTP/1.1 204 No Content\r\n\r\n", 0).await;
+        let req = Request::post("/y").body(RequestBody::empty()).unwrap();
+        drop(conn.send(req, "up").await.unwrap());
+        let got = String::from_utf8(server.await.unwrap()).unwrap();
+        assert!(got.ends_with("content-length: 0\r\n\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn malformed_and_oversized_heads_are_refused() {
+        for (answer, want) in [
+            (&b"HTTP/1.1 abc\r\n\r\n"[..], "malformed"),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1x\r\n\r\n",
+                "content-length",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                "conflicting",
+            ),
+            (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "101"),
+        ] {
+            let answer: &'static [u8] = Box::leak(answer.to_vec().into_boxed_slice());
+            let (conn, _server) = upstream(answer, 0).await;
+            match conn.send(get("/"), "up").await {
+                Err(SendFailure::Failed(e, _)) => {
+                    assert!(e.to_string().contains(want), "{e} for {answer:?}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut big = b"HTTP/1.1 200 OK\r\n".to_vec();
+        while big.len() <= MAX_HEAD_BYTES {
+            big.extend_from_slice(b"x-filler: 0123456789012345678901234567890123456789\r\n");
+        }
+        let big: &'static [u8] = Box::leak(big.into_boxed_slice());
+        let (conn, _server) = upstream(big, 0).await;
+        match conn.send(get("/"), "up").await {
+            Err(SendFailure::Failed(e, _)) => assert!(e.to_string().contains("too"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_cut_short_is_an_error_and_an_idle_close_is_seen() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+                .await
+                .unwrap();
+        });
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let mut body = conn.send(get("/"), "up").await.unwrap().into_body();
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "abc"
+        );
+        assert!(matches!(
+            body.frame().await.unwrap(),
+            Err(ExchangeError::Closed)
+        ));
+
+        // An idle connection the upstream closed is not reusable.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let closer = tokio::spawn(async move { drop(listener.accept().await.unwrap()) });
+        let io = TcpStream::connect(addr).await.unwrap();
+        closer.await.unwrap();
+        // Wait (with a deadline) until the FIN has arrived.
+        let mut probe = [0u8; 1];
+        tokio::time::timeout(std::time::Duration::from_secs(5), io.peek(&mut probe))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!Conn::new(io).is_reusable());
+    }
+
+    #[tokio::test]
+    async fn a_bodiless_request_comes_back_when_the_upstream_hangs_up_without_answering() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+            }
+        });
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let req = Request::get("/again")
+            .header("x-k", "v")
+            .body(RequestBody::empty())
+            .unwrap();
+        match conn.send(req, "up").await {
+            Err(SendFailure::Failed(ExchangeError::Closed, Some(back))) => {
+                assert_eq!(back.uri(), "/again");
+                assert_eq!(back.headers()["x-k"], "v");
+                assert!(!back.body().was_polled());
+            }
+            other => panic!("{other:?}"),
+        }
+        // One with a body does not come back: it was (partly) consumed.
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let req = Request::put("/b")
+            .body(RequestBody::buffered(Bytes::from_static(b"xyz")))
+            .unwrap();
+        assert!(matches!(
+            conn.send(req, "up").await,
+            Err(SendFailure::Failed(_, None))
+        ));
+    }
+
+    #[test]
+    fn chunk_sizes_parse_as_hex_with_extensions() {
+        assert_eq!(chunk_size(b"1aF").unwrap(), 0x1af);
+        assert_eq!(chunk_size(b"10;name=value").unwrap(), 16);
+        assert!(chunk_size(b"").is_err());
+        assert!(chunk_size(b"zz").is_err());
+        assert!(chunk_size(b"11111111111111111").is_err());
+    }
+}
