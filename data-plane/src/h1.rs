@@ -347,9 +347,16 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
 /// (1xx) heads are consumed and skipped. `None`: more bytes are needed.
 fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, ExchangeError> {
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut res = httparse::Response::new(&mut fields);
-        let len = match res.parse(buf) {
+        // Uninitialised: a response head is parsed per exchange, and zeroing
+        // room for 100 fields cost more than parsing a short head.
+        let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut res = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut res,
+            buf,
+            &mut fields,
+        );
+        let len = match parsed {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
                 return Err(ExchangeError::Invalid("response head too large"));
@@ -371,18 +378,29 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, Ex
         } else {
             Version::HTTP_11
         };
-        // Where each field sits in the head, so values can share its bytes.
+        // Where each field sits in the head, so values can share its bytes:
+        // on the stack for the usual few fields.
         let base = buf.as_ptr() as usize;
-        let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+        let span = |f: &httparse::Header<'_>| {
+            [
+                (f.name.as_ptr() as usize - base) as u32,
+                f.name.len() as u32,
+                (f.value.as_ptr() as usize - base) as u32,
+                f.value.len() as u32,
+            ]
+        };
         let count = res.headers.len();
-        for (span, f) in spans.iter_mut().zip(res.headers.iter()) {
-            *span = (
-                f.name.as_ptr() as usize - base,
-                f.name.len(),
-                f.value.as_ptr() as usize - base,
-                f.value.len(),
-            );
-        }
+        let mut few = [[0u32; 4]; 24];
+        let many: Vec<[u32; 4]>;
+        let spans: &[[u32; 4]] = if count <= few.len() {
+            for (slot, f) in few.iter_mut().zip(res.headers.iter()) {
+                *slot = span(f);
+            }
+            &few[..count]
+        } else {
+            many = res.headers.iter().map(span).collect();
+            &many
+        };
         let head = buf.split_to(len).freeze();
         if status.is_informational() {
             if status == StatusCode::SWITCHING_PROTOCOLS {
@@ -394,7 +412,8 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, Ex
             continue;
         }
         let mut headers = HeaderMap::with_capacity(count);
-        for &(ns, nl, vs, vl) in &spans[..count] {
+        for &[ns, nl, vs, vl] in spans {
+            let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
             let name = HeaderName::from_bytes(&head[ns..ns + nl])
                 .map_err(|_| ExchangeError::Invalid("invalid header field name"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
@@ -759,6 +778,22 @@ mod tests {
             "{got}"
         );
         assert!(!got.contains("content-length"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn a_head_with_many_fields_keeps_every_one() {
+        let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n".to_vec();
+        for i in 0..40 {
+            answer.extend_from_slice(format!("x-f{i}: v{i}\r\n").as_bytes());
+        }
+        answer.extend_from_slice(b"\r\n");
+        let answer: &'static [u8] = Box::leak(answer.into_boxed_slice());
+        let (conn, _server) = upstream(answer, 0).await;
+        let resp = conn.send(get("/"), "up").await.unwrap();
+        assert_eq!(resp.headers().len(), 41);
+        for i in 0..40 {
+            assert_eq!(resp.headers()[format!("x-f{i}").as_str()], format!("v{i}"));
+        }
     }
 
     #[tokio::test]
