@@ -27,23 +27,30 @@ fn redis(c: &mut Criterion) {
         .build()
         .unwrap();
     let server = rt.block_on(support::RedisServer::start());
-    let limiter = rt.block_on(async {
-        let limiter = RateLimiter::new(
-            Some(server.url()),
-            RateLimiterOptions {
-                // Measure Redis, not fallbacks: a slow sample must not turn local.
-                decision_timeout: Duration::from_secs(1),
-                ..RateLimiterOptions::default()
-            },
-        )
-        .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !limiter.is_shared() {
-            assert!(std::time::Instant::now() < deadline, "Redis unreachable");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        limiter
-    });
+    let connect = |lease_max_tokens| {
+        rt.block_on(async {
+            let limiter = RateLimiter::new(
+                Some(server.url()),
+                RateLimiterOptions {
+                    // Measure Redis, not fallbacks: a slow sample must not turn local.
+                    decision_timeout: Duration::from_secs(1),
+                    lease_max_tokens,
+                    ..RateLimiterOptions::default()
+                },
+            )
+            .unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !limiter.is_shared() {
+                assert!(std::time::Instant::now() < deadline, "Redis unreachable");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            limiter
+        })
+    };
+    // Leases off: every decision below is a Redis round trip.
+    let limiter = connect(0);
+    // Leases on (the default): a busy key is decided from its lease.
+    let leasing = connect(RateLimiterOptions::default().lease_max_tokens);
 
     let mut group = c.benchmark_group("decision");
     for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
@@ -51,6 +58,10 @@ fn redis(c: &mut Criterion) {
         group.throughput(Throughput::Elements(1));
         group.bench_function(format!("redis_{}", algorithm.as_str()), |b| {
             b.to_async(&rt).iter(|| limiter.check(&policy, "alice"))
+        });
+        // One busy key with leases: about one decision in a thousand goes to Redis.
+        group.bench_function(format!("leased_{}", algorithm.as_str()), |b| {
+            b.to_async(&rt).iter(|| leasing.check(&policy, "alice"))
         });
         // 64 clients at once share the one multiplexed connection: the round
         // trips overlap (pipelining), so the cost per decision drops.
