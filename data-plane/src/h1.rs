@@ -172,17 +172,27 @@ impl Conn {
                 let (mut rd, mut wr) = self.io.split();
                 let mut sending = std::pin::pin!(write_body(&mut wr, &mut body, framing));
                 let mut sent = false;
+                // Writing failed, but the upstream may have answered before it
+                // stopped reading (a 413, say): that answer is still forwarded.
+                let mut write_failed = None;
                 loop {
                     tokio::select! {
                         biased;
                         done = &mut sending, if !sent => {
-                            done.map_err(|e| SendFailure::Failed(e, None))?;
                             sent = true;
+                            match done {
+                                Ok(()) => {}
+                                // The client's body failed: nothing to wait for.
+                                Err(e @ ExchangeError::Body(_)) => {
+                                    return Err(SendFailure::Failed(e, None));
+                                }
+                                Err(e) => write_failed = Some(e),
+                            }
                         }
                         head = read_head(&mut rd, &mut self.buf, head_request) => {
                             // An answer before the whole body: forward it, then close.
-                            early = !sent;
-                            break head;
+                            early = !sent || write_failed.is_some();
+                            break head.map_err(|e| write_failed.take().unwrap_or(e));
                         }
                     }
                 }
@@ -741,6 +751,24 @@ mod tests {
         (Conn::new(io), server)
     }
 
+    /// An upstream that reads once, writes `answer` and hangs up (`None`:
+    /// hangs up without answering), for each of `connections` connections.
+    async fn one_shot(answer: Option<&'static [u8]>, connections: usize) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for _ in 0..connections {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                if let Some(answer) = answer {
+                    s.write_all(answer).await.unwrap();
+                }
+            }
+        });
+        addr
+    }
+
     fn get(uri: &str) -> Request<RequestBody> {
         Request::get(uri).body(RequestBody::empty()).unwrap()
     }
@@ -825,16 +853,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_without_framing_runs_until_close_and_is_not_pooled() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).await;
-            s.write_all(b"HTTP/1.0 200 OK\r\n\r\nall of it")
-                .await
-                .unwrap();
-        });
+        let addr = one_shot(Some(b"HTTP/1.0 200 OK\r\n\r\nall of it"), 1).await;
         let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
         let resp = conn.send(get("/"), "up").await.unwrap();
         assert_eq!(resp.version(), Version::HTTP_10);
@@ -912,16 +931,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_cut_short_is_an_error_and_an_idle_close_is_seen() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).await;
-            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-                .await
-                .unwrap();
-        });
+        let addr = one_shot(Some(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"), 1).await;
         let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
         let mut body = conn.send(get("/"), "up").await.unwrap().into_body();
         assert_eq!(
@@ -950,15 +960,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_bodiless_request_comes_back_when_the_upstream_hangs_up_without_answering() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            for _ in 0..2 {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf).await;
-            }
-        });
+        let addr = one_shot(None, 2).await;
         let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
         let req = Request::get("/again")
             .header("x-k", "v")
@@ -981,6 +983,29 @@ mod tests {
             conn.send(req, "up").await,
             Err(SendFailure::Failed(_, None))
         ));
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_body_is_forwarded_and_the_connection_closed() {
+        // The upstream refuses after the head, without reading the body: 32 MiB,
+        // more than loopback socket buffers hold, so the write cannot finish first.
+        let addr = one_shot(
+            Some(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\n\r\nbig"),
+            1,
+        )
+        .await;
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let req = Request::post("/upload")
+            .body(RequestBody::buffered(Bytes::from(vec![b'x'; 32 << 20])))
+            .unwrap();
+        let resp = conn.send(req, "up").await.unwrap();
+        assert_eq!(resp.status(), 413);
+        let (body, conn) = body_of(resp).await;
+        assert_eq!(body, "big");
+        assert!(
+            conn.is_none(),
+            "a half-sent request's connection is not reused"
+        );
     }
 
     #[test]
