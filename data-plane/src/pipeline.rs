@@ -119,17 +119,20 @@ impl Pipeline {
                 .server_span(incoming.parent.as_ref(), req.method(), req.uri().path());
         let cfg = self.config.load();
         let mut seen = Seen::default();
-        let mut resp = match self
-            .run(
+        // Pinned where it is made (here and for `proxy::forward` below): awaiting the
+        // call directly copied the whole ~4 KB future into this one's state first.
+        let ran = {
+            let run = std::pin::pin!(self.run(
                 &cfg,
                 req,
                 peer,
                 &mut seen,
                 &mut span,
                 incoming.tracestate.as_ref(),
-            )
-            .await
-        {
+            ));
+            run.await
+        };
+        let mut resp = match ran {
             // Response headers: the route's transforms on the upstream's answer (never the gateway's own errors), before the gateway's own headers below so those cannot be changed.
             Ok(mut resp) => {
                 if let Some(route) = seen.route.filter(|_| !seen.preflight) {
@@ -272,15 +275,15 @@ impl Pipeline {
             &path,
             RequestBody::new(body, self.limits.max_body_bytes),
         )?;
-        proxy::forward(
+        let forward = std::pin::pin!(proxy::forward(
             upstream,
             pick,
             req,
             route.timeout,
             route.retry.as_ref(),
             trace,
-        )
-        .await
+        ));
+        forward.await
     }
 
     /// The sanitise stage. Returns the normalised path.

@@ -300,7 +300,10 @@ pub async fn forward<'a>(
         let in_flight = instance.start_request();
         let per_try = retry.and_then(|p| p.per_try_timeout);
         let attempt_deadline = per_try.map_or(deadline, |t| deadline.min(Instant::now() + t));
-        let sent = tokio::time::timeout_at(attempt_deadline, instance.pool.send(req)).await;
+        // Pinned where it is made, so the timeout wraps a pointer instead of taking
+        // (copying) the whole exchange future.
+        let send = std::pin::pin!(instance.pool.send(req));
+        let sent = tokio::time::timeout_at(attempt_deadline, send).await;
         match &sent {
             Err(_) => client.set_status_error("timeout"),
             Ok(Ok((resp, _))) => client.set_status_code(resp.status().as_u16()),
