@@ -30,6 +30,49 @@ pub enum RequestBodyError {
     Client(#[source] hyper::Error),
 }
 
+/// The client's request body as a listener hands it to the pipeline: hyper's
+/// (HTTP/2, and HTTP/1.1 requests [`crate::h1_server`] leaves to hyper), or none
+/// (a bodiless request read by [`crate::h1_server`]).
+#[derive(Debug, Default)]
+pub struct ClientBody(Option<Incoming>);
+
+impl ClientBody {
+    /// No body.
+    pub fn empty() -> Self {
+        Self(None)
+    }
+
+    /// hyper's body of the request.
+    pub fn hyper(body: Incoming) -> Self {
+        Self(Some(body))
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match &mut self.get_mut().0 {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
 /// The client's request body, forwarded as it arrives.
 #[derive(Debug)]
 pub struct RequestBody {
@@ -44,9 +87,9 @@ pub struct RequestBody {
 
 impl RequestBody {
     /// Wraps the client's body with a size limit in bytes.
-    pub fn new(inner: Incoming, limit: u64) -> Self {
+    pub fn new(inner: ClientBody, limit: u64) -> Self {
         Self {
-            inner: Some(inner),
+            inner: inner.0,
             buffered: None,
             limit,
             seen: 0,

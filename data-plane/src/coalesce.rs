@@ -35,12 +35,11 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::balancer::{self, Affinity};
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{ClientBody, RequestBody, ResponseBody};
 use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::CoalesceAlone;
@@ -281,7 +280,7 @@ pub enum Coalesced<'s, 'a> {
     /// Answered, as a leader or a follower.
     Answered(Result<Response<ResponseBody>, ProxyError>),
     /// Not coalesced: proxy it as usual (everything handed back).
-    Alone(Parts, Incoming, proxy::Trace<'s, 'a>),
+    Alone(Parts, ClientBody, proxy::Trace<'s, 'a>),
 }
 
 /// The coalescing stage of the pipeline, for a request of `route` (whose
@@ -294,7 +293,7 @@ pub async fn stage<'s, 'a>(
     route: &RouteEntry,
     upstream: &'a Arc<UpstreamEntry>,
     parts: Parts,
-    body: Incoming,
+    body: ClientBody,
     path: &str,
     affinity: Affinity,
     trace: proxy::Trace<'s, 'a>,

@@ -43,6 +43,7 @@ pub mod cors;
 pub mod dns;
 pub mod error;
 pub mod h1;
+pub mod h1_server;
 pub mod health;
 pub mod hooks;
 pub mod ip_rules;

@@ -22,13 +22,12 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body as _;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::aggregate;
 use crate::api_key::X_API_KEY;
 use crate::balancer::{self, Affinity};
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{ClientBody, RequestBody, ResponseBody};
 use crate::coalesce::{self, Coalesced};
 use crate::config::{Compiled, ConfigStore, RouteEntry, Target, UpstreamEntry};
 use crate::cors::{Cors, preflight_method};
@@ -109,7 +108,11 @@ struct Seen<'c> {
 
 impl Pipeline {
     /// Answers one request. Never fails: every error becomes a problem response.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
+    pub async fn handle(
+        &self,
+        req: Request<ClientBody>,
+        peer: SocketAddr,
+    ) -> Response<ResponseBody> {
         let started = Instant::now();
         let method = req.method().clone();
         // The caller's trace context (strictly parsed; invalid: a new trace).
@@ -180,7 +183,7 @@ impl Pipeline {
     async fn run<'c>(
         &self,
         cfg: &'c Compiled,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         peer: SocketAddr,
         seen: &mut Seen<'c>,
         span: &mut ServerSpan,

@@ -1,7 +1,9 @@
 //! Listeners: accept loop, HTTP/1.1 + h2c connection setup, graceful shutdown.
 //!
 //! Each connection's first bytes are peeked at to pick its protocol: the
-//! HTTP/2 preface means h2c, anything else HTTP/1.1. Only a connection whose
+//! HTTP/2 preface means h2c, anything else HTTP/1.1, which
+//! [`crate::h1_server`] serves, handing the connection to hyper for what it
+//! leaves to hyper (request bodies, upgrades, heads it cannot take). Only a connection whose
 //! first segment is a strict prefix of the preface (a client trickling it in)
 //! is left to hyper-util's auto builder, which reads until it can tell. The
 //! point is memory: an HTTP/1.1 connection is then a task of its own type,
@@ -26,7 +28,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -34,8 +35,9 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::body::ResponseBody;
+use crate::body::{ClientBody, ResponseBody};
 use crate::conn_timer::ConnTimer;
+use crate::h1_server::{self, Ended};
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -55,6 +57,8 @@ pub struct HttpSettings {
 
 /// The connection builders of one listener, all configured alike.
 struct Builders {
+    /// Largest request head read before hyper is left to refuse it (431).
+    max_head: usize,
     /// Without a timer: each connection gets its own ([`Builders::http1_connection`]).
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
@@ -88,7 +92,12 @@ impl Builders {
             .timer(TokioTimer::new())
             .max_header_list_size(max_header_list)
             .max_concurrent_streams(256);
-        Self { http1, http2, auto }
+        Self {
+            max_head: buf,
+            http1,
+            http2,
+            auto,
+        }
     }
 
     /// The HTTP/1.1 builder for one connection: with a timer of its own, so the
@@ -161,7 +170,7 @@ pub async fn serve<F, Fut>(
     handler: F,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Send + Sync + 'static,
+    F: Fn(Request<ClientBody>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let builders = Arc::new(Builders::new(&settings));
@@ -185,16 +194,11 @@ pub async fn serve<F, Fut>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let handler = handler.clone();
-                let service = service_fn(move |req| {
-                    let fut = handler(req, peer);
-                    async move { Ok::<_, Infallible>(fut.await) }
-                });
                 tokio::spawn(connection(
                     stream,
                     peer,
                     builders.clone(),
-                    service,
+                    handler.clone(),
                     stop_rx.clone(),
                     settings.header_read_timeout,
                 ));
@@ -221,22 +225,16 @@ pub async fn serve<F, Fut>(
 /// Each protocol's connection future is boxed on its own, so an HTTP/1.1
 /// connection's memory is what HTTP/1.1 needs rather than the largest of the
 /// three types.
-async fn connection<S, B>(
+async fn connection<F, Fut>(
     stream: TcpStream,
     peer: SocketAddr,
     builders: Arc<Builders>,
-    service: S,
+    handler: Arc<F>,
     mut stop: watch::Receiver<()>,
-    first_bytes_timeout: Duration,
+    header_read_timeout: Duration,
 ) where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    F: Fn(Request<ClientBody>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let protocol = tokio::select! {
         sniffed = sniff(&stream) => match sniffed {
@@ -246,27 +244,50 @@ async fn connection<S, B>(
                 return;
             }
         },
-        () = tokio::time::sleep(first_bytes_timeout) => {
+        () = tokio::time::sleep(header_read_timeout) => {
             tracing::debug!(%peer, "no bytes within the header read timeout; closing");
             return;
         }
         // Shutdown: no request has started on this connection, so nothing to finish.
         _ = stop.changed() => return,
     };
-    let io = TokioIo::new(stream);
+    // hyper's view of the handler, for the connections (or the rest of one) it serves.
+    let service = {
+        let handler = handler.clone();
+        service_fn(move |req: Request<hyper::body::Incoming>| {
+            let fut = handler(req.map(ClientBody::hyper), peer);
+            async move { Ok::<_, Infallible>(fut.await) }
+        })
+    };
     let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match protocol {
         Protocol::Http1 => {
-            let conn = builders
-                .http1_connection()
-                .serve_connection(io, service)
-                .with_upgrades();
-            drop(builders);
-            Box::pin(drive(conn, stop, |c| c.graceful_shutdown()))
-                .await
-                .map_err(Into::into)
+            let served = Box::pin(h1_server::serve(
+                stream,
+                peer,
+                header_read_timeout,
+                builders.max_head,
+                &*handler,
+                &mut stop,
+            ))
+            .await;
+            match served {
+                Ended::Closed => Ok(()),
+                Ended::Handover(io) => {
+                    let conn = builders
+                        .http1_connection()
+                        .serve_connection(TokioIo::new(io), service)
+                        .with_upgrades();
+                    drop(builders);
+                    Box::pin(drive(conn, stop, |c| c.graceful_shutdown()))
+                        .await
+                        .map_err(Into::into)
+                }
+            }
         }
         Protocol::Http2 => {
-            let conn = builders.http2.serve_connection(io, service);
+            let conn = builders
+                .http2
+                .serve_connection(TokioIo::new(stream), service);
             drop(builders);
             Box::pin(drive(conn, stop, |c| c.graceful_shutdown()))
                 .await
@@ -275,7 +296,7 @@ async fn connection<S, B>(
         Protocol::Undecided => {
             let conn = builders
                 .auto
-                .serve_connection_with_upgrades(io, service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .into_owned();
             drop(builders);
             Box::pin(drive(conn, stop, |c| c.graceful_shutdown())).await

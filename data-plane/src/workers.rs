@@ -21,13 +21,12 @@ use std::io;
 use std::net::SocketAddr;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::body::ResponseBody;
+use crate::body::{ClientBody, ResponseBody};
 use crate::server::{self, HttpSettings};
 
 thread_local! {
@@ -83,7 +82,7 @@ pub fn spawn<F, Fut>(
     shutdown: &watch::Receiver<bool>,
 ) -> io::Result<JoinHandle<()>>
 where
-    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Request<ClientBody>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let mut done = Vec::with_capacity(listeners.len());

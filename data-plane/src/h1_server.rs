@@ -1,0 +1,550 @@
+//! The client side of an HTTP/1.1 connection, for the requests that make up
+//! nearly all proxy traffic: HTTP/1.1 requests without a body (issue 8).
+//!
+//! hyper's server runs every request through a generic dispatcher: a read
+//! buffer it reallocates while the request is in flight, its own head types
+//! turned into `http` ones, an encoder, a write queue. On the plain route that
+//! was an eighth of the data plane's user-space instructions and of its
+//! instruction-cache misses (callgrind, BENCHMARKS.md). Here the connection's
+//! task parses the head, calls the pipeline and writes the answer itself:
+//! head and the body's first bytes in one write, one read buffer reused from
+//! request to request.
+//!
+//! Everything else goes to hyper, with the bytes read so far put back in
+//! front of the socket ([`Rewind`]), for the rest of the connection: requests
+//! with a body (`Content-Length` other than 0, `Transfer-Encoding`), with
+//! `Expect`, upgrades, `CONNECT`, HTTP/1.0, and any head that does not parse
+//! or is too large (hyper then answers 400 or 431 exactly as it always has).
+//!
+//! What it keeps of hyper's behaviour:
+//! * the header read timeout runs from the moment a head is awaited (idle
+//!   keep-alive time included); a client that has sent part of a head then
+//!   gets a 408, an idle one is just closed;
+//! * a client that closes its connection while its request is in flight
+//!   cancels the request (no half-close), and bytes it pipelines meanwhile
+//!   are kept for the next request;
+//! * response framing: none for HEAD, 1xx, 204 and 304 (a HEAD answer keeps
+//!   its `Content-Length`); `Content-Length` when the body's length is
+//!   known; otherwise `Transfer-Encoding: chunked` (trailers dropped); a
+//!   `Date` when the response has none; `Connection: close` when the client
+//!   asked for it, and the connection closes after such an answer or one
+//!   that says so itself;
+//! * graceful shutdown: an idle connection closes at once, a request in
+//!   flight is answered first.
+
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::io::poll_read_buf;
+
+use crate::body::{ClientBody, ResponseBody};
+use crate::h1::{FieldSpans, has_token};
+
+/// Most header fields a request head read here may have (hyper's default;
+/// more goes to hyper, which refuses it).
+const MAX_HEADERS: usize = 100;
+/// Room in a request's header map for the fields the pipeline adds on its way
+/// (`X-Request-Id`, `X-Forwarded-For`, `X-Forwarded-Proto`, `traceparent`, and
+/// one more), so that they go in without the map growing.
+const ADDED_FIELDS: usize = 5;
+/// Room made in the read buffer before each read.
+const READ_CHUNK: usize = 4096;
+/// Largest body frame copied into the head's write; larger ones are written on their own.
+const COALESCE_BYTES: usize = 16 * 1024;
+
+/// How serving a connection here ended.
+pub enum Ended {
+    /// The connection is finished (closed, or to be dropped).
+    Closed,
+    /// The rest of the connection is for hyper: the socket with the bytes
+    /// already read from it in front.
+    Handover(Rewind),
+}
+
+/// What the head at the front of the buffer is.
+// Made and taken apart once per request; boxing the request would add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Parsed {
+    /// Not complete yet.
+    Partial,
+    /// A request served here; the head is consumed from the buffer.
+    Request(Request<ClientBody>, Exchange),
+    /// Something for hyper (the buffer is untouched).
+    Hyper,
+}
+
+/// What the connection needs to know about a request to answer it.
+#[derive(Debug, Clone, Copy)]
+struct Exchange {
+    head: bool,
+    close: bool,
+}
+
+/// Serves HTTP/1.1 requests on `io` with `handler` until the connection
+/// ends or needs hyper. `stop` fires on shutdown.
+pub async fn serve<H, Fut>(
+    mut io: TcpStream,
+    peer: SocketAddr,
+    header_read_timeout: Duration,
+    max_head_bytes: usize,
+    handler: &H,
+    stop: &mut watch::Receiver<()>,
+) -> Ended
+where
+    H: Fn(Request<ClientBody>, SocketAddr) -> Fut,
+    Fut: Future<Output = Response<ResponseBody>>,
+{
+    let mut buf = BytesMut::new();
+    let mut out: Vec<u8> = Vec::new();
+    // One timer for the connection's life, moved forward for each head.
+    let mut timer = pin!(tokio::time::sleep(header_read_timeout));
+    loop {
+        // Shutdown between requests: nothing is in flight, close now.
+        if !matches!(stop.has_changed(), Ok(false)) {
+            return Ended::Closed;
+        }
+        timer.as_mut().reset(Instant::now() + header_read_timeout);
+        let (req, exchange) = loop {
+            match parse(&mut buf, max_head_bytes) {
+                Parsed::Request(req, exchange) => break (req, exchange),
+                Parsed::Hyper => return Ended::Handover(Rewind::new(buf.freeze(), io)),
+                Parsed::Partial => {}
+            }
+            if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+                buf.reserve(READ_CHUNK);
+            }
+            tokio::select! {
+                biased;
+                read = std::future::poll_fn(|cx| poll_read_buf(Pin::new(&mut io), cx, &mut buf)) => match read {
+                    Ok(0) | Err(_) => return Ended::Closed,
+                    Ok(_) => {}
+                },
+                () = timer.as_mut() => {
+                    if !buf.is_empty() {
+                        let _ = io.write_all(REQUEST_TIMEOUT).await;
+                    }
+                    return Ended::Closed;
+                }
+                // Shutdown while waiting: no request is in flight (a partial head is dropped).
+                _ = stop.changed() => return Ended::Closed,
+            }
+        };
+        let mut answer = pin!(handler(req, peer));
+        // While the request is in flight, the client closing its side cancels it
+        // (bytes it pipelines are kept, up to a head's worth).
+        let resp = loop {
+            let room = buf.len() < max_head_bytes;
+            tokio::select! {
+                biased;
+                resp = answer.as_mut() => break resp,
+                read = std::future::poll_fn(|cx| poll_read_buf(Pin::new(&mut io), cx, &mut buf)), if room => match read {
+                    Ok(0) | Err(_) => return Ended::Closed,
+                    Ok(_) => {}
+                },
+            }
+        };
+        match respond(&mut io, &mut out, resp, exchange).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // A FIN after the answer, not a reset that could discard it.
+                let _ = io.shutdown().await;
+                return Ended::Closed;
+            }
+            Err(_) => return Ended::Closed,
+        }
+    }
+}
+
+/// The answer to a partial head that took too long (what hyper sends).
+const REQUEST_TIMEOUT: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+/// Parses the request head at the front of `buf`.
+fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
+    if buf.is_empty() {
+        return Parsed::Partial;
+    }
+    let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut req,
+        buf,
+        &mut fields,
+    ) {
+        Ok(httparse::Status::Complete(len)) if len <= max_head_bytes => len,
+        Ok(httparse::Status::Partial) if buf.len() <= max_head_bytes => return Parsed::Partial,
+        // Too large, too many fields, malformed: hyper has the answers.
+        _ => return Parsed::Hyper,
+    };
+    if req.version != Some(1) {
+        return Parsed::Hyper;
+    }
+    let Ok(method) = Method::from_bytes(req.method.unwrap_or_default().as_bytes()) else {
+        return Parsed::Hyper;
+    };
+    if method == Method::CONNECT {
+        return Parsed::Hyper;
+    }
+    let mut close = false;
+    for f in req.headers.iter() {
+        let name = f.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            if f.value.trim_ascii() != b"0" {
+                return Parsed::Hyper;
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"expect")
+            || name.eq_ignore_ascii_case(b"upgrade")
+        {
+            return Parsed::Hyper;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            let Ok(value) = HeaderValue::from_bytes(f.value) else {
+                return Parsed::Hyper;
+            };
+            close |= has_token(&value, "close");
+        }
+    }
+    let path = req.path.unwrap_or_default();
+    let base = buf.as_ptr() as usize;
+    let path_at = path.as_ptr() as usize - base;
+    let path_len = path.len();
+    let spans = FieldSpans::new(buf, req.headers);
+    let head = buf.split_to(len).freeze();
+    let Ok(uri) = Uri::from_maybe_shared(head.slice(path_at..path_at + path_len)) else {
+        // hyper answers 400; it needs the head back in front of the rest.
+        return reject(buf, head);
+    };
+    let Ok(headers) = spans.header_map(&head, ADDED_FIELDS) else {
+        return reject(buf, head);
+    };
+    let exchange = Exchange {
+        head: method == Method::HEAD,
+        close,
+    };
+    let mut r = Request::new(ClientBody::empty());
+    *r.method_mut() = method;
+    *r.uri_mut() = uri;
+    *r.version_mut() = Version::HTTP_11;
+    *r.headers_mut() = headers;
+    Parsed::Request(r, exchange)
+}
+
+/// Puts a consumed head back in front of the buffer, for hyper.
+fn reject(buf: &mut BytesMut, head: Bytes) -> Parsed {
+    let mut whole = BytesMut::with_capacity(head.len() + buf.len());
+    whole.extend_from_slice(&head);
+    whole.extend_from_slice(buf);
+    *buf = whole;
+    Parsed::Hyper
+}
+
+/// How the response body is framed on the wire.
+#[derive(Debug, Clone, Copy)]
+enum Framing {
+    /// No body is sent.
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    Chunked,
+}
+
+/// Writes `resp`. `Ok(true)`: the connection can carry another request.
+async fn respond(
+    io: &mut TcpStream,
+    out: &mut Vec<u8>,
+    resp: Response<ResponseBody>,
+    exchange: Exchange,
+) -> io::Result<bool> {
+    let (parts, body) = resp.into_parts();
+    let mut body = pin!(body);
+    let status = parts.status;
+    let bodiless = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if exchange.head || bodiless {
+        Framing::None
+    } else {
+        match body.size_hint().exact() {
+            Some(n) => Framing::Length(n),
+            None => Framing::Chunked,
+        }
+    };
+    let close = exchange.close
+        || parts
+            .headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| has_token(v, "close"));
+    encode_head(out, &parts, framing, exchange, close);
+    drop(parts);
+    if matches!(framing, Framing::None) {
+        io.write_all(out).await?;
+        return Ok(!close);
+    }
+    let mut sent: u64 = 0;
+    // The body's first frame, when it is already there, goes out with the head.
+    let mut first = std::future::poll_fn(|cx| Poll::Ready(poll_data(body.as_mut(), cx))).await;
+    if let Poll::Ready(Ok(Some(data))) = &first
+        && data.len() <= COALESCE_BYTES
+        && !matches!(framing, Framing::Length(n) if data.len() as u64 > n)
+    {
+        sent += data.len() as u64;
+        frame_into(out, data, framing);
+        first = Poll::Pending;
+    }
+    io.write_all(out).await?;
+    let mut next = match first {
+        Poll::Ready(r) => r,
+        Poll::Pending => std::future::poll_fn(|cx| poll_data(body.as_mut(), cx)).await,
+    };
+    loop {
+        match next {
+            Ok(Some(data)) => {
+                sent += data.len() as u64;
+                if let Framing::Length(n) = framing
+                    && sent > n
+                {
+                    return Ok(false);
+                }
+                write_frame(io, out, &data, framing).await?;
+            }
+            Ok(None) => break,
+            // The body failed: the client must not take what it got for the whole answer.
+            Err(()) => return Ok(false),
+        }
+        next = std::future::poll_fn(|cx| poll_data(body.as_mut(), cx)).await;
+    }
+    match framing {
+        Framing::Chunked => io.write_all(b"0\r\n\r\n").await?,
+        Framing::Length(n) if sent != n => return Ok(false),
+        _ => {}
+    }
+    Ok(!close)
+}
+
+/// The body's next data frame (trailers and empty frames are skipped);
+/// `Ok(None)` at its end, `Err` when it failed.
+fn poll_data(
+    mut body: Pin<&mut ResponseBody>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<Bytes>, ()>> {
+    loop {
+        match body.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) if !data.is_empty() => return Poll::Ready(Ok(Some(data))),
+                _ => continue,
+            },
+            Poll::Ready(Some(Err(e))) => {
+                tracing::debug!(error = %e, "response body failed; closing the client connection");
+                return Poll::Ready(Err(()));
+            }
+            Poll::Ready(None) => return Poll::Ready(Ok(None)),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+}
+
+/// Appends `data`, framed, to `out`.
+fn frame_into(out: &mut Vec<u8>, data: &[u8], framing: Framing) {
+    if let Framing::Chunked = framing {
+        chunk_line(out, data.len());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+    } else {
+        out.extend_from_slice(data);
+    }
+}
+
+fn chunk_line(out: &mut Vec<u8>, len: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(HEX[(len >> (4 * i)) & 0xf]);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes one body frame after the head.
+async fn write_frame(
+    io: &mut TcpStream,
+    out: &mut Vec<u8>,
+    data: &[u8],
+    framing: Framing,
+) -> io::Result<()> {
+    match framing {
+        Framing::Chunked => {
+            out.clear();
+            chunk_line(out, data.len());
+            let mut parts = [IoSlice::new(out), IoSlice::new(data), IoSlice::new(b"\r\n")];
+            write_all_vectored(io, &mut parts).await
+        }
+        _ => io.write_all(data).await,
+    }
+}
+
+async fn write_all_vectored(io: &mut TcpStream, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !parts.is_empty() {
+        let n = io.write_vectored(parts).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut parts, n);
+    }
+    Ok(())
+}
+
+/// Writes the status line and header fields into `out` (cleared first).
+fn encode_head(
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    framing: Framing,
+    exchange: Exchange,
+    close: bool,
+) {
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(
+        parts
+            .status
+            .canonical_reason()
+            .unwrap_or("<unknown status code>")
+            .as_bytes(),
+    );
+    out.extend_from_slice(b"\r\n");
+    let mut has_date = false;
+    let mut has_connection = false;
+    for (name, value) in &parts.headers {
+        // Framing is ours; a HEAD answer keeps the length of what GET would send.
+        if *name == header::TRANSFER_ENCODING || (*name == header::CONTENT_LENGTH && !exchange.head)
+        {
+            continue;
+        }
+        has_date |= *name == header::DATE;
+        has_connection |= *name == header::CONNECTION;
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        Framing::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::None => {}
+    }
+    if close && !has_connection {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    if !has_date {
+        out.extend_from_slice(b"date: ");
+        DATE.with(|d| d.write(out));
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+thread_local! {
+    static DATE: CachedDate = const { CachedDate { at: std::cell::Cell::new(0), text: std::cell::Cell::new([0; 29]) } };
+}
+
+/// The `Date` value, formatted once per second per thread.
+struct CachedDate {
+    at: std::cell::Cell<u64>,
+    text: std::cell::Cell<[u8; 29]>,
+}
+
+impl CachedDate {
+    fn write(&self, out: &mut Vec<u8>) {
+        let now = SystemTime::now();
+        let secs = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if secs != self.at.get() {
+            let mut text = [0u8; 29];
+            let formatted = httpdate::fmt_http_date(now);
+            let n = formatted.len().min(text.len());
+            text[..n].copy_from_slice(&formatted.as_bytes()[..n]);
+            self.text.set(text);
+            self.at.set(secs);
+        }
+        out.extend_from_slice(&self.text.get());
+    }
+}
+
+/// A socket with bytes already read from it in front, for hyper.
+pub struct Rewind {
+    prefix: Bytes,
+    io: TcpStream,
+}
+
+impl Rewind {
+    fn new(prefix: Bytes, io: TcpStream) -> Self {
+        Self { prefix, io }
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        dst: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(dst.remaining());
+            dst.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, dst)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,336 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+
+use super::*;
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A connected pair: the client's socket and the server's.
+async fn pair() -> (TcpStream, TcpStream, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = TcpStream::connect(addr).await.unwrap();
+    let (server, peer) = listener.accept().await.unwrap();
+    (client, server, peer)
+}
+
+/// Answers with the request's method, path and the number of header fields.
+async fn echo(req: Request<ClientBody>, _peer: SocketAddr) -> Response<ResponseBody> {
+    let text = format!("{} {} {}", req.method(), req.uri(), req.headers().len());
+    let mut resp = Response::new(ResponseBody::full(text));
+    resp.headers_mut()
+        .insert("x-host", req.headers()[header::HOST].clone());
+    resp
+}
+
+/// Serves `server` with `handler` in a task of its own.
+fn spawn_serve<H, Fut>(
+    server: TcpStream,
+    peer: SocketAddr,
+    handler: H,
+) -> (tokio::task::JoinHandle<Ended>, watch::Sender<()>)
+where
+    H: Fn(Request<ClientBody>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let (stop_tx, mut stop) = watch::channel(());
+    let task = tokio::spawn(async move {
+        serve(
+            server,
+            peer,
+            Duration::from_secs(30),
+            64 * 1024,
+            &handler,
+            &mut stop,
+        )
+        .await
+    });
+    (task, stop_tx)
+}
+
+/// Reads until `want` complete responses (by their `content-length`) are in.
+async fn read_responses(client: &mut TcpStream, want: usize) -> String {
+    let mut got = Vec::new();
+    let read = async {
+        loop {
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if complete_responses(&text) >= want {
+                return text;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = client.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed after {text:?}");
+            got.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(DEADLINE, read)
+        .await
+        .expect("responses within the deadline")
+}
+
+/// Everything the server sends until it closes the connection.
+async fn read_until_closed(client: &mut TcpStream) -> String {
+    let mut all = Vec::new();
+    tokio::time::timeout(DEADLINE, client.read_to_end(&mut all))
+        .await
+        .expect("closed within the deadline")
+        .unwrap();
+    String::from_utf8_lossy(&all).into_owned()
+}
+
+fn complete_responses(mut text: &str) -> usize {
+    let mut n = 0;
+    while let Some(end) = text.find("\r\n\r\n") {
+        let head = &text[..end];
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.parse().unwrap());
+        if head.starts_with("HTTP/1.1 ") && text.len() >= end + 4 + len {
+            n += 1;
+            text = &text[end + 4 + len..];
+        } else {
+            break;
+        }
+    }
+    n
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_with_framing_and_date() {
+    let (mut client, server, peer) = pair().await;
+    let (task, _stop) = spawn_serve(server, peer, echo);
+    client
+        .write_all(
+            b"GET /a?x=1 HTTP/1.1\r\nHost: gw\r\n\r\nGET /b HTTP/1.1\r\nHost: gw\r\nX-One: 1\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let text = read_responses(&mut client, 2).await;
+    let (first, second) = text.split_at(text.rfind("HTTP/1.1 200 OK\r\n").unwrap());
+    assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(first.contains("\r\nx-host: gw\r\n"), "{text}");
+    assert!(first.contains("\r\ncontent-length: 12\r\n"), "{text}");
+    assert!(first.contains("\r\ndate: "), "{text}");
+    assert!(text.contains("\r\n\r\nGET /a?x=1 1"), "{text}");
+    assert!(second.ends_with("\r\n\r\nGET /b 2"), "{text}");
+    // The connection stays open for more.
+    client
+        .write_all(b"GET /c HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_responses(&mut client, 1).await.ends_with("GET /c 1"));
+    drop(client);
+    let ended = tokio::time::timeout(DEADLINE, task).await.unwrap().unwrap();
+    assert!(matches!(ended, Ended::Closed));
+}
+
+#[tokio::test]
+async fn connection_close_is_answered_and_the_connection_closed() {
+    let (mut client, server, peer) = pair().await;
+    let (task, _stop) = spawn_serve(server, peer, echo);
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_until_closed(&mut client).await;
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    assert!(text.ends_with("GET / 2"), "{text}");
+    assert!(matches!(task.await.unwrap(), Ended::Closed));
+}
+
+#[tokio::test]
+async fn head_answers_keep_their_length_and_send_no_body() {
+    let (mut client, server, peer) = pair().await;
+    let handler = |_req: Request<ClientBody>, _peer: SocketAddr| async {
+        let mut resp = Response::new(ResponseBody::empty());
+        resp.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1234"));
+        resp
+    };
+    let (_task, _stop) = spawn_serve(server, peer, handler);
+    client
+        .write_all(b"HEAD / HTTP/1.1\r\nHost: gw\r\n\r\nHEAD / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_until_closed(&mut client).await;
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
+    assert_eq!(
+        text.matches("\r\ncontent-length: 1234\r\n").count(),
+        2,
+        "{text}"
+    );
+    assert!(text.ends_with("\r\n\r\n"), "{text}");
+}
+
+#[tokio::test]
+async fn requests_for_hyper_come_back_whole() {
+    // A body, an upgrade, HTTP/1.0, a malformed head, CONNECT: hyper's.
+    for sent in [
+        &b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\n\r\nabc"[..],
+        b"GET /ws HTTP/1.1\r\nHost: gw\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+        b"PUT /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n",
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
+        b"CONNECT gw:443 HTTP/1.1\r\nHost: gw:443\r\n\r\n",
+    ] {
+        let (mut client, server, peer) = pair().await;
+        let called = Arc::new(AtomicUsize::new(0));
+        let seen = called.clone();
+        let handler = move |req: Request<ClientBody>, peer: SocketAddr| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            echo(req, peer)
+        };
+        let (task, _stop) = spawn_serve(server, peer, handler);
+        client.write_all(sent).await.unwrap();
+        let ended = tokio::time::timeout(DEADLINE, task).await.unwrap().unwrap();
+        let Ended::Handover(mut rewind) = ended else {
+            panic!("{:?} was not handed over", String::from_utf8_lossy(sent));
+        };
+        let mut back = vec![0u8; sent.len()];
+        rewind.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, sent);
+        assert_eq!(called.load(Ordering::SeqCst), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_head_split_across_segments_is_put_together() {
+    let (mut client, server, peer) = pair().await;
+    client.set_nodelay(true).unwrap();
+    let (_task, _stop) = spawn_serve(server, peer, echo);
+    client
+        .write_all(b"GET /split HTTP/1.1\r\nHo")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client.write_all(b"st: gw\r\n\r\n").await.unwrap();
+    assert!(
+        read_responses(&mut client, 1)
+            .await
+            .ends_with("GET /split 1")
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_cancels_its_request() {
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let (mut client, server, peer) = pair().await;
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = dropped.clone();
+    let handler = move |_req: Request<ClientBody>, _peer: SocketAddr| {
+        let flag = Flag(flag.clone());
+        async move {
+            let _flag = flag;
+            std::future::pending::<Response<ResponseBody>>().await
+        }
+    };
+    let (task, _stop) = spawn_serve(server, peer, handler);
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    client.shutdown().await.unwrap();
+    let ended = tokio::time::timeout(DEADLINE, task).await.unwrap().unwrap();
+    assert!(matches!(ended, Ended::Closed));
+    assert!(dropped.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn shutdown_closes_an_idle_connection_and_lets_a_request_finish() {
+    // Idle: closed at once.
+    let (_client, server, peer) = pair().await;
+    let (task, stop) = spawn_serve(server, peer, echo);
+    stop.send(()).unwrap();
+    let ended = tokio::time::timeout(DEADLINE, task).await.unwrap().unwrap();
+    assert!(matches!(ended, Ended::Closed));
+
+    // In flight: answered, then closed.
+    let (mut client, server, peer) = pair().await;
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let go = release.clone();
+    let handler = move |req: Request<ClientBody>, peer: SocketAddr| {
+        let started_tx = started_tx.clone();
+        let go = go.clone();
+        async move {
+            let _ = started_tx.send(());
+            go.notified().await;
+            echo(req, peer).await
+        }
+    };
+    let (task, stop) = spawn_serve(server, peer, handler);
+    client
+        .write_all(b"GET /late HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, started.recv())
+        .await
+        .expect("the request reached the handler");
+    stop.send(()).unwrap();
+    release.notify_one();
+    assert!(
+        read_until_closed(&mut client)
+            .await
+            .ends_with("GET /late 1")
+    );
+    assert!(matches!(task.await.unwrap(), Ended::Closed));
+}
+
+#[test]
+fn chunk_lines_are_lower_case_hex() {
+    for (len, line) in [
+        (0, "0\r\n"),
+        (1, "1\r\n"),
+        (15, "f\r\n"),
+        (16, "10\r\n"),
+        (255, "ff\r\n"),
+        (4096, "1000\r\n"),
+    ] {
+        let mut out = Vec::new();
+        chunk_line(&mut out, len);
+        assert_eq!(String::from_utf8(out).unwrap(), line);
+    }
+    let mut out = Vec::new();
+    frame_into(&mut out, b"hello", Framing::Chunked);
+    assert_eq!(out, b"5\r\nhello\r\n");
+}
+
+#[test]
+fn heads_carry_our_framing_not_the_handlers() {
+    let mut resp = Response::new(());
+    *resp.status_mut() = StatusCode::CREATED;
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
+    resp.headers_mut()
+        .insert(header::TRANSFER_ENCODING, HeaderValue::from_static("gzip"));
+    resp.headers_mut().insert(
+        header::DATE,
+        HeaderValue::from_static("Tue, 01 Dec 2026 00:00:00 GMT"),
+    );
+    let (parts, ()) = resp.into_parts();
+    let get = Exchange {
+        head: false,
+        close: false,
+    };
+    let mut out = Vec::new();
+    encode_head(&mut out, &parts, Framing::Chunked, get, false);
+    assert_eq!(
+        String::from_utf8(out.clone()).unwrap(),
+        "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    encode_head(&mut out, &parts, Framing::Length(5), get, true);
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"
+    );
+}
