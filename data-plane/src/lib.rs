@@ -241,7 +241,7 @@ impl DataPlane {
             http,
             move |req, peer| {
                 let pipeline = pipeline.clone();
-                // Boxed: hyper keeps one slot the size of this future per connection for the
+                // Boxed: a connection keeps one slot the size of this future for the
                 // connection's whole life; a pointer there instead of the whole request state
                 // keeps idle keep-alive connections small (the state is freed after each request).
                 // Allocated before the future is made, so it is built in its box: a
