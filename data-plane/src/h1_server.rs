@@ -281,13 +281,7 @@ async fn respond(
             None => Framing::Chunked,
         }
     };
-    let close = exchange.close
-        || parts
-            .headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| has_token(v, "close"));
-    encode_head(out, &parts, framing, exchange, close);
+    let close = encode_head(out, &parts, framing, exchange);
     drop(parts);
     if matches!(framing, Framing::None) {
         io.write_all(out).await?;
@@ -406,13 +400,14 @@ async fn write_all_vectored(io: &mut TcpStream, mut parts: &mut [IoSlice<'_>]) -
 }
 
 /// Writes the status line and header fields into `out` (cleared first).
+/// Returns whether the connection closes after this answer: the client asked
+/// for it (the answer then says so), or the answer's own `Connection` does.
 fn encode_head(
     out: &mut Vec<u8>,
     parts: &http::response::Parts,
     framing: Framing,
     exchange: Exchange,
-    close: bool,
-) {
+) -> bool {
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(parts.status.as_str().as_bytes());
@@ -427,6 +422,7 @@ fn encode_head(
     out.extend_from_slice(b"\r\n");
     let mut has_date = false;
     let mut has_connection = false;
+    let mut answer_closes = false;
     for (name, value) in &parts.headers {
         // Framing is ours; a HEAD answer keeps the length of what GET would send.
         if *name == header::TRANSFER_ENCODING || (*name == header::CONTENT_LENGTH && !exchange.head)
@@ -434,7 +430,10 @@ fn encode_head(
             continue;
         }
         has_date |= *name == header::DATE;
-        has_connection |= *name == header::CONNECTION;
+        if *name == header::CONNECTION {
+            has_connection = true;
+            answer_closes |= has_token(value, "close");
+        }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
@@ -449,7 +448,7 @@ fn encode_head(
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         Framing::None => {}
     }
-    if close && !has_connection {
+    if exchange.close && !has_connection {
         out.extend_from_slice(b"connection: close\r\n");
     }
     if !has_date {
@@ -458,6 +457,7 @@ fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    exchange.close || answer_closes
 }
 
 thread_local! {

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use rand::{Rng, SeedableRng, rngs::SmallRng};
+use rand::{RngCore, SeedableRng, rngs::SmallRng};
 
 /// Length of a version-00 `traceparent` / `traceresponse` value.
 pub const TRACEPARENT_LEN: usize = 55;
@@ -119,7 +119,10 @@ impl TraceContext {
     /// and `sampled` as given.
     pub fn new_root(sampled: bool) -> Self {
         with_rng(|rng| {
-            let mut trace_id: [u8; 16] = rng.random();
+            // Whole words: `random::<[u8; N]>()` draws a word per byte.
+            let mut trace_id = [0u8; 16];
+            trace_id[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+            trace_id[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
             if trace_id == [0; 16] {
                 trace_id[15] = 1;
             }
@@ -251,7 +254,7 @@ pub fn random_span_id() -> [u8; 8] {
 
 fn nonzero_span_id(rng: &mut SmallRng) -> [u8; 8] {
     loop {
-        let id: [u8; 8] = rng.random();
+        let id = rng.next_u64().to_le_bytes();
         if id != [0; 8] {
             return id;
         }

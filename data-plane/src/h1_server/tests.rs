@@ -323,14 +323,23 @@ fn heads_carry_our_framing_not_the_handlers() {
         close: false,
     };
     let mut out = Vec::new();
-    encode_head(&mut out, &parts, Framing::Chunked, get, false);
+    assert!(!encode_head(&mut out, &parts, Framing::Chunked, get));
     assert_eq!(
         String::from_utf8(out.clone()).unwrap(),
         "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ntransfer-encoding: chunked\r\n\r\n"
     );
-    encode_head(&mut out, &parts, Framing::Length(5), get, true);
+    let closing = Exchange { close: true, ..get };
+    assert!(encode_head(&mut out, &parts, Framing::Length(5), closing));
     assert_eq!(
-        String::from_utf8(out).unwrap(),
+        String::from_utf8(out.clone()).unwrap(),
         "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"
     );
+    // An answer that closes the connection itself says so once.
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    assert!(encode_head(&mut out, &parts, Framing::Length(0), closing));
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("connection").count(), 1, "{text}");
 }
