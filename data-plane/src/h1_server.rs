@@ -21,8 +21,8 @@
 //!   keep-alive time included); a client that has sent part of a head then
 //!   gets a 408, an idle one is just closed;
 //! * a client that closes its connection while its request is in flight
-//!   cancels the request (no half-close), and bytes it pipelines meanwhile
-//!   are kept for the next request;
+//!   cancels the request (no half-close), unless it has pipelined bytes
+//!   meanwhile, which are kept for the next request;
 //! * response framing: none for HEAD, 1xx, 204 and 304 (a HEAD answer keeps
 //!   its `Content-Length`); `Content-Length` when the body's length is
 //!   known; otherwise `Transfer-Encoding: chunked` (trailers dropped); a
@@ -142,14 +142,15 @@ where
             }
         };
         let mut answer = pin!(handler(req, peer));
-        // While the request is in flight, the client closing its side cancels it
-        // (bytes it pipelines are kept, up to a head's worth).
+        // While the request is in flight, the client closing its side cancels it.
+        // As in hyper, the socket is only watched while nothing is buffered:
+        // bytes the client pipelines are kept for the next request, and once
+        // some are there, reading waits for that request.
         let resp = loop {
-            let room = buf.len() < max_head_bytes;
             tokio::select! {
                 biased;
                 resp = answer.as_mut() => break resp,
-                read = std::future::poll_fn(|cx| poll_read_buf(Pin::new(&mut io), cx, &mut buf)), if room => match read {
+                read = std::future::poll_fn(|cx| poll_read_buf(Pin::new(&mut io), cx, &mut buf)), if buf.is_empty() => match read {
                     Ok(0) | Err(_) => return Ended::Closed,
                     Ok(_) => {}
                 },
