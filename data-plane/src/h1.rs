@@ -476,8 +476,12 @@ impl FieldSpans {
 
 /// Whether `value` (a comma-separated list) holds `token`, case-insensitively.
 pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
+    list_has_token(value.as_bytes(), token)
+}
+
+/// [`has_token`] on a field value's raw bytes.
+pub(crate) fn list_has_token(value: &[u8], token: &str) -> bool {
     value
-        .as_bytes()
         .split(|b| *b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }

@@ -40,7 +40,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Buf as _, Bytes, BytesMut};
-use http::header::{self, HeaderValue};
+use http::header;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
@@ -50,7 +50,7 @@ use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 
 use crate::body::{ClientBody, ResponseBody};
-use crate::h1::{FieldSpans, has_token};
+use crate::h1::{FieldSpans, has_token, list_has_token};
 
 /// Most header fields a request head read here may have (hyper's default;
 /// more goes to hyper, which refuses it).
@@ -211,10 +211,7 @@ fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
         {
             return Parsed::Hyper;
         } else if name.eq_ignore_ascii_case(b"connection") {
-            let Ok(value) = HeaderValue::from_bytes(f.value) else {
-                return Parsed::Hyper;
-            };
-            close |= has_token(&value, "close");
+            close |= list_has_token(f.value, "close");
         }
     }
     let path = req.path.unwrap_or_default();
