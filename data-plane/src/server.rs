@@ -2,10 +2,11 @@
 //!
 //! Each connection's first bytes are peeked at to pick its protocol: the
 //! HTTP/2 preface means h2c, anything else HTTP/1.1, which
-//! [`crate::h1_server`] serves, handing the connection to hyper for what it
-//! leaves to hyper (request bodies, upgrades, heads it cannot take). Only a connection whose
-//! first segment is a strict prefix of the preface (a client trickling it in)
-//! is left to hyper-util's auto builder, which reads until it can tell. The
+//! [`crate::h1_server`] serves, handing the rest of the connection to hyper
+//! for what it leaves to hyper (request bodies, upgrades, heads it cannot
+//! take). Only a connection whose first segment is a strict prefix of the
+//! preface (a client trickling it in) is left to hyper-util's auto builder,
+//! which reads until it can tell. The
 //! point is memory: an HTTP/1.1 connection is then a task of its own type,
 //! without what the auto builder keeps for a connection that might be HTTP/2
 //! (measured: 6.5 KB less per idle keep-alive connection; BENCHMARKS.md).
