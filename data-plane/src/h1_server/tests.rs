@@ -52,6 +52,52 @@ where
     (task, stop_tx)
 }
 
+/// What [`gated`]'s handler returns.
+type Answer = Pin<Box<dyn Future<Output = Response<ResponseBody>> + Send>>;
+
+/// A handler that holds requests for `held` until [`Gate::release`], and says
+/// when one has arrived; other requests are [`echo`]ed at once.
+fn gated(
+    held: &'static str,
+) -> (
+    impl Fn(Request<ClientBody>, SocketAddr) -> Answer + Send + Sync + 'static,
+    Gate,
+) {
+    let (arrived_tx, arrived) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let go = release.clone();
+    let handler = move |req: Request<ClientBody>, peer: SocketAddr| {
+        let arrived_tx = arrived_tx.clone();
+        let go = go.clone();
+        Box::pin(async move {
+            if req.uri() == held {
+                let _ = arrived_tx.send(());
+                go.notified().await;
+            }
+            echo(req, peer).await
+        }) as Answer
+    };
+    (handler, Gate { arrived, release })
+}
+
+struct Gate {
+    arrived: tokio::sync::mpsc::UnboundedReceiver<()>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl Gate {
+    /// Waits (within the deadline) until a held request is in the handler.
+    async fn arrived(&mut self) {
+        tokio::time::timeout(DEADLINE, self.arrived.recv())
+            .await
+            .expect("the request reached the handler");
+    }
+
+    fn release(&self) {
+        self.release.notify_one();
+    }
+}
+
 /// Reads until `want` complete responses (by their `content-length`) are in.
 async fn read_responses(client: &mut TcpStream, want: usize) -> String {
     let mut got = Vec::new();
@@ -220,28 +266,13 @@ async fn a_head_split_across_segments_is_put_together() {
 #[tokio::test]
 async fn a_client_that_pipelines_and_then_closes_still_gets_the_answer_in_flight() {
     let (mut client, server, peer) = pair().await;
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let go = release.clone();
-    let handler = move |req: Request<ClientBody>, peer: SocketAddr| {
-        let started_tx = started_tx.clone();
-        let go = go.clone();
-        async move {
-            if req.uri() == "/first" {
-                let _ = started_tx.send(());
-                go.notified().await;
-            }
-            echo(req, peer).await
-        }
-    };
+    let (handler, mut gate) = gated("/first");
     let (_task, _stop) = spawn_serve(server, peer, handler);
     client
         .write_all(b"GET /first HTTP/1.1\r\nHost: gw\r\n\r\n")
         .await
         .unwrap();
-    tokio::time::timeout(DEADLINE, started.recv())
-        .await
-        .expect("the first request reached the handler");
+    gate.arrived().await;
     // The second arrives while the first is in flight, then the client half-closes:
     // as with hyper, the buffered request stops the watch for a close, so the
     // first is answered (the second, read after the close, is not).
@@ -250,7 +281,7 @@ async fn a_client_that_pipelines_and_then_closes_still_gets_the_answer_in_flight
         .await
         .unwrap();
     client.shutdown().await.unwrap();
-    release.notify_one();
+    gate.release();
     let text = read_responses(&mut client, 1).await;
     assert!(text.ends_with("GET /first 1"), "{text}");
 }
@@ -295,28 +326,15 @@ async fn shutdown_closes_an_idle_connection_and_lets_a_request_finish() {
 
     // In flight: answered, then closed.
     let (mut client, server, peer) = pair().await;
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let go = release.clone();
-    let handler = move |req: Request<ClientBody>, peer: SocketAddr| {
-        let started_tx = started_tx.clone();
-        let go = go.clone();
-        async move {
-            let _ = started_tx.send(());
-            go.notified().await;
-            echo(req, peer).await
-        }
-    };
+    let (handler, mut gate) = gated("/late");
     let (task, stop) = spawn_serve(server, peer, handler);
     client
         .write_all(b"GET /late HTTP/1.1\r\nHost: gw\r\n\r\n")
         .await
         .unwrap();
-    tokio::time::timeout(DEADLINE, started.recv())
-        .await
-        .expect("the request reached the handler");
+    gate.arrived().await;
     stop.send(()).unwrap();
-    release.notify_one();
+    gate.release();
     assert!(
         read_until_closed(&mut client)
             .await
