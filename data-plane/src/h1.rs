@@ -296,7 +296,7 @@ async fn write_body<W: tokio::io::AsyncWrite + Unpin>(
             ReqFraming::Length(n) if sent > n => return Err(ExchangeError::BodyLength),
             ReqFraming::Chunked => {
                 chunk.clear();
-                chunk.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                chunk_line(&mut chunk, data.len());
                 chunk.extend_from_slice(&data);
                 chunk.extend_from_slice(b"\r\n");
                 wr.write_all(&chunk).await.map_err(ExchangeError::Io)?;
@@ -311,6 +311,16 @@ async fn write_body<W: tokio::io::AsyncWrite + Unpin>(
         ReqFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(ExchangeError::Io),
         _ => Ok(()),
     }
+}
+
+/// Appends a chunk-size line (lower-case hex and CRLF) for a chunk of `len` bytes.
+pub(crate) fn chunk_line(out: &mut Vec<u8>, len: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(HEX[(len >> (4 * i)) & 0xf]);
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A parsed response head.

@@ -50,7 +50,7 @@ use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 
 use crate::body::{ClientBody, ResponseBody};
-use crate::h1::{FieldSpans, has_token, list_has_token};
+use crate::h1::{FieldSpans, chunk_line, has_token, list_has_token};
 
 /// Most header fields a request head read here may have (hyper's default;
 /// more goes to hyper, which refuses it).
@@ -357,15 +357,6 @@ fn frame_into(out: &mut Vec<u8>, data: &[u8], framing: Framing) {
     } else {
         out.extend_from_slice(data);
     }
-}
-
-fn chunk_line(out: &mut Vec<u8>, len: usize) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1);
-    for i in (0..digits).rev() {
-        out.push(HEX[(len >> (4 * i)) & 0xf]);
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes one body frame after the head.
