@@ -100,7 +100,7 @@ pub async fn serve<H, Fut>(
     header_read_timeout: Duration,
     max_head_bytes: usize,
     handler: &H,
-    stop: &mut watch::Receiver<()>,
+    stop: &watch::Receiver<()>,
 ) -> Ended
 where
     H: Fn(Request<ClientBody>, SocketAddr) -> Fut,
@@ -110,6 +110,11 @@ where
     let mut out: Vec<u8> = Vec::new();
     // One timer for the connection's life, moved forward for each head.
     let mut timer = pin!(tokio::time::sleep(header_read_timeout));
+    // One shutdown waiter for the connection's life too: a `changed()` made for
+    // every head joined (and on being dropped left) the watch's waiter list under
+    // its lock, twice per request.
+    let mut watcher = stop.clone();
+    let mut stopping = pin!(watcher.changed());
     loop {
         // Shutdown between requests: nothing is in flight, close now.
         if !matches!(stop.has_changed(), Ok(false)) {
@@ -138,7 +143,7 @@ where
                     return Ended::Closed;
                 }
                 // Shutdown while waiting: no request is in flight (a partial head is dropped).
-                _ = stop.changed() => return Ended::Closed,
+                _ = stopping.as_mut() => return Ended::Closed,
             }
         };
         let mut answer = pin!(handler(req, peer));

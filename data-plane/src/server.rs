@@ -268,7 +268,7 @@ async fn connection<F, Fut>(
                 header_read_timeout,
                 builders.max_head,
                 &*handler,
-                &mut stop,
+                &stop,
             ))
             .await;
             match served {

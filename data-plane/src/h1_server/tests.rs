@@ -37,7 +37,7 @@ where
     H: Fn(Request<ClientBody>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
-    let (stop_tx, mut stop) = watch::channel(());
+    let (stop_tx, stop) = watch::channel(());
     let task = tokio::spawn(async move {
         serve(
             server,
@@ -45,7 +45,7 @@ where
             Duration::from_secs(30),
             64 * 1024,
             &handler,
-            &mut stop,
+            &stop,
         )
         .await
     });
