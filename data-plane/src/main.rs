@@ -12,8 +12,9 @@ use data_plane::args::{Args, LogFormat};
 // jemalloc instead of glibc's malloc (BENCHMARKS.md, eighth session): every request makes
 // a few allocations of 1 KiB or more (its future's box, the response's header map), and
 // glibc sweeps all its fastbins (`malloc_consolidate`) before each of those; its allocator
-// was 12 % of the workers' user time. jemalloc: 1.1-1.4 µs less CPU per request, idle RSS
-// +1.3 MB. (mimalloc saved about as much but doubled idle RSS, over the 15 MB target.)
+// was 12 % of the workers' user time. jemalloc: 1.1-1.4 µs less user time per request on a
+// slow host (0.3-0.5 µs on a fast one), idle RSS +1.3 MB. (mimalloc saved about as much but
+// doubled idle RSS, over the 15 MB target.)
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
