@@ -75,6 +75,11 @@ fn bench(c: &mut Criterion) {
     let der = signing.to_pkcs8_der().unwrap();
     let token =
         jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ed_der(der.as_bytes())).unwrap();
+    // Signed by the same key, expired an hour ago: refused before the signature check.
+    let mut old = claims.clone();
+    old["exp"] = serde_json::json!(now - 3600);
+    let expired =
+        jsonwebtoken::encode(&header, &old, &EncodingKey::from_ed_der(der.as_bytes())).unwrap();
 
     let make = |capacity: usize| {
         let url = url.clone();
@@ -101,6 +106,9 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("uncached", |b| {
         b.iter(|| ready(uncached.verify(black_box(&token))).unwrap())
+    });
+    group.bench_function("expired", |b| {
+        b.iter(|| ready(uncached.verify(black_box(&expired))).unwrap_err())
     });
     group.finish();
 }

@@ -514,6 +514,61 @@ async fn token_cache_never_serves_past_exp() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_expired_token_is_refused_before_its_signature_or_kid_is_looked_at() {
+    let k1 = TestKey::new("k1", 1);
+    let server = JwksServer::start(&[&k1]).await;
+    let (v, _clock) = verifier(&server, config(&server.url)).await;
+    let forge = |token: String| {
+        let (signed, _) = token.rsplit_once('.').unwrap();
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode([7u8; 64]))
+    };
+    let expired = with(claims(), "exp", json!(NOW - 31));
+
+    // The same forged signature: refused for the signature while the token is current,
+    // for its age once it says it has expired (it never reaches the signature check).
+    assert_eq!(
+        v.verify(&forge(k1.sign(&claims()))).await,
+        Err(JwtError::BadSignature)
+    );
+    assert_eq!(
+        v.verify(&forge(k1.sign(&expired))).await,
+        Err(JwtError::Expired)
+    );
+    // Within the leeway the full check still runs.
+    assert_eq!(
+        v.verify(&forge(k1.sign(&with(claims(), "exp", json!(NOW - 10)))))
+            .await,
+        Err(JwtError::BadSignature)
+    );
+    // An expired token naming a key nobody published asks for no JWKS.
+    let unknown = TestKey::new("k9", 9);
+    for _ in 0..3 {
+        assert_eq!(
+            v.verify(&unknown.sign(&expired)).await,
+            Err(JwtError::Expired)
+        );
+    }
+    assert_eq!(server.fetches(), 1, "no refresh for an expired token");
+    // A payload that is not JSON, or an `exp` that is not a number, gets the full check's answer.
+    let [h, _, s]: [String; 3] = k1
+        .sign(&claims())
+        .split('.')
+        .map(String::from)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        v.verify(&format!("{h}.bm90IGpzb24.{s}")).await,
+        Err(JwtError::BadSignature)
+    );
+    assert!(matches!(
+        v.verify(&k1.sign(&with(claims(), "exp", json!("soon"))))
+            .await,
+        Err(JwtError::InvalidClaims(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn token_cache_is_dropped_for_keys_no_longer_published() {
     let k1 = TestKey::new("k1", 1);
     let k2 = TestKey::new("k2", 2);
