@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use crate::config::InFlight;
 use crate::h1::{ExchangeError, H1Body};
 use crate::pool::Checkin;
+use crate::response_head::RawFields;
 
 /// Why the client's request body could not be forwarded.
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +185,9 @@ pub struct UpstreamBody {
     inner: Upstream,
     checkin: Option<Checkin>,
     _in_flight: InFlight,
+    /// The response's header fields kept as bytes ([`crate::response_head`]):
+    /// outside `inner`, which goes when the body ends.
+    fields: Option<Box<RawFields>>,
 }
 
 #[derive(Debug)]
@@ -198,11 +202,14 @@ enum Upstream {
 impl UpstreamBody {
     /// Wraps an upstream response body. `checkin` returns the connection to its
     /// pool at the end of the body; `in_flight` counts the request until then.
-    pub fn new(inner: H1Body, checkin: Checkin, in_flight: InFlight) -> Self {
+    /// The response's header fields, when kept as bytes, come along.
+    pub fn new(mut inner: H1Body, checkin: Checkin, in_flight: InFlight) -> Self {
+        let fields = inner.take_fields();
         let mut body = Self {
             inner: Upstream::H1(Some(inner)),
             checkin: Some(checkin),
             _in_flight: in_flight,
+            fields,
         };
         // Bodiless responses (HEAD, 204, 304) may never be polled: return now.
         if body.is_end_stream() {
@@ -218,6 +225,7 @@ impl UpstreamBody {
             inner: Upstream::Hyper(inner),
             checkin: None,
             _in_flight: in_flight,
+            fields: None,
         }
     }
 
@@ -297,6 +305,25 @@ impl ResponseBody {
     /// An empty body.
     pub fn empty() -> Self {
         Self::Full(None)
+    }
+
+    /// The upstream response's header fields, when they are kept as bytes
+    /// (the response's map then holds only the gateway's own).
+    pub fn fields(&self) -> Option<&RawFields> {
+        match self {
+            Self::Upstream(b) => b.fields.as_deref(),
+            Self::Full(_) => None,
+            Self::Resumed(_, rest) => rest.fields(),
+        }
+    }
+
+    /// Takes the fields [`fields`](Self::fields) returns out of the body.
+    pub fn take_fields(&mut self) -> Option<Box<RawFields>> {
+        match self {
+            Self::Upstream(b) => b.fields.take(),
+            Self::Full(_) => None,
+            Self::Resumed(_, rest) => rest.take_fields(),
+        }
     }
 }
 

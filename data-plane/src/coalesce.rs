@@ -44,6 +44,7 @@ use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::CoalesceAlone;
 use crate::proxy::{self, upstream_request};
+use crate::response_head;
 use crate::retry::RetryPolicy;
 use crate::sanitize::{X_USER_ID, X_USER_ROLE};
 
@@ -428,13 +429,15 @@ impl Call {
         };
         let served =
             served_by.and_then(|id| self.upstream.instances.iter().position(|i| *i.id == *id));
-        let resp = match result {
+        let mut resp = match result {
             Ok(resp) => resp,
             Err(e) => {
                 let theirs = Outcome::Shared(Arc::new(Snapshot::of_error(&e)));
                 return (Err(e), theirs, served);
             }
         };
+        // The head is shared with the followers as a map.
+        response_head::materialize(&mut resp);
         let (head, body) = resp.into_parts();
         if body.size_hint().lower() > self.max_body as u64 {
             let mine = Response::from_parts(head, body);

@@ -46,6 +46,7 @@ use tokio::net::TcpStream;
 use tokio_util::io::poll_read_buf;
 
 use crate::body::{RequestBody, RequestBodyError};
+use crate::response_head::{Kept, RawFields};
 
 /// Most header fields a response head may have.
 pub const MAX_HEADERS: usize = 100;
@@ -206,10 +207,12 @@ impl Conn {
             status,
             version,
             headers,
+            fields,
             framing,
             keep_alive,
         } = head;
-        let body = H1Body::new(self, framing, keep_alive && !early);
+        let mut body = H1Body::new(self, framing, keep_alive && !early);
+        body.fields = fields;
         let mut resp = Response::new(body);
         *resp.status_mut() = status;
         *resp.version_mut() = version;
@@ -323,11 +326,13 @@ pub(crate) fn chunk_line(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// A parsed response head.
+/// A parsed response head: its fields as bytes, or (when they cannot stay
+/// bytes, [`crate::response_head`]) as a map.
 struct Head {
     status: StatusCode,
     version: Version,
     headers: HeaderMap,
+    fields: Option<Box<RawFields>>,
     framing: RespFraming,
     keep_alive: bool,
 }
@@ -398,24 +403,40 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, Ex
         } else {
             Version::HTTP_11
         };
-        let spans = FieldSpans::new(buf, res.headers);
-        let head = buf.split_to(len).freeze();
         if status.is_informational() {
             if status == StatusCode::SWITCHING_PROTOCOLS {
                 return Err(ExchangeError::Invalid("unexpected 101 Switching Protocols"));
             }
+            buf.advance(len);
             if buf.is_empty() {
                 return Ok(None);
             }
             continue;
         }
-        // The proxy adds `X-Request-Id` and `traceresponse`.
-        let mut headers = spans.header_map(&head, 2)?;
-        let (framing, keep_alive) = framing_of(status, version, &mut headers, head_request)?;
+        let (framing, keep_alive, drop_length) =
+            framing_of(status, version, res.headers, head_request)?;
+        // The fields stay bytes when they can ([`crate::response_head`]), else become a map.
+        let (headers, fields) = match Kept::scan(buf, res.headers, drop_length) {
+            Some(kept) => {
+                let head = buf.split_to(len).freeze();
+                (HeaderMap::new(), Some(kept.into_fields(head)))
+            }
+            None => {
+                let spans = FieldSpans::new(buf, res.headers);
+                let head = buf.split_to(len).freeze();
+                // The proxy adds `X-Request-Id` and `traceresponse`.
+                let mut headers = spans.header_map(&head, 2)?;
+                if drop_length {
+                    headers.remove(header::CONTENT_LENGTH);
+                }
+                (headers, None)
+            }
+        };
         return Ok(Some(Head {
             status,
             version,
             headers,
+            fields,
             framing,
             keep_alive,
         }));
@@ -496,62 +517,82 @@ pub(crate) fn list_has_token(value: &[u8], token: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
-/// The response body's framing and whether the connection persists after it.
+/// The response body's framing, whether the connection persists after it, and
+/// whether its `Content-Length` fields are to be dropped (a `Transfer-Encoding`
+/// overrides them). One pass over the fields, names compared by length first.
 fn framing_of(
     status: StatusCode,
     version: Version,
-    headers: &mut HeaderMap,
+    fields: &[httparse::Header<'_>],
     head_request: bool,
-) -> Result<(RespFraming, bool), ExchangeError> {
+) -> Result<(RespFraming, bool, bool), ExchangeError> {
     let mut keep_alive = version == Version::HTTP_11;
-    for v in headers.get_all(header::CONNECTION) {
-        if has_token(v, "close") {
-            keep_alive = false;
-        } else if has_token(v, "keep-alive") && version == Version::HTTP_10 {
-            keep_alive = true;
+    let mut transfer_coding: Option<&[u8]> = None;
+    let mut length: Option<u64> = None;
+    let (mut length_seen, mut invalid, mut conflicting) = (false, false, false);
+    for f in fields {
+        let name = f.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"connection") {
+            if list_has_token(f.value, "close") {
+                keep_alive = false;
+            } else if list_has_token(f.value, "keep-alive") && version == Version::HTTP_10 {
+                keep_alive = true;
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            transfer_coding = Some(f.value);
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            length_seen = true;
+            // Every value, and every part of a list, must be the same number.
+            for part in f.value.split(|b| *b == b',') {
+                match content_length(part.trim_ascii()) {
+                    None => invalid = true,
+                    Some(n) if length.is_some_and(|l| l != n) => conflicting = true,
+                    Some(n) => length = Some(n),
+                }
+            }
         }
     }
+    let drop_length = transfer_coding.is_some();
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok((RespFraming::Length(0), keep_alive));
+        return Ok((RespFraming::Length(0), keep_alive, drop_length));
     }
-    if let Some(last) = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-    {
+    if let Some(last) = transfer_coding {
         let chunked = last
-            .as_bytes()
             .rsplit(|b| *b == b',')
             .next()
             .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         // With both, Transfer-Encoding wins and the connection is not reused (RFC 9112 §6.3).
-        if headers.remove(header::CONTENT_LENGTH).is_some() {
+        if length_seen {
             keep_alive = false;
         }
         return Ok(if chunked {
-            (RespFraming::Chunked, keep_alive)
+            (RespFraming::Chunked, keep_alive, true)
         } else {
-            (RespFraming::UntilClose, false)
+            (RespFraming::UntilClose, false, true)
         });
     }
-    let mut length: Option<u64> = None;
-    for v in headers.get_all(header::CONTENT_LENGTH) {
-        for part in v.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            let n = std::str::from_utf8(part)
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or(ExchangeError::Invalid("invalid content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(ExchangeError::Invalid("conflicting content-length values"));
-            }
-            length = Some(n);
-        }
+    if invalid {
+        return Err(ExchangeError::Invalid("invalid content-length"));
+    }
+    if conflicting {
+        return Err(ExchangeError::Invalid("conflicting content-length values"));
     }
     Ok(match length {
-        Some(n) => (RespFraming::Length(n), keep_alive),
-        None => (RespFraming::UntilClose, false),
+        Some(n) => (RespFraming::Length(n), keep_alive, false),
+        None => (RespFraming::UntilClose, false, false),
+    })
+}
+
+/// A `Content-Length` value: one or more decimal digits, within `u64`.
+fn content_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
     })
 }
 
@@ -581,6 +622,9 @@ pub struct H1Body {
     conn: Box<Conn>,
     state: State,
     keep_alive: bool,
+    /// The response's header fields, when they were kept as bytes (the
+    /// response's map is empty then); see [`crate::response_head`].
+    fields: Option<Box<RawFields>>,
 }
 
 impl H1Body {
@@ -595,7 +639,14 @@ impl H1Body {
             conn,
             state,
             keep_alive,
+            fields: None,
         }
+    }
+
+    /// The response's header fields kept as bytes, taken out (the response's
+    /// map holds them otherwise).
+    pub fn take_fields(&mut self) -> Option<Box<RawFields>> {
+        self.fields.take()
     }
 
     /// The connection, if the body is complete and it may carry another
@@ -820,6 +871,17 @@ mod tests {
         Request::get(uri).body(RequestBody::empty()).unwrap()
     }
 
+    /// The response's header fields as a map, wherever they are kept.
+    fn headers_of(resp: &mut Response<H1Body>) -> HeaderMap {
+        match resp.body_mut().take_fields() {
+            Some(raw) => {
+                assert!(resp.headers().is_empty(), "fields are kept in one place");
+                raw.header_map(0)
+            }
+            None => resp.headers().clone(),
+        }
+    }
+
     async fn body_of(resp: Response<H1Body>) -> (Bytes, Option<Box<Conn>>) {
         let mut body = resp.into_body();
         let mut all = BytesMut::new();
@@ -838,9 +900,10 @@ mod tests {
             0,
         )
         .await;
-        let resp = conn.send(get("/a/b?c=1"), "up:80").await.unwrap();
+        let mut resp = conn.send(get("/a/b?c=1"), "up:80").await.unwrap();
         assert_eq!(resp.status(), 200);
-        let values: Vec<_> = resp.headers().get_all("x-a").iter().collect();
+        let headers = headers_of(&mut resp);
+        let values: Vec<_> = headers.get_all("x-a").iter().collect();
         assert_eq!(values, ["1", "2"]);
         let (body, conn) = body_of(resp).await;
         assert_eq!(body, "hello");
@@ -913,9 +976,9 @@ mod tests {
     async fn a_head_answer_has_no_body_whatever_its_length() {
         let (conn, _server) = upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", 0).await;
         let req = Request::head("/").body(RequestBody::empty()).unwrap();
-        let resp = conn.send(req, "up").await.unwrap();
+        let mut resp = conn.send(req, "up").await.unwrap();
         assert!(resp.body().is_end_stream());
-        assert_eq!(resp.headers()["content-length"], "1000");
+        assert_eq!(headers_of(&mut resp)["content-length"], "1000");
         assert!(resp.into_body().take_conn().is_some());
     }
 
@@ -1053,6 +1116,24 @@ mod tests {
             conn.is_none(),
             "a half-sent request's connection is not reused"
         );
+    }
+
+    #[test]
+    fn content_lengths_are_decimal_digits_within_u64() {
+        assert_eq!(content_length(b"0"), Some(0));
+        assert_eq!(content_length(b"00012"), Some(12));
+        assert_eq!(content_length(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"18446744073709551616",
+            b"+1",
+            b"-1",
+            b"1 2",
+            b"0x10",
+            b"1.0",
+        ] {
+            assert_eq!(content_length(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

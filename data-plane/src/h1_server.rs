@@ -28,7 +28,9 @@
 //!   known; otherwise `Transfer-Encoding: chunked` (trailers dropped); a
 //!   `Date` when the response has none; `Connection: close` when the client
 //!   asked for it, and the connection closes after such an answer or one
-//!   that says so itself;
+//!   that says so itself; an upstream's header fields kept as bytes
+//!   ([`crate::response_head`]) are written as they came, before the
+//!   response map's fields, which replace any of the same name;
 //! * graceful shutdown: an idle connection closes at once, a request in
 //!   flight is answered first.
 
@@ -51,6 +53,7 @@ use tokio_util::io::poll_read_buf;
 
 use crate::body::{ClientBody, ResponseBody};
 use crate::h1::{FieldSpans, chunk_line, has_token, list_has_token};
+use crate::response_head::RawFields;
 
 /// Most header fields a request head read here may have (hyper's default;
 /// more goes to hyper, which refuses it).
@@ -271,7 +274,6 @@ async fn respond(
     exchange: Exchange,
 ) -> io::Result<bool> {
     let (parts, body) = resp.into_parts();
-    let mut body = pin!(body);
     let status = parts.status;
     let bodiless = status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -284,8 +286,9 @@ async fn respond(
             None => Framing::Chunked,
         }
     };
-    let close = encode_head(out, &parts, framing, exchange);
+    let close = encode_head(out, &parts, body.fields(), framing, exchange);
     drop(parts);
+    let mut body = pin!(body);
     if matches!(framing, Framing::None) {
         io.write_all(out).await?;
         return Ok(!close);
@@ -393,12 +396,15 @@ async fn write_all_vectored(io: &mut TcpStream, mut parts: &mut [IoSlice<'_>]) -
     Ok(())
 }
 
-/// Writes the status line and header fields into `out` (cleared first).
+/// Writes the status line and header fields into `out` (cleared first): an
+/// upstream's fields kept as bytes (`raw`) as they came, except those the
+/// response's map replaces, then the map's.
 /// Returns whether the connection closes after this answer: the client asked
 /// for it (the answer then says so), or the answer's own `Connection` does.
 fn encode_head(
     out: &mut Vec<u8>,
     parts: &http::response::Parts,
+    raw: Option<&RawFields>,
     framing: Framing,
     exchange: Exchange,
 ) -> bool {
@@ -417,6 +423,17 @@ fn encode_head(
     let mut has_date = false;
     let mut has_connection = false;
     let mut answer_closes = false;
+    for (name, value, is_length) in raw.into_iter().flat_map(RawFields::iter) {
+        // Framing is ours (a HEAD answer keeps its length); the gateway's fields replace the upstream's.
+        if (is_length && !exchange.head) || replaced(&parts.headers, name) {
+            continue;
+        }
+        has_date |= name.eq_ignore_ascii_case(b"date");
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
     for (name, value) in &parts.headers {
         // Framing is ours; a HEAD answer keeps the length of what GET would send.
         if *name == header::TRANSFER_ENCODING || (*name == header::CONTENT_LENGTH && !exchange.head)
@@ -452,6 +469,13 @@ fn encode_head(
     }
     out.extend_from_slice(b"\r\n");
     exchange.close || answer_closes
+}
+
+/// Whether `headers` has a field named `name` (any case).
+fn replaced(headers: &http::HeaderMap, name: &[u8]) -> bool {
+    headers
+        .keys()
+        .any(|k| k.as_str().as_bytes().eq_ignore_ascii_case(name))
 }
 
 thread_local! {

@@ -9,6 +9,7 @@
 //!   [`cache`]: the on-disk copy of the last accepted snapshot;
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
+//!   [`response_head`]: upstream response fields forwarded as bytes;
 //!   [`retry`]: route retry policies and the per-upstream retry budget;
 //!   [`websocket`]: upgrade admission and the byte tunnels of `websocket` routes;
 //!   [`dns`]: upstream members found in DNS, refreshed and reconciled;
@@ -55,6 +56,7 @@ pub mod pipeline;
 pub mod pool;
 pub mod proxy;
 pub mod ratelimit;
+pub mod response_head;
 pub mod retry;
 pub mod router;
 pub mod runtime;

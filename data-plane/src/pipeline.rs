@@ -36,6 +36,7 @@ use crate::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
 use crate::metrics::{Metrics, PolicyRefusal};
 use crate::normalize::normalize_path;
 use crate::proxy::{self, upstream_request};
+use crate::response_head;
 use crate::router::host_of;
 use crate::sanitize::{
     Cidr, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip, ensure_request_id,
@@ -139,6 +140,11 @@ impl Pipeline {
             // Response headers: the route's transforms on the upstream's answer (never the gateway's own errors), before the gateway's own headers below so those cannot be changed.
             Ok(mut resp) => {
                 if let Some(route) = seen.route.filter(|_| !seen.preflight) {
+                    // These read and change the upstream's fields: they need them as a map.
+                    if !route.policies.response_headers.is_empty() || route.policies.cors.is_some()
+                    {
+                        response_head::materialize(&mut resp);
+                    }
                     route.policies.response_headers.apply(resp.headers_mut());
                 }
                 resp

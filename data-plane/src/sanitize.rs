@@ -69,24 +69,41 @@ const CONNECTION_BITS: u16 = 0b11;
 /// compares at most a few bytes, where comparing against each of the 13
 /// `HeaderName`s cost ≈ 1.3k instructions per message (callgrind,
 /// BENCHMARKS.md). `removed_bits_follow_the_list` keeps it in step with [`REMOVED`].
-fn removed_bit(name: &str, strip_identity: bool) -> u16 {
+fn removed_bit(name: &[u8], strip_identity: bool) -> u16 {
     let i = match name {
-        "connection" => 0,
-        "proxy-connection" => 1,
-        "te" => 2,
-        "trailer" => 3,
-        "transfer-encoding" => 4,
-        "upgrade" => 5,
-        "proxy-authorization" => 6,
-        "proxy-authenticate" => 7,
-        "keep-alive" => 8,
-        "x-user-id" if strip_identity => 9,
-        "x-user-role" if strip_identity => 10,
-        "x-api-key-name" if strip_identity => 11,
-        "x-gateway-signature" if strip_identity => 12,
+        b"connection" => 0,
+        b"proxy-connection" => 1,
+        b"te" => 2,
+        b"trailer" => 3,
+        b"transfer-encoding" => 4,
+        b"upgrade" => 5,
+        b"proxy-authorization" => 6,
+        b"proxy-authenticate" => 7,
+        b"keep-alive" => 8,
+        b"x-user-id" if strip_identity => 9,
+        b"x-user-role" if strip_identity => 10,
+        b"x-api-key-name" if strip_identity => 11,
+        b"x-gateway-signature" if strip_identity => 12,
         _ => return 0,
     };
     1 << i
+}
+
+/// Whether `name` (any case) is one of the hop-by-hop fields removed from
+/// every message: the fixed list, not what a `Connection` names.
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    // The lengths of the hop-by-hop names: most fields go no further.
+    if !matches!(name.len(), 2 | 7 | 10 | 16..=19) {
+        return false;
+    }
+    let mut lower = [0u8; 19];
+    let Some(lower) = lower.get_mut(..name.len()) else {
+        return false;
+    };
+    for (l, b) in lower.iter_mut().zip(name) {
+        *l = b.to_ascii_lowercase();
+    }
+    removed_bit(lower, false) != 0
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection`
@@ -102,7 +119,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize
     for (name, value) in headers.iter() {
         let name = name.as_str();
         size += name.len() + value.len() + 4;
-        present |= removed_bit(name, strip_identity);
+        present |= removed_bit(name.as_bytes(), strip_identity);
     }
     if present == 0 {
         return size;
@@ -127,7 +144,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize
                         continue;
                     }
                     if let Ok(name) = HeaderName::from_str(token)
-                        && removed_bit(name.as_str(), false) == 0
+                        && removed_bit(name.as_str().as_bytes(), false) == 0
                     {
                         named.push(name);
                     }
@@ -273,12 +290,35 @@ mod tests {
     #[test]
     fn removed_bits_follow_the_list() {
         for (i, name) in REMOVED.iter().enumerate() {
-            assert_eq!(removed_bit(name.as_str(), true), 1 << i, "{name}");
+            assert_eq!(
+                removed_bit(name.as_str().as_bytes(), true),
+                1 << i,
+                "{name}"
+            );
             let hop = if i < HOP_BY_HOP_COUNT { 1 << i } else { 0 };
-            assert_eq!(removed_bit(name.as_str(), false), hop, "{name}");
+            assert_eq!(removed_bit(name.as_str().as_bytes(), false), hop, "{name}");
         }
         for other in [header::HOST, header::CONTENT_LENGTH, X_REQUEST_ID.clone()] {
-            assert_eq!(removed_bit(other.as_str(), true), 0, "{other}");
+            assert_eq!(removed_bit(other.as_str().as_bytes(), true), 0, "{other}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_names_are_found_in_any_case() {
+        for (i, name) in REMOVED.iter().enumerate() {
+            let hop = i < HOP_BY_HOP_COUNT;
+            assert_eq!(is_hop_by_hop(name.as_str().as_bytes()), hop, "{name}");
+            let upper = name.as_str().to_ascii_uppercase();
+            assert_eq!(is_hop_by_hop(upper.as_bytes()), hop, "{upper}");
+        }
+        for other in [
+            &b"Content-Length"[..],
+            b"date",
+            b"",
+            b"proxy-authorization-x",
+            b"\xff",
+        ] {
+            assert!(!is_hop_by_hop(other), "{other:?}");
         }
     }
 

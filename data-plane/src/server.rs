@@ -39,6 +39,7 @@ use tokio::sync::watch;
 use crate::body::{ClientBody, ResponseBody};
 use crate::conn_timer::ConnTimer;
 use crate::h1_server::{self, Ended};
+use crate::response_head;
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -257,7 +258,12 @@ async fn connection<F, Fut>(
         let handler = handler.clone();
         service_fn(move |req: Request<hyper::body::Incoming>| {
             let fut = handler(req.map(ClientBody::hyper), peer);
-            async move { Ok::<_, Infallible>(fut.await) }
+            async move {
+                let mut resp = fut.await;
+                // hyper writes the answer from its map alone.
+                response_head::materialize(&mut resp);
+                Ok::<_, Infallible>(resp)
+            }
         })
     };
     let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match protocol {

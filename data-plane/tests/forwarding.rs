@@ -248,3 +248,168 @@ async fn a_tunnel_carries_bytes_and_shutdown_waits_for_it() {
         "ops listener closed"
     );
 }
+
+/// Answers for [`raw_fields_upstream`], by request path.
+const PLAIN_ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nServer: Raw/1\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\n\
+Connection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\nX-Request-Id: from-upstream\r\n\
+Set-Cookie: a=1\r\nset-cookie: b=2\r\nProxy-Authenticate: Basic\r\nTrailer: X-T\r\nX-Empty: \r\n\r\nok";
+const NAMED_ANSWER: &[u8] =
+    b"HTTP/1.1 200 OK\r\nServer: Raw/1\r\nConnection: keep-alive, X-Hop\r\n\
+X-Hop: secret\r\nContent-Length: 2\r\n\r\nok";
+const CHUNKED_ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nServer: Raw/1\r\nTransfer-Encoding: chunked\r\n\
+Content-Length: 99\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+
+/// An upstream that answers each request with the fixed head above its path
+/// names (keeping the connection unless the answer overrides its length).
+async fn raw_fields_upstream() -> (SocketAddr, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while got.len() < end + 4 + length {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    got.drain(..end + 4 + length);
+                    let path = head.split(' ').nth(1).unwrap_or_default();
+                    let answer = match path {
+                        "/named" => NAMED_ANSWER,
+                        "/chunked" => CHUNKED_ANSWER,
+                        _ => PLAIN_ANSWER,
+                    };
+                    if s.write_all(answer).await.is_err() || answer == CHUNKED_ANSWER {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// The header fields of a raw response: (lower-case name, value), sorted,
+/// with `traceresponse` (new on every request) checked and left out.
+fn fields_of(response: &str) -> Vec<(String, String)> {
+    let head = &response[..response.find("\r\n\r\n").expect("a whole head")];
+    let mut fields: Vec<_> = head
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let (name, value) = l.split_once(':').expect("a field line");
+            (name.to_ascii_lowercase(), value.trim().to_owned())
+        })
+        .collect();
+    fields.sort();
+    let traced = fields.iter().position(|(n, _)| n == "traceresponse");
+    fields.remove(traced.expect("the gateway's traceresponse"));
+    fields
+}
+
+/// The fields an upstream answers with reach the client as they came, less the
+/// hop-by-hop ones (and those its `Connection` names), with the gateway's own
+/// replacing any of the same name: the same fields whether the answer is
+/// written by the gateway's HTTP/1.1 server or by hyper's (a request with a body).
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_response_fields_reach_the_client_less_the_hop_by_hop_ones() {
+    let (up, _task) = raw_fields_upstream().await;
+    let cfg = snapshot(
+        1,
+        vec![route("svc", "/", "svc")],
+        vec![upstream("svc", &[("raw", format!("http://{up}"))])],
+    );
+    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    let addr = dp.proxy_addr();
+    let request = |method: &str, path: &str| {
+        let body = if method == "POST" {
+            "Content-Length: 3\r\n\r\nabc"
+        } else {
+            "\r\n"
+        };
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: gw\r\nX-Request-Id: client-id-1\r\nConnection: close\r\n{body}"
+        )
+    };
+
+    let plain = raw(addr, request("GET", "/plain").as_bytes()).await;
+    assert_eq!(raw_status(&plain), 200, "{plain}");
+    assert!(plain.ends_with("\r\n\r\nok"), "{plain}");
+    // Names keep the case they came in.
+    assert!(plain.contains("\r\nServer: Raw/1\r\n"), "{plain}");
+    let want: Vec<(String, String)> = [
+        ("connection", "close"),
+        ("content-length", "2"),
+        ("date", "Tue, 01 Dec 2026 00:00:00 GMT"),
+        ("server", "Raw/1"),
+        ("set-cookie", "a=1"),
+        ("set-cookie", "b=2"),
+        ("x-empty", ""),
+        ("x-request-id", "client-id-1"),
+    ]
+    .iter()
+    .map(|(n, v)| (n.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(fields_of(&plain), want, "{plain}");
+    // hyper's server writes the same fields (HTTP/1.1 requests with a body go to it).
+    let posted = raw(addr, request("POST", "/plain").as_bytes()).await;
+    assert_eq!(fields_of(&posted), want, "{posted}");
+
+    // What `Connection` names goes too.
+    for method in ["GET", "POST"] {
+        let named = raw(addr, request(method, "/named").as_bytes()).await;
+        let fields = fields_of(&named);
+        assert!(fields.iter().all(|(n, _)| n != "x-hop"), "{named}");
+        assert!(
+            fields.contains(&("server".into(), "Raw/1".into())),
+            "{named}"
+        );
+        assert!(
+            fields.contains(&("content-length".into(), "2".into())),
+            "{named}"
+        );
+    }
+
+    // `Transfer-Encoding` overrides `Content-Length`: the body is re-framed, the length dropped.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request("GET", "/chunked").as_bytes())
+        .await
+        .unwrap();
+    let mut chunked = Vec::new();
+    // The gateway closes the connection after the answer (the client asked it to).
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut chunked))
+        .await
+        .expect("the answer in time")
+        .unwrap();
+    let chunked = String::from_utf8(chunked).unwrap();
+    let fields = fields_of(&chunked);
+    assert!(
+        fields.contains(&("transfer-encoding".into(), "chunked".into())),
+        "{chunked}"
+    );
+    assert!(
+        fields.iter().all(|(n, _)| n != "content-length"),
+        "{chunked}"
+    );
+    assert!(
+        chunked.ends_with("\r\n\r\n2\r\nok\r\n0\r\n\r\n"),
+        "{chunked}"
+    );
+    dp.shutdown().await;
+}

@@ -380,13 +380,19 @@ fn heads_carry_our_framing_not_the_handlers() {
         close: false,
     };
     let mut out = Vec::new();
-    assert!(!encode_head(&mut out, &parts, Framing::Chunked, get));
+    assert!(!encode_head(&mut out, &parts, None, Framing::Chunked, get));
     assert_eq!(
         String::from_utf8(out.clone()).unwrap(),
         "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ntransfer-encoding: chunked\r\n\r\n"
     );
     let closing = Exchange { close: true, ..get };
-    assert!(encode_head(&mut out, &parts, Framing::Length(5), closing));
+    assert!(encode_head(
+        &mut out,
+        &parts,
+        None,
+        Framing::Length(5),
+        closing
+    ));
     assert_eq!(
         String::from_utf8(out.clone()).unwrap(),
         "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"
@@ -396,7 +402,55 @@ fn heads_carry_our_framing_not_the_handlers() {
     parts
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    assert!(encode_head(&mut out, &parts, Framing::Length(0), closing));
+    assert!(encode_head(
+        &mut out,
+        &parts,
+        None,
+        Framing::Length(0),
+        closing
+    ));
     let text = String::from_utf8(out).unwrap();
     assert_eq!(text.matches("connection").count(), 1, "{text}");
+}
+
+#[test]
+fn an_upstreams_fields_are_written_as_they_came_under_the_gateways() {
+    let raw = crate::response_head::from_head(
+        b"HTTP/1.1 200 OK\r\nServer: Up\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 2\r\n\
+X-Request-Id: up\r\nConnection: keep-alive\r\nx-request-id: up-again\r\n\r\n",
+    );
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts
+        .headers
+        .insert("x-request-id", HeaderValue::from_static("gw"));
+    let get = Exchange {
+        head: false,
+        close: false,
+    };
+    let mut out = Vec::new();
+    assert!(!encode_head(
+        &mut out,
+        &parts,
+        Some(&raw),
+        Framing::Length(2),
+        get
+    ));
+    // The upstream's date stands; its length gives way to the framing; the gateway's id replaces both of its.
+    assert_eq!(
+        String::from_utf8(out.clone()).unwrap(),
+        "HTTP/1.1 200 OK\r\nServer: Up\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nx-request-id: gw\r\ncontent-length: 2\r\n\r\n"
+    );
+    // A HEAD answer keeps the length of what GET would send.
+    let head = Exchange { head: true, ..get };
+    assert!(!encode_head(
+        &mut out,
+        &parts,
+        Some(&raw),
+        Framing::None,
+        head
+    ));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "HTTP/1.1 200 OK\r\nServer: Up\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 2\r\nx-request-id: gw\r\n\r\n"
+    );
 }
