@@ -122,13 +122,24 @@ struct Bucket {
     retries: u64,
 }
 
+/// How many sets of buckets a budget keeps: one per proxy worker
+/// ([`crate::workers::current`], modulo this). Every first attempt counts
+/// itself, and with one set the workers took one lock on every request, its
+/// cache line moving between their cores; a retry (rare) sums all the sets.
+const STRIPES: usize = 4;
+
+/// Ten one-second buckets in a cache line pair of their own; the lock is held
+/// only to count, never across an `.await`.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Stripe(Mutex<[Bucket; 10]>);
+
 /// The retry budget of one upstream, plus its retry counters. Carried over
 /// while the upstream keeps its name, like instance state.
 #[derive(Debug)]
 pub struct RetryBudget {
     start: Instant,
-    /// Ten one-second buckets; the lock is held only to count, never across an `.await`.
-    buckets: Mutex<[Bucket; 10]>,
+    stripes: [Stripe; STRIPES],
     retries: [AtomicU64; 3],
     refused: AtomicU64,
 }
@@ -146,12 +157,14 @@ impl RetryBudget {
     pub fn new() -> Self {
         Self {
             start: Instant::now(),
-            buckets: Mutex::new(
-                [Bucket {
-                    second: u64::MAX,
-                    ..Bucket::default()
-                }; BUCKETS as usize],
-            ),
+            stripes: std::array::from_fn(|_| {
+                Stripe(Mutex::new(
+                    [Bucket {
+                        second: u64::MAX,
+                        ..Bucket::default()
+                    }; BUCKETS as usize],
+                ))
+            }),
             retries: Default::default(),
             refused: AtomicU64::new(0),
         }
@@ -163,29 +176,43 @@ impl RetryBudget {
             .as_secs()
     }
 
+    /// The calling worker's buckets.
+    fn local(&self) -> &Mutex<[Bucket; 10]> {
+        &self.stripes[crate::workers::current() % STRIPES].0
+    }
+
     /// Counts one request sent to the upstream (a first attempt).
     pub fn record_request(&self) {
+        self.record_in(self.local());
+    }
+
+    fn record_in(&self, buckets: &Mutex<[Bucket; 10]>) {
         let now = self.now_second();
-        let mut b = self.buckets.lock().expect("retry budget lock");
+        let mut b = buckets.lock().expect("retry budget lock");
         current(&mut b, now).requests += 1;
     }
 
     /// Spends one retry if the budget allows it; counts the retry (by
-    /// `reason`) or the refusal.
+    /// `reason`) or the refusal. Workers deciding at the same moment may
+    /// together spend one retry more each than the budget has left.
     pub fn try_retry(&self, reason: RetryReason) -> bool {
         let now = self.now_second();
-        let allowed = {
-            let mut b = self.buckets.lock().expect("retry budget lock");
-            let (requests, retries) = b
+        let (mut requests, mut retries) = (0, 0);
+        for stripe in &self.stripes {
+            let b = stripe.0.lock().expect("retry budget lock");
+            for k in b
                 .iter()
                 .filter(|k| k.second != u64::MAX && k.second + BUCKETS > now)
-                .fold((0, 0), |(q, r), k| (q + k.requests, r + k.retries));
-            let allowed = retries < allowance(requests);
-            if allowed {
-                current(&mut b, now).retries += 1;
+            {
+                requests += k.requests;
+                retries += k.retries;
             }
-            allowed
-        };
+        }
+        let allowed = retries < allowance(requests);
+        if allowed {
+            let mut b = self.local().lock().expect("retry budget lock");
+            current(&mut b, now).retries += 1;
+        }
         if allowed {
             self.retries[reason as usize].fetch_add(1, Ordering::Relaxed);
         } else {
@@ -340,8 +367,21 @@ mod tests {
         // A bucket reused for a later second starts empty.
         tokio::time::advance(Duration::from_secs(3)).await;
         b.record_request();
-        let buckets = b.buckets.lock().unwrap();
+        let buckets = b.local().lock().unwrap();
         let now = buckets.iter().find(|k| k.second == 13).unwrap();
         assert_eq!((now.requests, now.retries), (1, 0));
+    }
+
+    #[test]
+    fn every_workers_requests_pay_for_retries() {
+        let b = RetryBudget::new();
+        // 100 requests counted by four different workers: 20 % of them plus the floor.
+        for i in 0..100 {
+            b.record_in(&b.stripes[i % STRIPES].0);
+        }
+        for i in 0..(100 * BUDGET_PERCENT / 100 + BUDGET_FLOOR) {
+            assert!(b.try_retry(RetryReason::Status5xx), "retry {i}");
+        }
+        assert!(!b.try_retry(RetryReason::Status5xx));
     }
 }
