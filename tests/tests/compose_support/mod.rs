@@ -143,8 +143,7 @@ impl Stack {
             _ => !docker_ok(&["image", "inspect", &jaeger_image]).await,
         };
         let mut files = vec![root.join("docker-compose.yml")];
-        let (edge_port, control_plane_port, auth_port, jaeger_port) =
-            (free_port()?, free_port()?, free_port()?, free_port()?);
+        let [edge_port, control_plane_port, auth_port, jaeger_port] = free_ports()?;
         let mut env = vec![
             ("GATEWAY_EDGE_PORT".to_owned(), edge_port.to_string()),
             (
@@ -904,8 +903,19 @@ fn dechunk(mut raw: &str) -> Option<String> {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// `N` free ports, all different: every listener is held until all the ports
+/// are known. (Taken one at a time, the kernel could hand out a port just
+/// released again, and two published ports of the stack then collided: docker
+/// refused the second with "port is already allocated".)
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 fn short(id: &str) -> &str {
