@@ -492,17 +492,28 @@ impl FieldSpans {
     /// `room` more fields: those the proxy adds go in without the map
     /// growing (a rehash of every field was ~1.1k instructions per request).
     pub(crate) fn header_map(&self, head: &Bytes, room: usize) -> Result<HeaderMap, ExchangeError> {
-        let mut headers = HeaderMap::with_capacity(self.count + room);
-        for &[ns, nl, vs, vl] in self.as_slice() {
-            let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
-            let name = HeaderName::from_bytes(&head[ns..ns + nl])
-                .map_err(|_| ExchangeError::Invalid("invalid header field name"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
-                .map_err(|_| ExchangeError::Invalid("invalid header field value"))?;
-            headers.append(name, value);
-        }
-        Ok(headers)
+        let spans = self.as_slice().iter().map(|s| s.map(|n| n as usize));
+        fields_map(head, spans, room)
     }
+}
+
+/// A header map of the fields at `spans` (name start, name length, value
+/// start, value length) in `head`, whose values share `head`'s bytes, with
+/// room for `room` more fields.
+pub(crate) fn fields_map(
+    head: &Bytes,
+    spans: impl ExactSizeIterator<Item = [usize; 4]>,
+    room: usize,
+) -> Result<HeaderMap, ExchangeError> {
+    let mut headers = HeaderMap::with_capacity(spans.len() + room);
+    for [ns, nl, vs, vl] in spans {
+        let name = HeaderName::from_bytes(&head[ns..ns + nl])
+            .map_err(|_| ExchangeError::Invalid("invalid header field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
+            .map_err(|_| ExchangeError::Invalid("invalid header field value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
 }
 
 /// Whether `value` (a comma-separated list) holds `token`, case-insensitively.

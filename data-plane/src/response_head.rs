@@ -24,9 +24,10 @@
 
 use bytes::Bytes;
 use http::Response;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::HeaderMap;
 
 use crate::body::ResponseBody;
+use crate::h1::fields_map;
 use crate::sanitize::is_hop_by_hop;
 
 /// Most forwarded fields a head kept as bytes may have.
@@ -138,16 +139,11 @@ impl RawFields {
     /// The fields as a header map (values share the head's bytes), with room
     /// for `room` more.
     pub fn header_map(&self, room: usize) -> HeaderMap {
-        let mut map = HeaderMap::with_capacity(self.len() + room);
-        for &[ns, nl, vs, vl] in &self.kept.spans[..self.len()] {
-            let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
-            let name = HeaderName::from_bytes(&self.head[ns..ns + nl])
-                .expect("the name was checked when the head was scanned");
-            let value = HeaderValue::from_maybe_shared(self.head.slice(vs..vs + vl))
-                .expect("the value was checked when the head was scanned");
-            map.append(name, value);
-        }
-        map
+        let spans = self.kept.spans[..self.len()]
+            .iter()
+            .map(|s| s.map(usize::from));
+        fields_map(&self.head, spans, room)
+            .expect("httparse accepts in a field only bytes HeaderName and HeaderValue accept")
     }
 }
 

@@ -96,10 +96,8 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
     if !matches!(name.len(), 2 | 7 | 10 | 16..=19) {
         return false;
     }
-    let mut lower = [0u8; 19];
-    let Some(lower) = lower.get_mut(..name.len()) else {
-        return false;
-    };
+    let mut buf = [0u8; 19];
+    let lower = &mut buf[..name.len()];
     for (l, b) in lower.iter_mut().zip(name) {
         *l = b.to_ascii_lowercase();
     }
