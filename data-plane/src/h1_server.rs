@@ -52,7 +52,7 @@ use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 
 use crate::body::{ClientBody, ResponseBody};
-use crate::h1::{FieldSpans, chunk_line, has_token, list_has_token};
+use crate::h1::{FieldSpans, chunk_line, has_token, list_has_token, name_is};
 use crate::response_head::RawFields;
 
 /// Most header fields a request head read here may have (hyper's default;
@@ -209,16 +209,16 @@ fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     let mut close = false;
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
+        if name_is(name, b"content-length") {
             if f.value.trim_ascii() != b"0" {
                 return Parsed::Hyper;
             }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
-            || name.eq_ignore_ascii_case(b"expect")
-            || name.eq_ignore_ascii_case(b"upgrade")
+        } else if name_is(name, b"transfer-encoding")
+            || name_is(name, b"expect")
+            || name_is(name, b"upgrade")
         {
             return Parsed::Hyper;
-        } else if name.eq_ignore_ascii_case(b"connection") {
+        } else if name_is(name, b"connection") {
             close |= list_has_token(f.value, "close");
         }
     }
@@ -428,7 +428,7 @@ fn encode_head(
         if (is_length && !exchange.head) || replaced(&parts.headers, name) {
             continue;
         }
-        has_date |= name.eq_ignore_ascii_case(b"date");
+        has_date |= name_is(name, b"date");
         out.extend_from_slice(name);
         out.extend_from_slice(b": ");
         out.extend_from_slice(value);

@@ -27,7 +27,7 @@ use http::Response;
 use http::header::HeaderMap;
 
 use crate::body::ResponseBody;
-use crate::h1::fields_map;
+use crate::h1::{fields_map, name_is};
 use crate::sanitize::is_hop_by_hop;
 
 /// Most forwarded fields a head kept as bytes may have.
@@ -75,14 +75,13 @@ impl Kept {
         for f in fields {
             let name = f.name.as_bytes();
             if is_hop_by_hop(name) {
-                let connection = name.eq_ignore_ascii_case(b"connection")
-                    || name.eq_ignore_ascii_case(b"proxy-connection");
+                let connection = name_is(name, b"connection") || name_is(name, b"proxy-connection");
                 if connection && !names_only_hop_by_hop(f.value) {
                     return None;
                 }
                 continue;
             }
-            let length = name.eq_ignore_ascii_case(b"content-length");
+            let length = name_is(name, b"content-length");
             if length && drop_length {
                 continue;
             }
