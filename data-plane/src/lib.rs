@@ -41,6 +41,7 @@ pub mod coalesce;
 pub mod config;
 pub mod conn_timer;
 pub mod cors;
+pub mod deadline;
 pub mod dns;
 pub mod error;
 pub mod h1;

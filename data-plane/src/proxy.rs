@@ -51,6 +51,7 @@ use crate::balancer::{self, Affinity, Pick};
 use crate::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
 use crate::breaker::{Permit, Transition};
 use crate::config::{InstanceState, RouteEntry, UpstreamEntry};
+use crate::deadline;
 use crate::error::ProxyError;
 use crate::h1::ExchangeError;
 use crate::metrics::UpstreamErrorKind;
@@ -301,16 +302,16 @@ pub async fn forward<'a>(
         let per_try = retry.and_then(|p| p.per_try_timeout);
         let attempt_deadline = per_try.map_or(deadline, |t| deadline.min(Instant::now() + t));
         // Pinned where it is made, so the timeout wraps a pointer instead of taking
-        // (copying) the whole exchange future.
+        // (copying) the whole exchange future. `None`: the deadline passed.
         let send = std::pin::pin!(instance.pool.send(req));
-        let sent = tokio::time::timeout_at(attempt_deadline, send).await;
+        let sent = deadline::within(attempt_deadline, send).await;
         match &sent {
-            Err(_) => client.set_status_error("timeout"),
-            Ok(Ok((resp, _))) => client.set_status_code(resp.status().as_u16()),
-            Ok(Err(SendError::Connect { .. } | SendError::NotSent { .. })) => {
+            None => client.set_status_error("timeout"),
+            Some(Ok((resp, _))) => client.set_status_code(resp.status().as_u16()),
+            Some(Err(SendError::Connect { .. } | SendError::NotSent { .. })) => {
                 client.set_status_error("connect")
             }
-            Ok(Err(SendError::Failed { .. })) => client.set_status_error("upstream"),
+            Some(Err(SendError::Failed { .. })) => client.set_status_error("upstream"),
         }
         client.end();
         // Only a retrying route needs the list (no allocation otherwise).
@@ -318,7 +319,7 @@ pub async fn forward<'a>(
             tried.push(index);
         }
         let (failed, reason, reused) = match sent {
-            Err(_elapsed) => {
+            None => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Timeout);
                 if attempt_deadline >= deadline {
                     return Err(ProxyError::Timeout(timeout));
@@ -330,7 +331,7 @@ pub async fn forward<'a>(
                     false,
                 )
             }
-            Ok(Ok((resp, checkin))) => {
+            Some(Ok((resp, checkin))) => {
                 let status = resp.status();
                 if status.is_server_error() {
                     fail(upstream, instance, permit, UpstreamErrorKind::Status5xx);
@@ -347,7 +348,7 @@ pub async fn forward<'a>(
                 (Failed::Answered(resp), RetryReason::Status5xx, false)
             }
             // Never reached the instance: the request is intact.
-            Ok(Err(SendError::Connect { req: back, error })) => {
+            Some(Err(SendError::Connect { req: back, error })) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Connect);
                 tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "connect failed");
                 let e = ProxyError::Connect(error);
@@ -358,7 +359,7 @@ pub async fn forward<'a>(
                 };
                 (f, RetryReason::ConnectFailure, false)
             }
-            Ok(Err(SendError::NotSent { req: back, error })) => {
+            Some(Err(SendError::NotSent { req: back, error })) => {
                 fail(upstream, instance, permit, UpstreamErrorKind::Connect);
                 let e = ProxyError::Upstream(error);
                 let f = if back.body().was_polled() {
@@ -368,7 +369,7 @@ pub async fn forward<'a>(
                 };
                 (f, RetryReason::ConnectFailure, false)
             }
-            Ok(Err(SendError::Failed { error, req, reused })) => {
+            Some(Err(SendError::Failed { error, req, reused })) => {
                 // The client's body failed, not the instance: nothing to report.
                 match error {
                     ExchangeError::Body(RequestBodyError::TooLarge { limit }) => {

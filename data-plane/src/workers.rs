@@ -118,6 +118,8 @@ where
                         Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its socket"),
                     }
                 });
+                // The attempts' kept timers go before the runtime that files them.
+                crate::deadline::clear();
             })?;
         done.push(stopped);
     }
