@@ -14,7 +14,7 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use rand::Rng as _;
 
 /// `Keep-Alive` (not in the `http` crate's constants).
@@ -183,15 +183,21 @@ pub fn new_request_id() -> HeaderValue {
 
 /// Keeps a valid incoming `X-Request-Id` or replaces it with a new one. Returns the id.
 pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(&X_REQUEST_ID)
-        && is_valid_request_id(v.as_bytes())
-        && headers.get_all(&X_REQUEST_ID).iter().count() == 1
-    {
-        return v.clone();
+    // One lookup (a custom name is hashed byte by byte on every lookup).
+    match headers.entry(&X_REQUEST_ID) {
+        Entry::Occupied(mut entry) => {
+            let mut values = entry.iter();
+            if let (Some(v), None) = (values.next(), values.next())
+                && is_valid_request_id(v.as_bytes())
+            {
+                return v.clone();
+            }
+            let id = new_request_id();
+            entry.insert(id.clone());
+            id
+        }
+        Entry::Vacant(entry) => entry.insert(new_request_id()).clone(),
     }
-    let id = new_request_id();
-    headers.insert(X_REQUEST_ID.clone(), id.clone());
-    id
 }
 
 /// Appends the peer address to `X-Forwarded-For` (joining repeated header lines)
@@ -200,21 +206,26 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr) {
     let mut text = [0u8; 45];
     let len = write_ip(peer, &mut text);
     let peer = &text[..len];
-    let value = if headers.contains_key(&X_FORWARDED_FOR) {
-        let mut xff = Vec::new();
-        for v in headers.get_all(&X_FORWARDED_FOR) {
-            if let Ok(v) = v.to_str() {
-                xff.extend_from_slice(v.trim().as_bytes());
-                xff.extend_from_slice(b", ");
+    // One lookup for X-Forwarded-For, as in `ensure_request_id`.
+    match headers.entry(&X_FORWARDED_FOR) {
+        Entry::Occupied(mut entry) => {
+            let mut xff = Vec::new();
+            for v in entry.iter() {
+                if let Ok(v) = v.to_str() {
+                    xff.extend_from_slice(v.trim().as_bytes());
+                    xff.extend_from_slice(b", ");
+                }
+            }
+            xff.extend_from_slice(peer);
+            if let Ok(v) = HeaderValue::from_bytes(&xff) {
+                entry.insert(v);
             }
         }
-        xff.extend_from_slice(peer);
-        HeaderValue::from_bytes(&xff)
-    } else {
-        HeaderValue::from_bytes(peer)
-    };
-    if let Ok(v) = value {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
+        Entry::Vacant(entry) => {
+            if let Ok(v) = HeaderValue::from_bytes(peer) {
+                entry.insert(v);
+            }
+        }
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
 }

@@ -43,9 +43,11 @@ pub struct Incoming {
 /// `tracestate` is dropped on its own.
 pub fn extract(headers: &HeaderMap) -> Incoming {
     let mut values = headers.get_all(&TRACEPARENT).iter();
-    let (Some(first), None) = (values.next(), values.next()) else {
+    let first = values.next();
+    let (Some(first), None) = (first, values.next()) else {
+        // None at all, or repeated (which is invalid).
         return Incoming {
-            invalid_traceparent: headers.contains_key(&TRACEPARENT),
+            invalid_traceparent: first.is_some(),
             ..Incoming::default()
         };
     };
