@@ -171,13 +171,10 @@ pub fn is_valid_request_id(v: &[u8]) -> bool {
 
 /// A new random request id: 32 lower-case hex digits.
 pub fn new_request_id() -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let n: u128 = rand::rng().random();
     // Hex by hand: `format!` costs several times more on every request.
     let mut buf = [0u8; 32];
-    for (i, digit) in buf.iter_mut().enumerate() {
-        *digit = HEX[((n >> (124 - 4 * i)) & 0xf) as usize];
-    }
+    gateway_telemetry::encode_hex(&n.to_be_bytes(), &mut buf);
     HeaderValue::from_bytes(&buf).expect("hex is a valid header value")
 }
 
@@ -443,7 +440,19 @@ mod tests {
         let mut none = HeaderMap::new();
         let id = ensure_request_id(&mut none);
         assert!(is_valid_request_id(id.as_bytes()));
+        assert_eq!(none.get("x-request-id"), Some(&id));
         assert_ne!(id, ensure_request_id(&mut HeaderMap::new()));
+        // A new id: 32 lower-case hex digits (128 random bits).
+        for _ in 0..100 {
+            let id = new_request_id();
+            assert_eq!(id.len(), 32);
+            assert!(
+                id.as_bytes()
+                    .iter()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "{id:?}"
+            );
+        }
     }
 
     #[test]
