@@ -12,9 +12,13 @@
 //! the configuration snapshot, breakers, health, counters — is the same for
 //! every worker. BENCHMARKS.md has the measured difference.
 //!
-//! A worker out of ready tasks yields its core once before it sleeps in epoll
-//! (`on_thread_park`): on a busy machine the bytes it waits for are often
-//! there by then, and the sleep and wake-up are saved.
+//! A worker out of ready tasks sleeps in epoll at once. It used to yield its
+//! core first (eighth session), but under the kernel's EEVDF scheduler
+//! `sched_yield` moves the caller's deadline a slice later, and a worker that
+//! did so at every park lost its core to nearly every task TCP woke there:
+//! 0.32–0.55 preemptions per request against 0.26–0.39 without the yield
+//! (12 rounds side by side), and fewer requests served in 13 of 17 rounds
+//! (BENCHMARKS.md, tenth session).
 //!
 //! Everything that is not request serving (the config stream, health checks,
 //! the ops listener, the Redis connection) stays on the process's main runtime.
@@ -97,14 +101,6 @@ where
         let (finished, stopped) = oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            // Out of ready tasks, the worker first lets whatever else is runnable on its
-            // core go (the upstream it just wrote to, the client it answered) and only
-            // then waits in epoll, by which time their bytes have often arrived. Without
-            // it the workers slept and were woken about once every two requests (nginx's
-            // workers: once in twelve), and the cores sat idle 9-13 % of a load test
-            // between those wake-ups. One sched_yield per park; an idle worker still
-            // sleeps. BENCHMARKS.md, eighth session.
-            .on_thread_park(std::thread::yield_now)
             .build()?;
         std::thread::Builder::new()
             .name(format!("dp-worker-{index}"))
