@@ -10,8 +10,8 @@
 //! compare-and-swap), and re-files it once, when the old time comes. With the
 //! same route timeout on every request, every new deadline is later.
 //!
-//! A worker keeps at most [`KEPT`] of them, each no longer holding the last
-//! attempt's task ([`Kept::put_back`]). Other threads (the main runtime's,
+//! A worker keeps at most [`KEPT`] of them, none still holding the task of
+//! the attempt that used it last (see `Kept`'s `Drop`). Other threads (the main runtime's,
 //! tests') make one per attempt, as `timeout_at` does: their runtimes come and
 //! go, a worker's lives as long as its thread.
 
@@ -151,11 +151,13 @@ mod tests {
         let out = within_kept(start + secs(5), std::future::pending::<()>(), true).await;
         assert_eq!(out, None);
         assert_eq!(start.elapsed(), secs(5));
-        // Later than the one filed (the cheap path), after the old time has passed.
+        // Filed again at +30 (it had fired), and kept.
         assert_eq!(
             within_kept(start + secs(30), after_one_yield(), true).await,
             Some(1)
         );
+        // Moved later than the time filed (+30 to +40, the compare-and-swap
+        // path): fires at +40, not at +30.
         let out = within_kept(start + secs(40), std::future::pending::<()>(), true).await;
         assert_eq!(out, None);
         assert_eq!(start.elapsed(), secs(40));
