@@ -37,15 +37,8 @@ impl ConnTimer {
     fn armed(&self, deadline: Instant) -> RecycledSleep {
         let deadline = tokio::time::Instant::from_std(deadline);
         let spare = self.spare.lock().ok().and_then(|mut s| s.take());
-        let inner = match spare {
-            Some(mut sleep) => {
-                sleep.as_mut().reset(deadline);
-                sleep
-            }
-            None => Box::pin(tokio::time::sleep_until(deadline)),
-        };
         RecycledSleep {
-            inner: Some(inner),
+            inner: Some(crate::deadline::rearm(spare, deadline)),
             home: self.spare.clone(),
         }
     }

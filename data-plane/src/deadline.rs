@@ -61,15 +61,8 @@ impl Kept {
         let kept = keep
             .then(|| KEPT_SLEEPS.with(|k| k.borrow_mut().pop()))
             .flatten();
-        let sleep = match kept {
-            Some(mut sleep) => {
-                sleep.as_mut().reset(deadline);
-                sleep
-            }
-            None => Box::pin(tokio::time::sleep_until(deadline)),
-        };
         Self {
-            sleep: Some(sleep),
+            sleep: Some(rearm(kept, deadline)),
             keep,
         }
     }
@@ -97,6 +90,19 @@ impl Drop for Kept {
                 k.push(sleep);
             }
         });
+    }
+}
+
+/// `spare` moved to `deadline`, or a new `Sleep` when there is none. Moving a
+/// filed `Sleep` to a later deadline only rewrites its expiry (see the module
+/// notes); [`crate::conn_timer`] recycles hyper's header timers the same way.
+pub(crate) fn rearm(spare: Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<Box<Sleep>> {
+    match spare {
+        Some(mut sleep) => {
+            sleep.as_mut().reset(deadline);
+            sleep
+        }
+        None => Box::pin(tokio::time::sleep_until(deadline)),
     }
 }
 
