@@ -270,7 +270,7 @@ pub async fn respond(
         let uri = part.path.uri(rest, query).ok_or(ProxyError::BadRequest(
             "the request path or query cannot be used in an aggregate part's URI",
         ))?;
-        let mut req = Request::new(RequestBody::empty());
+        let mut req = Box::new(Request::new(RequestBody::empty()));
         *req.headers_mut() = headers.clone();
         // Signed identity: each part's upstream signs its own (GET) request.
         if let Some(signer) = &part.upstream.signer {
@@ -324,7 +324,7 @@ fn part_headers(caller: &HeaderMap) -> HeaderMap {
 /// One part: balance (failing at once when nothing admits), forward, read and check the body.
 async fn fetch(
     part: &Part,
-    req: Request<RequestBody>,
+    req: Box<Request<RequestBody>>,
     balance: Balance<'_>,
     span: &ServerSpan,
     tracestate: Option<&HeaderValue>,

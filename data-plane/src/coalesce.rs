@@ -400,7 +400,7 @@ impl Call {
     /// followers' outcome, and the index of the instance that answered.
     async fn run(
         self,
-        req: http::Request<RequestBody>,
+        req: Box<http::Request<RequestBody>>,
     ) -> (
         Result<Response<ResponseBody>, ProxyError>,
         Outcome,

@@ -136,7 +136,7 @@ impl Conn {
     /// is the `Host` sent when the request has none.
     pub async fn send(
         mut self: Box<Self>,
-        req: Request<RequestBody>,
+        mut req: Box<Request<RequestBody>>,
         authority: &str,
     ) -> Result<Response<H1Body>, SendFailure> {
         let framing = if req.body().is_end_stream() {
@@ -159,19 +159,18 @@ impl Conn {
                 Err(e) => ExchangeError::Io(e),
             };
             return Err(if written == 0 {
-                SendFailure::NotSent(Box::new(req), e)
+                SendFailure::NotSent(req, e)
             } else {
                 failed(e, req, framing)
             });
         }
         let head_request = req.method() == Method::HEAD;
-        let (parts, mut body) = req.into_parts();
         let mut early = false;
         let head = match framing {
             ReqFraming::Empty => read_head(&mut self.io, &mut self.buf, head_request).await,
             _ => {
                 let (mut rd, mut wr) = self.io.split();
-                let mut sending = std::pin::pin!(write_body(&mut wr, &mut body, framing));
+                let mut sending = std::pin::pin!(write_body(&mut wr, req.body_mut(), framing));
                 let mut sent = false;
                 // Writing failed, but the upstream may have answered before it
                 // stopped reading (a 413, say): that answer is still forwarded.
@@ -201,7 +200,7 @@ impl Conn {
         };
         let head = match head {
             Ok(head) => head,
-            Err(e) => return Err(failed(e, Request::from_parts(parts, body), framing)),
+            Err(e) => return Err(failed(e, req, framing)),
         };
         let Head {
             status,
@@ -222,8 +221,8 @@ impl Conn {
 }
 
 /// A failure after the request was (partly) written: a bodiless request comes back.
-fn failed(e: ExchangeError, req: Request<RequestBody>, framing: ReqFraming) -> SendFailure {
-    let back = matches!(framing, ReqFraming::Empty).then(|| Box::new(req));
+fn failed(e: ExchangeError, req: Box<Request<RequestBody>>, framing: ReqFraming) -> SendFailure {
+    let back = matches!(framing, ReqFraming::Empty).then_some(req);
     SendFailure::Failed(e, back)
 }
 
@@ -933,8 +932,8 @@ mod tests {
         addr
     }
 
-    fn get(uri: &str) -> Request<RequestBody> {
-        Request::get(uri).body(RequestBody::empty()).unwrap()
+    fn get(uri: &str) -> Box<Request<RequestBody>> {
+        Box::new(Request::get(uri).body(RequestBody::empty()).unwrap())
     }
 
     /// The response's header fields as a map, wherever they are kept.
@@ -1042,7 +1041,7 @@ mod tests {
     async fn a_head_answer_has_no_body_whatever_its_length() {
         let (conn, _server) = upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", 0).await;
         let req = Request::head("/").body(RequestBody::empty()).unwrap();
-        let mut resp = conn.send(req, "up").await.unwrap();
+        let mut resp = conn.send(Box::new(req), "up").await.unwrap();
         assert!(resp.body().is_end_stream());
         assert_eq!(headers_of(&mut resp)["content-length"], "1000");
         assert!(resp.into_body().take_conn().is_some());
@@ -1056,7 +1055,7 @@ mod tests {
             .header("content-length", "3")
             .body(RequestBody::buffered(Bytes::from_static(b"abc")))
             .unwrap();
-        let resp = conn.send(req, "up").await.unwrap();
+        let resp = conn.send(Box::new(req), "up").await.unwrap();
         assert_eq!(resp.status(), 204);
         drop(resp);
         let got = String::from_utf8(server.await.unwrap()).unwrap();
@@ -1065,7 +1064,7 @@ mod tests {
 
         let (conn, server) = upstream(b"HTTP/1.1 204 No Content\r\n\r\n", 0).await;
         let req = Request::post("/y").body(RequestBody::empty()).unwrap();
-        drop(conn.send(req, "up").await.unwrap());
+        drop(conn.send(Box::new(req), "up").await.unwrap());
         let got = String::from_utf8(server.await.unwrap()).unwrap();
         assert!(got.ends_with("content-length: 0\r\n\r\n"), "{got}");
     }
@@ -1142,7 +1141,7 @@ mod tests {
             .header("x-k", "v")
             .body(RequestBody::empty())
             .unwrap();
-        match conn.send(req, "up").await {
+        match conn.send(Box::new(req), "up").await {
             Err(SendFailure::Failed(ExchangeError::Closed, Some(back))) => {
                 assert_eq!(back.uri(), "/again");
                 assert_eq!(back.headers()["x-k"], "v");
@@ -1156,7 +1155,7 @@ mod tests {
             .body(RequestBody::buffered(Bytes::from_static(b"xyz")))
             .unwrap();
         assert!(matches!(
-            conn.send(req, "up").await,
+            conn.send(Box::new(req), "up").await,
             Err(SendFailure::Failed(_, None))
         ));
     }
@@ -1174,7 +1173,7 @@ mod tests {
         let req = Request::post("/upload")
             .body(RequestBody::buffered(Bytes::from(vec![b'x'; 32 << 20])))
             .unwrap();
-        let resp = conn.send(req, "up").await.unwrap();
+        let resp = conn.send(Box::new(req), "up").await.unwrap();
         assert_eq!(resp.status(), 413);
         let (body, conn) = body_of(resp).await;
         assert_eq!(body, "big");

@@ -111,7 +111,7 @@ impl Pipeline {
     /// Answers one request. Never fails: every error becomes a problem response.
     pub async fn handle(
         &self,
-        req: Request<ClientBody>,
+        req: Box<Request<ClientBody>>,
         peer: SocketAddr,
     ) -> Response<ResponseBody> {
         let started = Instant::now();
@@ -189,13 +189,13 @@ impl Pipeline {
     async fn run<'c>(
         &self,
         cfg: &'c Compiled,
-        req: Request<ClientBody>,
+        req: Box<Request<ClientBody>>,
         peer: SocketAddr,
         seen: &mut Seen<'c>,
         span: &mut ServerSpan,
         tracestate: Option<&HeaderValue>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
-        let (mut parts, body) = req.into_parts();
+        let (mut parts, body) = (*req).into_parts();
         let uri = parts.uri.clone();
         // Noted before sanitising removes the Upgrade / Connection pair.
         let upgrade = websocket::is_upgrade(&parts);

@@ -95,14 +95,14 @@ pub enum SendError {
     /// No connection could be made: the request never left and is handed back.
     Connect {
         /// The untouched request.
-        req: Request<RequestBody>,
+        req: Box<Request<RequestBody>>,
         /// Why.
         error: ConnectError,
     },
     /// A fresh connection died before the request was written: handed back.
     NotSent {
         /// The untouched request.
-        req: Request<RequestBody>,
+        req: Box<Request<RequestBody>>,
         /// Why.
         error: ExchangeError,
     },
@@ -285,14 +285,19 @@ impl Pool {
     ) -> Result<Response<Incoming>, SendError> {
         let mut sender = match self.connect_upgradable().await {
             Ok(s) => s,
-            Err(error) => return Err(SendError::Connect { req, error }),
+            Err(error) => {
+                return Err(SendError::Connect {
+                    req: Box::new(req),
+                    error,
+                });
+            }
         };
         sender
             .try_send_request(req)
             .await
             .map_err(|mut e| match e.take_message() {
                 Some(back) => SendError::NotSent {
-                    req: back,
+                    req: Box::new(back),
                     error: e.into_error().into(),
                 },
                 None => SendError::Failed {
@@ -310,7 +315,7 @@ impl Pool {
     /// [`Checkin`] that takes the connection back at the body's end.
     pub async fn send(
         &self,
-        mut req: Request<RequestBody>,
+        mut req: Box<Request<RequestBody>>,
     ) -> Result<(Response<H1Body>, Checkin), SendError> {
         loop {
             let (conn, reused) = match self.take_idle() {
@@ -327,9 +332,9 @@ impl Pool {
                     };
                     return Ok((resp, checkin));
                 }
-                Err(SendFailure::NotSent(back, _)) if reused => req = *back,
+                Err(SendFailure::NotSent(back, _)) if reused => req = back,
                 Err(SendFailure::NotSent(back, error)) => {
-                    return Err(SendError::NotSent { req: *back, error });
+                    return Err(SendError::NotSent { req: back, error });
                 }
                 Err(SendFailure::Failed(error, req)) => {
                     return Err(SendError::Failed { error, req, reused });

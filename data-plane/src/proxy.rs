@@ -71,7 +71,7 @@ pub fn upstream_request(
     route: &RouteEntry,
     path: &str,
     body: RequestBody,
-) -> Result<Request<RequestBody>, ProxyError> {
+) -> Result<Box<Request<RequestBody>>, ProxyError> {
     let query = parts.uri.query();
     let unchanged =
         route.rewrite.is_none() && parts.uri.scheme().is_none() && parts.uri.path() == path;
@@ -128,7 +128,9 @@ pub fn upstream_request(
         );
     }
     parts.version = Version::HTTP_11;
-    Ok(Request::from_parts(parts, body))
+    // Boxed once here: the exchange passes the pointer down to the connection
+    // and, when an attempt fails, back for the next one.
+    Ok(Box::new(Request::from_parts(parts, body)))
 }
 
 /// What is needed to send a request again: its head, and its body when it
@@ -154,8 +156,8 @@ impl Replay {
     /// declared at most [`MAX_REPLAY_BODY_BYTES`]; that body is read now so it
     /// can be sent again. Other requests are sent as they are, with no replay.
     async fn buffered(
-        req: Request<RequestBody>,
-    ) -> Result<(Request<RequestBody>, Option<Self>), ProxyError> {
+        mut req: Box<Request<RequestBody>>,
+    ) -> Result<(Box<Request<RequestBody>>, Option<Self>), ProxyError> {
         if !is_idempotent(req.method()) {
             return Ok((req, None));
         }
@@ -171,7 +173,7 @@ impl Replay {
         if !small {
             return Ok((req, None));
         }
-        let (parts, body) = req.into_parts();
+        let body = std::mem::replace(req.body_mut(), RequestBody::empty());
         let bytes = match body.into_incoming() {
             Some(incoming) => incoming
                 .collect()
@@ -180,17 +182,17 @@ impl Replay {
                 .to_bytes(),
             None => Bytes::new(),
         };
-        let req = Request::from_parts(parts, RequestBody::buffered(bytes.clone()));
+        *req.body_mut() = RequestBody::buffered(bytes.clone());
         let replay = Self::new(&req, Some(bytes));
         Ok((req, Some(replay)))
     }
 
-    fn request(&self) -> Request<RequestBody> {
+    fn request(&self) -> Box<Request<RequestBody>> {
         let body = self
             .body
             .clone()
             .map_or_else(RequestBody::empty, RequestBody::buffered);
-        let mut r = Request::new(body);
+        let mut r = Box::new(Request::new(body));
         *r.method_mut() = self.method.clone();
         *r.uri_mut() = self.uri.clone();
         *r.headers_mut() = self.headers.clone();
@@ -239,13 +241,12 @@ pub struct Trace<'s, 'a> {
 
 /// What the failed attempt leaves for the next one.
 enum Failed {
-    /// The request never reached the instance and came back intact (boxed:
-    /// this is the failure path, and it keeps the enum small).
+    /// The request never reached the instance and came back intact.
     NotReached(Box<Request<RequestBody>>, ProxyError),
     /// The request may have reached the instance; only a replay can follow.
     Reached(ProxyError),
-    /// Like `Reached`, for a request without a body, handed back by the pool
-    /// (boxed, as `NotReached`): the default rules may send it again.
+    /// Like `Reached`, for a request without a body, handed back by the pool:
+    /// the default rules may send it again.
     Sent(ProxyError, Box<Request<RequestBody>>),
     /// The instance answered with a retryable 5xx; returned if no retry follows.
     Answered(Response<ResponseBody>),
@@ -257,7 +258,7 @@ enum Failed {
 pub async fn forward<'a>(
     upstream: &'a UpstreamEntry,
     first: Pick<'a>,
-    req: Request<RequestBody>,
+    req: Box<Request<RequestBody>>,
     timeout: Duration,
     retry: Option<&RetryPolicy>,
     trace: Trace<'_, 'a>,
@@ -355,7 +356,7 @@ pub async fn forward<'a>(
                 let f = if back.body().was_polled() {
                     Failed::Reached(e)
                 } else {
-                    Failed::NotReached(Box::new(back), e)
+                    Failed::NotReached(back, e)
                 };
                 (f, RetryReason::ConnectFailure, false)
             }
@@ -365,7 +366,7 @@ pub async fn forward<'a>(
                 let f = if back.body().was_polled() {
                     Failed::Reached(e)
                 } else {
-                    Failed::NotReached(Box::new(back), e)
+                    Failed::NotReached(back, e)
                 };
                 (f, RetryReason::ConnectFailure, false)
             }
@@ -404,15 +405,14 @@ pub async fn forward<'a>(
             None => default_retry(upstream, key, index, retries, reused, failed),
         };
         (pick, req) = match next {
-            Next::Retry(p, r) => (p, *r),
+            Next::Retry(p, r) => (p, r),
             Next::Done(outcome) => return outcome,
         };
         retries += 1;
     }
 }
 
-/// After a failed attempt: another one (the request boxed: the failure path
-/// keeps the enum small), or the request's outcome.
+/// After a failed attempt: another one, or the request's outcome.
 enum Next<'a> {
     Retry(Pick<'a>, Box<Request<RequestBody>>),
     Done(Result<Response<ResponseBody>, ProxyError>),
@@ -502,7 +502,7 @@ fn policy_retry<'a>(
     }
     let req = match (failed, replay) {
         (Failed::NotReached(back, _), _) => back,
-        (_, Some(r)) => Box::new(r.request()),
+        (_, Some(r)) => r.request(),
         // Excluded by `sendable` above.
         (f, None) => return f.stands(),
     };
@@ -543,7 +543,7 @@ mod tests {
         host: Option<&str>,
         route: &RouteEntry,
         path: &str,
-    ) -> Request<RequestBody> {
+    ) -> Box<Request<RequestBody>> {
         let mut b = Request::get(uri).header("expect", "100-continue");
         if let Some(h) = host {
             b = b.header(header::HOST, h);

@@ -172,7 +172,7 @@ pub async fn serve<F, Fut>(
     handler: F,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    F: Fn(Request<ClientBody>, SocketAddr) -> Fut + Send + Sync + 'static,
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let builders = Arc::new(Builders::new(&settings));
@@ -235,7 +235,7 @@ async fn connection<F, Fut>(
     mut stop: watch::Receiver<()>,
     header_read_timeout: Duration,
 ) where
-    F: Fn(Request<ClientBody>, SocketAddr) -> Fut + Send + Sync + 'static,
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let protocol = tokio::select! {
@@ -257,7 +257,7 @@ async fn connection<F, Fut>(
     let service = {
         let handler = handler.clone();
         service_fn(move |req: Request<hyper::body::Incoming>| {
-            let fut = handler(req.map(ClientBody::hyper), peer);
+            let fut = handler(Box::new(req.map(ClientBody::hyper)), peer);
             async move {
                 let mut resp = fut.await;
                 // hyper writes the answer from its map alone.

@@ -123,7 +123,7 @@ pub async fn forward<'a>(
     client.set_upstream_instance(&instance.id);
     inject(req.headers_mut(), &client.context(), trace.tracestate);
     let in_flight = instance.start_request();
-    let sent = tokio::time::timeout(route.timeout, instance.pool.send_upgrade(req)).await;
+    let sent = tokio::time::timeout(route.timeout, instance.pool.send_upgrade(*req)).await;
     let failure = match sent {
         Err(_) => Some((
             UpstreamErrorKind::Timeout,

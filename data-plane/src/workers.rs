@@ -90,7 +90,7 @@ pub fn spawn<F, Fut>(
     shutdown: &watch::Receiver<bool>,
 ) -> io::Result<JoinHandle<()>>
 where
-    F: Fn(Request<ClientBody>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let mut done = Vec::with_capacity(listeners.len());

@@ -143,7 +143,8 @@ async fn a_part_without_an_available_instance_fails_at_once_without_a_network_ca
         user: None,
         client: std::net::Ipv4Addr::LOCALHOST.into(),
     };
-    let got = fetch(&p, Request::new(RequestBody::empty()), balance, &span, None).await;
+    let req = Box::new(Request::new(RequestBody::empty()));
+    let got = fetch(&p, req, balance, &span, None).await;
     assert_eq!(got, Err(PartFailure::Unavailable));
     assert_eq!(started.elapsed(), Duration::ZERO);
 }

@@ -19,7 +19,7 @@ async fn pair() -> (TcpStream, TcpStream, SocketAddr) {
 }
 
 /// Answers with the request's method, path and the number of header fields.
-async fn echo(req: Request<ClientBody>, _peer: SocketAddr) -> Response<ResponseBody> {
+async fn echo(req: Box<Request<ClientBody>>, _peer: SocketAddr) -> Response<ResponseBody> {
     let text = format!("{} {} {}", req.method(), req.uri(), req.headers().len());
     let mut resp = Response::new(ResponseBody::full(text));
     resp.headers_mut()
@@ -34,7 +34,7 @@ fn spawn_serve<H, Fut>(
     handler: H,
 ) -> (tokio::task::JoinHandle<Ended>, watch::Sender<()>)
 where
-    H: Fn(Request<ClientBody>, SocketAddr) -> Fut + Send + Sync + 'static,
+    H: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let (stop_tx, stop) = watch::channel(());
@@ -60,13 +60,13 @@ type Answer = Pin<Box<dyn Future<Output = Response<ResponseBody>> + Send>>;
 fn gated(
     held: &'static str,
 ) -> (
-    impl Fn(Request<ClientBody>, SocketAddr) -> Answer + Send + Sync + 'static,
+    impl Fn(Box<Request<ClientBody>>, SocketAddr) -> Answer + Send + Sync + 'static,
     Gate,
 ) {
     let (arrived_tx, arrived) = tokio::sync::mpsc::unbounded_channel::<()>();
     let release = Arc::new(tokio::sync::Notify::new());
     let go = release.clone();
-    let handler = move |req: Request<ClientBody>, peer: SocketAddr| {
+    let handler = move |req: Box<Request<ClientBody>>, peer: SocketAddr| {
         let arrived_tx = arrived_tx.clone();
         let go = go.clone();
         Box::pin(async move {
@@ -192,7 +192,7 @@ async fn connection_close_is_answered_and_the_connection_closed() {
 #[tokio::test]
 async fn head_answers_keep_their_length_and_send_no_body() {
     let (mut client, server, peer) = pair().await;
-    let handler = |_req: Request<ClientBody>, _peer: SocketAddr| async {
+    let handler = |_req: Box<Request<ClientBody>>, _peer: SocketAddr| async {
         let mut resp = Response::new(ResponseBody::empty());
         resp.headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1234"));
@@ -228,7 +228,7 @@ async fn requests_for_hyper_come_back_whole() {
         let (mut client, server, peer) = pair().await;
         let called = Arc::new(AtomicUsize::new(0));
         let seen = called.clone();
-        let handler = move |req: Request<ClientBody>, peer: SocketAddr| {
+        let handler = move |req: Box<Request<ClientBody>>, peer: SocketAddr| {
             seen.fetch_add(1, Ordering::SeqCst);
             echo(req, peer)
         };
@@ -297,7 +297,7 @@ async fn a_client_that_leaves_cancels_its_request() {
     let (mut client, server, peer) = pair().await;
     let dropped = Arc::new(AtomicBool::new(false));
     let flag = dropped.clone();
-    let handler = move |_req: Request<ClientBody>, _peer: SocketAddr| {
+    let handler = move |_req: Box<Request<ClientBody>>, _peer: SocketAddr| {
         let flag = Flag(flag.clone());
         async move {
             let _flag = flag;
