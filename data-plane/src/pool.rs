@@ -225,8 +225,7 @@ impl Pool {
             .sum()
     }
 
-    fn take_idle(&self) -> Option<Box<Conn>> {
-        let now = Instant::now();
+    fn take_idle(&self, now: Instant) -> Option<Box<Conn>> {
         let mut idle = self.inner.idle().lock().expect("pool lock");
         while let Some(i) = idle.pop() {
             if now - i.since <= self.inner.settings.idle_timeout && i.conn.is_reusable() {
@@ -312,13 +311,16 @@ impl Pool {
     /// that turns out to be closed before the request was written is skipped
     /// silently (the request comes back and goes on the next connection).
     /// Returns the response (its body reads the connection) and the
-    /// [`Checkin`] that takes the connection back at the body's end.
+    /// [`Checkin`] that takes the connection back at the body's end. `now`
+    /// (the caller's clock reading) is when the exchange starts: idle
+    /// connections older than the idle timeout by then are dropped.
     pub async fn send(
         &self,
         mut req: Box<Request<RequestBody>>,
+        now: Instant,
     ) -> Result<(Response<H1Body>, Checkin), SendError> {
         loop {
-            let (conn, reused) = match self.take_idle() {
+            let (conn, reused) = match self.take_idle(now) {
                 Some(c) => (c, true),
                 None => match self.connect_tcp().await {
                     Ok(s) => (Conn::new(s), false),

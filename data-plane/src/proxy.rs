@@ -263,8 +263,10 @@ pub async fn forward<'a>(
     retry: Option<&RetryPolicy>,
     trace: Trace<'_, 'a>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
-    let deadline = Instant::now() + timeout;
-    upstream.retry.record_request();
+    // One clock reading for the deadline, the retry budget and the pool's idle check.
+    let started = Instant::now();
+    let deadline = started + timeout;
+    upstream.retry.record_request(started);
     // The default rules replay only a bodiless request, which the pool hands
     // back when its exchange fails ([`SendError::Failed`]): no copy up front.
     let (mut req, replay) = match retry {
@@ -300,11 +302,18 @@ pub async fn forward<'a>(
         }
         inject(req.headers_mut(), &client.context(), trace.tracestate);
         let in_flight = instance.start_request();
+        // The first attempt without a retry policy follows `started` with no
+        // `.await` between; any other reads the clock again.
+        let now = if retries == 0 && retry.is_none() {
+            started
+        } else {
+            Instant::now()
+        };
         let per_try = retry.and_then(|p| p.per_try_timeout);
-        let attempt_deadline = per_try.map_or(deadline, |t| deadline.min(Instant::now() + t));
+        let attempt_deadline = per_try.map_or(deadline, |t| deadline.min(now + t));
         // Pinned where it is made, so the timeout wraps a pointer instead of taking
         // (copying) the whole exchange future. `None`: the deadline passed.
-        let send = std::pin::pin!(instance.pool.send(req));
+        let send = std::pin::pin!(instance.pool.send(req, now));
         let sent = deadline::within(attempt_deadline, send).await;
         match &sent {
             None => client.set_status_error("timeout"),

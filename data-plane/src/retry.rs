@@ -171,9 +171,11 @@ impl RetryBudget {
     }
 
     fn now_second(&self) -> u64 {
-        Instant::now()
-            .saturating_duration_since(self.start)
-            .as_secs()
+        self.second_of(Instant::now())
+    }
+
+    fn second_of(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.start).as_secs()
     }
 
     /// The calling worker's buckets.
@@ -181,13 +183,14 @@ impl RetryBudget {
         &self.stripes[crate::workers::current() % STRIPES].0
     }
 
-    /// Counts one request sent to the upstream (a first attempt).
-    pub fn record_request(&self) {
-        self.record_in(self.local());
+    /// Counts one request sent to the upstream (a first attempt) at `now`
+    /// (the caller's clock reading, so the hot path reads the clock once).
+    pub fn record_request(&self, now: Instant) {
+        self.record_in(self.local(), now);
     }
 
-    fn record_in(&self, buckets: &Mutex<[Bucket; 10]>) {
-        let now = self.now_second();
+    fn record_in(&self, buckets: &Mutex<[Bucket; 10]>, now: Instant) {
+        let now = self.second_of(now);
         let mut b = buckets.lock().expect("retry budget lock");
         current(&mut b, now).requests += 1;
     }
@@ -315,7 +318,7 @@ mod tests {
     async fn retries_are_a_fifth_of_requests_plus_the_floor() {
         let b = RetryBudget::new();
         for _ in 0..100 {
-            b.record_request();
+            b.record_request(Instant::now());
         }
         // 100 / 5 + 10 = 30 retries, the 31st is refused.
         for i in 0..30 {
@@ -324,10 +327,10 @@ mod tests {
         assert!(!b.try_retry(RetryReason::Timeout));
         // Four more requests are not yet a fifth of one more retry; five are.
         for _ in 0..4 {
-            b.record_request();
+            b.record_request(Instant::now());
         }
         assert!(!b.try_retry(RetryReason::Timeout));
-        b.record_request();
+        b.record_request(Instant::now());
         assert!(b.try_retry(RetryReason::Timeout));
         assert_eq!(b.retries(RetryReason::ConnectFailure), 30);
         assert_eq!(b.retries(RetryReason::Timeout), 1);
@@ -356,7 +359,7 @@ mod tests {
     async fn requests_older_than_the_window_stop_paying_for_retries() {
         let b = RetryBudget::new();
         for _ in 0..50 {
-            b.record_request();
+            b.record_request(Instant::now());
         }
         tokio::time::advance(BUDGET_WINDOW).await;
         // The 50 requests are gone: the floor is all there is.
@@ -366,7 +369,7 @@ mod tests {
         assert!(!b.try_retry(RetryReason::Status5xx));
         // A bucket reused for a later second starts empty.
         tokio::time::advance(Duration::from_secs(3)).await;
-        b.record_request();
+        b.record_request(Instant::now());
         let buckets = b.local().lock().unwrap();
         let now = buckets.iter().find(|k| k.second == 13).unwrap();
         assert_eq!((now.requests, now.retries), (1, 0));
@@ -377,7 +380,7 @@ mod tests {
         let b = RetryBudget::new();
         // 100 requests counted by four different workers: 20 % of them plus the floor.
         for i in 0..100 {
-            b.record_in(&b.stripes[i % STRIPES].0);
+            b.record_in(&b.stripes[i % STRIPES].0, Instant::now());
         }
         for i in 0..(100 * BUDGET_PERCENT / 100 + BUDGET_FLOOR) {
             assert!(b.try_retry(RetryReason::Status5xx), "retry {i}");
