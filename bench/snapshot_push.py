@@ -54,18 +54,30 @@ def served_version(ops):
     return json.loads(body)["version"]
 
 
-def grpcurl(addr, method, payload):
-    """Runs grpcurl with `payload` (a file object) on stdin; returns its JSON answer."""
+def grpcurl_args(addr, method):
+    """grpcurl reading the request's JSON from its standard input."""
+    return ["grpcurl", "-plaintext", "-d", "@", addr, f"gateway.v1.AdminService/{method}"]
+
+
+def grpcurl(addr, method, request):
+    """Calls `method` with `request` (JSON text); returns its JSON answer."""
     out = subprocess.run(
-        ["grpcurl", "-plaintext", "-d", "@", addr, f"gateway.v1.AdminService/{method}"],
-        stdin=payload,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        grpcurl_args(addr, method), input=request, capture_output=True, text=True, timeout=120
     )
     if out.returncode != 0:
         fail(f"grpcurl {method} failed: {out.stderr.strip() or out.stdout.strip()}")
     return json.loads(out.stdout)
+
+
+def committed_version(call, before):
+    """Waits for the ApplyConfig call to end; the version it committed."""
+    out, err = call.communicate(timeout=120)
+    if call.returncode != 0:
+        fail(f"grpcurl ApplyConfig failed: {err.strip() or out.strip()}")
+    version = json.loads(out)["version"]
+    if str(version) == str(before):
+        fail(f"nothing was committed: version {before} already holds this configuration")
+    return version
 
 
 def config(seed, routes):
@@ -120,43 +132,32 @@ def main():
         payload.seek(0)
         started = time.monotonic()
         call = subprocess.Popen(
-            ["grpcurl", "-plaintext", "-d", "@", addr, "gateway.v1.AdminService/ApplyConfig"],
+            grpcurl_args(addr, "ApplyConfig"),
             stdin=payload,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         applied_at = None
-        answered = False
+        # Known as soon as grpcurl ends: a failed or empty commit stops the wait at once.
+        version = None
         deadline = started + 120
         while time.monotonic() < deadline:
             if served_version(ops) != before:
                 applied_at = datetime.datetime.now(datetime.timezone.utc)
                 break
-            if call.poll() is not None and not answered:
-                answered = True
-                if call.returncode != 0:
-                    fail(f"grpcurl ApplyConfig failed: {call.stderr.read().strip()}")
-                made = json.loads(call.stdout.read())["version"]
-                if str(made) == str(before):
-                    fail(f"nothing was committed: version {before} already holds this configuration")
+            if version is None and call.poll() is not None:
+                version = committed_version(call, before)
             time.sleep(0.001)
-        out, err = call.communicate(timeout=120)
-        if answered:
-            out = json.dumps({"version": made})
+        if version is None:
+            version = committed_version(call, before)
         call_ms = (time.monotonic() - started) * 1000
-    if call.returncode != 0:
-        fail(f"grpcurl ApplyConfig failed: {err.strip()}")
     if applied_at is None:
         fail(f"the data plane still served version {before} 120 s after the ApplyConfig call")
-    version = json.loads(out)["version"]
     now = served_version(ops)
     if str(now) != str(version):
         fail(f"the data plane serves version {now}, the commit made {version}")
-    with tempfile.TemporaryFile() as payload:
-        payload.write(json.dumps({"limit": 1}).encode())
-        payload.seek(0)
-        versions = grpcurl(addr, "ListConfigVersions", payload)["versions"]
+    versions = grpcurl(addr, "ListConfigVersions", json.dumps({"limit": 1}))["versions"]
     meta = next((v for v in versions if str(v["version"]) == str(version)), None)
     if meta is None:
         fail(f"ListConfigVersions does not list version {version}: {versions}")
