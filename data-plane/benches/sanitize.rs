@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use data_plane::sanitize::{ensure_request_id, remove_hop_by_hop, set_forwarded};
+use data_plane::sanitize::{Strip, ensure_request_id, remove_hop_by_hop, set_forwarded};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 fn map(fields: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -83,9 +83,14 @@ fn bench(c: &mut Criterion) {
             b.iter_batched_ref(
                 || headers.clone(),
                 |h| {
-                    let size = remove_hop_by_hop(h, true);
+                    let size = remove_hop_by_hop(
+                        h,
+                        Strip::Request {
+                            trusted_peer: false,
+                        },
+                    );
                     let id = ensure_request_id(h);
-                    set_forwarded(h, peer);
+                    set_forwarded(h, peer, false);
                     black_box((size, id));
                 },
                 BatchSize::SmallInput,
@@ -96,7 +101,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("response", |b| {
         b.iter_batched_ref(
             || response.clone(),
-            |h| black_box(remove_hop_by_hop(h, false)),
+            |h| black_box(remove_hop_by_hop(h, Strip::Response)),
             BatchSize::SmallInput,
         )
     });

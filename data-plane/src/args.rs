@@ -117,6 +117,45 @@ pub struct Args {
     #[arg(long, env = "DP_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
     pub header_read_timeout_ms: u64,
 
+    /// Time a request body may go without a byte from the client, in
+    /// milliseconds; then the request fails with 408 (and a body being
+    /// buffered for a retrying route stops waiting).
+    #[arg(long, env = "DP_BODY_READ_TIMEOUT_MS", default_value_t = 30_000)]
+    pub body_read_timeout_ms: u64,
+
+    /// Time a write to a client may wait for the client to take any byte, in
+    /// milliseconds; then its connection is closed, so a client that never
+    /// reads cannot hold an upstream connection.
+    #[arg(long, env = "DP_WRITE_TIMEOUT_MS", default_value_t = 30_000)]
+    pub write_timeout_ms: u64,
+
+    /// An HTTP/2 connection with no request in flight for this long
+    /// (milliseconds) is sent GOAWAY and closed.
+    #[arg(long, env = "DP_H2_IDLE_TIMEOUT_MS", default_value_t = 60_000)]
+    pub h2_idle_timeout_ms: u64,
+
+    /// HTTP/2 keep-alive: a PING after this much silence (milliseconds); a
+    /// client that does not answer within the same time is disconnected.
+    #[arg(long, env = "DP_H2_KEEP_ALIVE_MS", default_value_t = 20_000)]
+    pub h2_keep_alive_ms: u64,
+
+    /// Most open client connections per replica (all workers together); past
+    /// it a new connection is closed at once and counted in
+    /// `gateway_connections_refused_total`. 0: three quarters of the
+    /// process's open-file limit (`ulimit -n`), at most 100,000.
+    #[arg(long, env = "DP_MAX_CONNECTIONS", default_value_t = 0)]
+    pub max_connections: usize,
+
+    /// Most open WebSocket tunnels per replica; past it an upgrade is refused
+    /// with 503. 0: half of --max-connections.
+    #[arg(long, env = "DP_MAX_WEBSOCKET_TUNNELS", default_value_t = 0)]
+    pub max_websocket_tunnels: usize,
+
+    /// Longest idle time a WebSocket tunnel gets (milliseconds), whatever its
+    /// route's `websocket_idle_timeout_ms` says.
+    #[arg(long, env = "DP_MAX_WEBSOCKET_IDLE_MS", default_value_t = 3_600_000)]
+    pub max_websocket_idle_ms: u64,
+
     /// Time in-flight requests get to finish on SIGTERM/SIGINT, in milliseconds.
     #[arg(long, env = "DP_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
@@ -208,6 +247,17 @@ impl Args {
         if self.header_read_timeout_ms == 0 {
             return invalid("header-read-timeout-ms", "must be greater than 0");
         }
+        for (flag, ms) in [
+            ("body-read-timeout-ms", self.body_read_timeout_ms),
+            ("write-timeout-ms", self.write_timeout_ms),
+            ("h2-idle-timeout-ms", self.h2_idle_timeout_ms),
+            ("h2-keep-alive-ms", self.h2_keep_alive_ms),
+            ("max-websocket-idle-ms", self.max_websocket_idle_ms),
+        ] {
+            if ms == 0 {
+                return invalid(flag, "must be greater than 0");
+            }
+        }
         if !self.control_plane.starts_with("http://") && !self.control_plane.starts_with("https://")
         {
             return invalid("control-plane", "must be an http:// or https:// URL");
@@ -256,11 +306,25 @@ impl Args {
             .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()))
     }
 
-    /// Request size limits.
+    /// Request limits.
     pub fn limits(&self) -> Limits {
         Limits {
             max_header_bytes: self.max_header_bytes,
             max_body_bytes: self.max_body_bytes,
+            body_read_timeout: Duration::from_millis(self.body_read_timeout_ms),
+            max_websocket_idle: Duration::from_millis(self.max_websocket_idle_ms),
+            max_websocket_tunnels: match self.max_websocket_tunnels {
+                0 => (self.max_connections() / 2).max(1),
+                n => n,
+            },
+        }
+    }
+
+    /// `--max-connections`, the automatic default worked out.
+    pub fn max_connections(&self) -> usize {
+        match self.max_connections {
+            0 => crate::conn_limit::auto_max(crate::conn_limit::fd_limit()),
+            n => n,
         }
     }
 
@@ -268,6 +332,9 @@ impl Args {
     pub fn http(&self) -> HttpSettings {
         HttpSettings {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            write_timeout: Duration::from_millis(self.write_timeout_ms),
+            h2_idle_timeout: Duration::from_millis(self.h2_idle_timeout_ms),
+            h2_keep_alive: Duration::from_millis(self.h2_keep_alive_ms),
             max_header_bytes: self.max_header_bytes,
             shutdown_grace: Duration::from_millis(self.shutdown_timeout_ms),
         }

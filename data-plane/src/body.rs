@@ -4,12 +4,15 @@
 //!
 //! Both stream frame by frame; nothing here ever collects a whole body.
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
 
 use crate::config::InFlight;
 use crate::h1::{ExchangeError, H1Body};
@@ -29,6 +32,9 @@ pub enum RequestBodyError {
     /// Reading from the client failed (it went away or sent a malformed body).
     #[error("reading the request body from the client failed")]
     Client(#[source] hyper::Error),
+    /// The client sent no byte of its body for this long (`--body-read-timeout-ms`).
+    #[error("the request body stalled for {0:?}")]
+    Stalled(Duration),
 }
 
 /// The client's request body as a listener hands it to the pipeline: hyper's
@@ -84,17 +90,28 @@ pub struct RequestBody {
     limit: u64,
     seen: u64,
     polled: bool,
+    /// Longest wait for the client's next frame.
+    read_timeout: Duration,
+    /// The wait's timer, made the first time the client keeps the body waiting
+    /// (most bodies arrive with their head and never need one).
+    stall: Option<Pin<Box<Sleep>>>,
+    /// The timer runs for the wait now under way.
+    waiting: bool,
 }
 
 impl RequestBody {
-    /// Wraps the client's body with a size limit in bytes.
-    pub fn new(inner: ClientBody, limit: u64) -> Self {
+    /// Wraps the client's body with a size limit in bytes and the longest
+    /// wait for its next bytes.
+    pub fn new(inner: ClientBody, limit: u64, read_timeout: Duration) -> Self {
         Self {
             inner: inner.0,
             buffered: None,
             limit,
             seen: 0,
             polled: false,
+            read_timeout,
+            stall: None,
+            waiting: false,
         }
     }
 
@@ -106,6 +123,34 @@ impl RequestBody {
             limit: 0,
             seen: 0,
             polled: false,
+            read_timeout: Duration::MAX,
+            stall: None,
+            waiting: false,
+        }
+    }
+
+    /// The client kept the body waiting: starts (or polls) the stall timer.
+    fn stalled(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        let limit = self.read_timeout;
+        if !self.waiting {
+            let Some(deadline) = Instant::now().checked_add(limit) else {
+                return Poll::Pending;
+            };
+            self.waiting = true;
+            match &mut self.stall {
+                Some(stall) => stall.as_mut().reset(deadline),
+                None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        let Some(stall) = self.stall.as_mut() else {
+            return Poll::Pending;
+        };
+        match stall.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(RequestBodyError::Stalled(limit)))),
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -118,15 +163,17 @@ impl RequestBody {
         }
     }
 
-    /// The client's body as it came, if it has not been read or buffered.
-    pub fn into_incoming(self) -> Option<Incoming> {
-        self.inner
-    }
-
     /// True once anything has tried to read the body. A request whose body was
     /// never polled can be sent again elsewhere without losing data.
     pub fn was_polled(&self) -> bool {
         self.polled
+    }
+
+    /// Whole body read now (a retrying route keeps it to send it again),
+    /// within the same limits as when it streams.
+    pub async fn read_all(self) -> Result<Bytes, RequestBodyError> {
+        use http_body_util::BodyExt as _;
+        Ok(self.collect().await?.to_bytes())
     }
 }
 
@@ -146,7 +193,11 @@ impl Body for RequestBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match Pin::new(inner).poll_frame(cx) {
+        let polled = Pin::new(inner).poll_frame(cx);
+        if polled.is_ready() {
+            this.waiting = false;
+        }
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.seen += data.len() as u64;
@@ -160,7 +211,7 @@ impl Body for RequestBody {
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(RequestBodyError::Client(e)))),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => this.stalled(cx),
         }
     }
 

@@ -65,6 +65,16 @@ pub enum ProxyError {
     /// The client's body could not be read (400).
     #[error("the request body could not be read")]
     ClientBody(#[source] hyper::Error),
+    /// The client sent no byte of its body for `--body-read-timeout-ms` (408).
+    #[error("the request body stalled for {0:?}")]
+    BodyTimeout(Duration),
+    /// The replica's WebSocket tunnels are at `--max-websocket-tunnels` (503).
+    #[error("too many open WebSocket tunnels")]
+    TunnelLimit,
+    /// The upstream answered a WebSocket handshake with a 101 that does not
+    /// complete it (no `Upgrade: websocket`, or a wrong `Sec-WebSocket-Accept`) (502).
+    #[error("the upstream's 101 does not complete the WebSocket handshake: {0}")]
+    BadUpgrade(&'static str),
     /// No configuration has been loaded yet (503).
     #[error("no configuration loaded yet")]
     NotReady,
@@ -121,7 +131,11 @@ impl ProxyError {
             }
             Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::NotReady | Self::NoInstance => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotReady | Self::NoInstance | Self::TunnelLimit => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::BadUpgrade(_) => StatusCode::BAD_GATEWAY,
             Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) | Self::ApiKey(_) => StatusCode::UNAUTHORIZED,
             Self::IpDenied | Self::CorsRefused => StatusCode::FORBIDDEN,
@@ -141,6 +155,9 @@ impl ProxyError {
             Self::HeadersTooLarge { .. } => "headers_too_large",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::ClientBody(_) => "client_body",
+            Self::BodyTimeout(_) => "body_timeout",
+            Self::TunnelLimit => "tunnel_limit",
+            Self::BadUpgrade(_) => "bad_upgrade",
             Self::NotReady => "not_ready",
             Self::NoRoute => "no_route",
             Self::Unauthorized(_) => "unauthorized",
@@ -215,6 +232,24 @@ impl ProxyError {
                 "bad-request-body",
                 "Bad request body",
                 "The request body could not be read."
+            ),
+            Self::BodyTimeout(_) => problem!(
+                408,
+                "body-timeout",
+                "Request timeout",
+                "The request body stalled longer than the gateway waits for it."
+            ),
+            Self::TunnelLimit => problem!(
+                503,
+                "tunnel-limit",
+                "Service unavailable",
+                "The gateway has as many WebSocket tunnels open as it allows; try again later."
+            ),
+            Self::BadUpgrade(_) => problem!(
+                502,
+                "upstream-bad-upgrade",
+                "Bad gateway",
+                "The upstream's 101 answer does not complete the WebSocket handshake."
             ),
             Self::HeadersTooLarge { .. } => problem!(
                 431,
@@ -420,6 +455,9 @@ mod tests {
             ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)),
             ProxyError::NoInstance,
             ProxyError::Timeout(Duration::from_secs(1)),
+            ProxyError::BodyTimeout(Duration::from_secs(1)),
+            ProxyError::TunnelLimit,
+            ProxyError::BadUpgrade("x"),
             ProxyError::AggregatePart {
                 part: "users".into(),
                 failure: PartFailure::Timeout,

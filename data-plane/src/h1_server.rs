@@ -87,6 +87,9 @@ enum Parsed {
     Request(Box<Request<ClientBody>>, Exchange),
     /// Something for hyper (the buffer is untouched).
     Hyper,
+    /// A head whose framing is ambiguous (issue 25): answered 400 here and the
+    /// connection closed, before hyper would pick one reading of it.
+    Refused(&'static str),
 }
 
 /// What the connection needs to know about a request to answer it.
@@ -102,6 +105,7 @@ pub async fn serve<H, Fut>(
     mut io: TcpStream,
     peer: SocketAddr,
     header_read_timeout: Duration,
+    write_timeout: Duration,
     max_head_bytes: usize,
     handler: &H,
     stop: &watch::Receiver<()>,
@@ -129,6 +133,17 @@ where
             match parse(&mut buf, max_head_bytes) {
                 Parsed::Request(req, exchange) => break (req, exchange),
                 Parsed::Hyper => return Ended::Handover(Rewind::new(buf.freeze(), io)),
+                Parsed::Refused(why) => {
+                    let answer = crate::error::ProxyError::BadRequest(why).into_response();
+                    let refused = Exchange {
+                        head: false,
+                        close: true,
+                    };
+                    let mut client = Writer::new(&mut io, timer.as_mut(), write_timeout);
+                    let _ = respond(&mut client, &mut out, answer, refused).await;
+                    let _ = io.shutdown().await;
+                    return Ended::Closed;
+                }
                 Parsed::Partial => {}
             }
             if buf.capacity() - buf.len() < READ_CHUNK / 4 {
@@ -165,7 +180,8 @@ where
                 },
             }
         };
-        match respond(&mut io, &mut out, resp, exchange).await {
+        let mut client = Writer::new(&mut io, timer.as_mut(), write_timeout);
+        match respond(&mut client, &mut out, resp, exchange).await {
             Ok(true) => {}
             Ok(false) => {
                 // A FIN after the answer, not a reset that could discard it.
@@ -207,21 +223,44 @@ fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     if method == Method::CONNECT {
         return Parsed::Hyper;
     }
+    // Framing is read from every field before anything is decided: a head
+    // with both `Content-Length` and `Transfer-Encoding`, a `Content-Length`
+    // list or repeated field, or more than one `Host` is refused (400), as
+    // nginx and Envoy do, whoever would serve the rest of it.
     let mut close = false;
+    let mut lengths = 0u32;
+    let mut hosts = 0u32;
+    let mut chunked = false;
+    let mut for_hyper = false;
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
         if name_is(name, b"content-length") {
-            if f.value.trim_ascii() != b"0" {
-                return Parsed::Hyper;
+            lengths += 1;
+            if f.value.contains(&b',') {
+                return Parsed::Refused("a Content-Length list");
             }
-        } else if name_is(name, b"transfer-encoding")
-            || name_is(name, b"expect")
-            || name_is(name, b"upgrade")
-        {
-            return Parsed::Hyper;
+            for_hyper |= f.value.trim_ascii() != b"0";
+        } else if name_is(name, b"transfer-encoding") {
+            chunked = true;
+        } else if name_is(name, b"host") {
+            hosts += 1;
+        } else if name_is(name, b"expect") || name_is(name, b"upgrade") {
+            for_hyper = true;
         } else if name_is(name, b"connection") {
             close |= list_has_token(f.value, "close");
         }
+    }
+    if lengths > 0 && chunked {
+        return Parsed::Refused("both Content-Length and Transfer-Encoding");
+    }
+    if lengths > 1 {
+        return Parsed::Refused("more than one Content-Length");
+    }
+    if hosts > 1 {
+        return Parsed::Refused("more than one Host");
+    }
+    if for_hyper || chunked {
+        return Parsed::Hyper;
     }
     let path = req.path.unwrap_or_default();
     let base = buf.as_ptr() as usize;
@@ -269,7 +308,7 @@ enum Framing {
 
 /// Writes `resp`. `Ok(true)`: the connection can carry another request.
 async fn respond(
-    io: &mut TcpStream,
+    io: &mut Writer<'_>,
     out: &mut Vec<u8>,
     resp: Response<ResponseBody>,
     exchange: Exchange,
@@ -370,7 +409,7 @@ fn frame_into(out: &mut Vec<u8>, data: &[u8], framing: Framing) {
 
 /// Writes one body frame after the head.
 async fn write_frame(
-    io: &mut TcpStream,
+    io: &mut Writer<'_>,
     out: &mut Vec<u8>,
     data: &[u8],
     framing: Framing,
@@ -380,21 +419,65 @@ async fn write_frame(
             out.clear();
             chunk_line(out, data.len());
             let mut parts = [IoSlice::new(out), IoSlice::new(data), IoSlice::new(b"\r\n")];
-            write_all_vectored(io, &mut parts).await
+            io.write_all_vectored(&mut parts).await
         }
         _ => io.write_all(data).await,
     }
 }
 
-async fn write_all_vectored(io: &mut TcpStream, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !parts.is_empty() {
-        let n = io.write_vectored(parts).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut parts, n);
+/// The client connection's write side with a deadline: a write that takes no
+/// byte for `limit` fails with `TimedOut`, so a client that never reads
+/// cannot hold the upstream connection and the in-flight count its answer
+/// holds. The timer is the connection's header-read timer (idle while an
+/// answer is written), armed only when the socket is full: a write the
+/// kernel takes at once costs no clock reading.
+struct Writer<'a> {
+    io: &'a mut TcpStream,
+    timer: Pin<&'a mut tokio::time::Sleep>,
+    limit: Duration,
+}
+
+impl<'a> Writer<'a> {
+    fn new(io: &'a mut TcpStream, timer: Pin<&'a mut tokio::time::Sleep>, limit: Duration) -> Self {
+        Self { io, timer, limit }
     }
-    Ok(())
+
+    /// Waits until the socket takes bytes again, within the write timeout.
+    async fn writable(&mut self) -> io::Result<()> {
+        self.timer.as_mut().reset(Instant::now() + self.limit);
+        tokio::select! {
+            biased;
+            ready = self.io.writable() => ready,
+            () = self.timer.as_mut() => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took no byte of the answer within the write timeout",
+            )),
+        }
+    }
+
+    async fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            match self.io.try_write(data) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_all_vectored(&mut self, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+        while !parts.is_empty() {
+            match self.io.try_write_vectored(parts) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut parts, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Writes the status line and header fields into `out` (cleared first): an
@@ -514,7 +597,8 @@ pub struct Rewind {
 }
 
 impl Rewind {
-    fn new(prefix: Bytes, io: TcpStream) -> Self {
+    /// `io` with `prefix` (bytes already read from it) read first.
+    pub fn new(prefix: Bytes, io: TcpStream) -> Self {
         Self { prefix, io }
     }
 }

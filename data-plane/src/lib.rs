@@ -39,6 +39,7 @@ pub mod breaker;
 pub mod cache;
 pub mod coalesce;
 pub mod config;
+pub mod conn_limit;
 pub mod conn_timer;
 pub mod cors;
 pub mod deadline;
@@ -48,6 +49,7 @@ pub mod h1;
 pub mod h1_server;
 pub mod health;
 pub mod hooks;
+pub mod io_timeout;
 pub mod ip_rules;
 pub mod jwt;
 pub mod metrics;
@@ -81,10 +83,14 @@ use tokio::task::JoinHandle;
 
 use crate::args::Args;
 use crate::cache::SnapshotCache;
+use crate::conn_limit::Connections;
 use crate::hooks::{Authenticator, RateLimiter};
 use crate::pipeline::Pipeline;
 use crate::runtime::Runtime;
 use crate::xds::XdsSettings;
+
+/// Most open connections of the ops listener (its own cap, apart from the proxy's).
+const OPS_MAX_CONNECTIONS: usize = 1024;
 
 /// Why the data plane could not start.
 #[derive(Debug, thiserror::Error)]
@@ -239,9 +245,13 @@ impl DataPlane {
         });
         let (stop, stopped) = watch::channel(false);
         let http = args.http();
+        let connections = Connections::new("proxy", args.max_connections());
+        // The ops listener's own cap: a flood there must not take the proxy's slots.
+        let ops_connections = Connections::new("ops", OPS_MAX_CONNECTIONS);
         let proxy = workers::spawn(
             proxy_listeners,
             http,
+            connections.clone(),
             move |req, peer| {
                 let pipeline = pipeline.clone();
                 // Boxed: a connection keeps one slot the size of this future for the
@@ -262,7 +272,10 @@ impl DataPlane {
         let ops_runtime = runtime.clone();
         let tracer = self.tracer;
         // What /metrics adds to the data plane's own counters.
+        let ops_counted = ops_connections.clone();
         let extra_metrics = move |out: &mut String| {
+            conn_limit::write_metrics(out, &[&connections, &ops_counted]);
+            websocket::write_metrics(out);
             rate_limiter.write_metrics(out);
             if let Some(a) = &authenticator {
                 a.write_metrics(out);
@@ -272,6 +285,7 @@ impl DataPlane {
         let ops = tokio::spawn(server::serve(
             ops_listener,
             http,
+            ops_connections,
             move |req, _peer| std::future::ready(ops::handle(&ops_runtime, &extra_metrics, &req)),
             stopped,
         ));

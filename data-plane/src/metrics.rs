@@ -214,7 +214,8 @@ fn esc(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+/// Writes the `# HELP` and `# TYPE` lines of a metric family.
+pub(crate) fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 

@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use gateway_proto::v1::{AuthMode, RateLimitKey};
 use gateway_proto::validate::MAX_RATE_LIMITS;
@@ -39,25 +40,35 @@ use crate::proxy::{self, upstream_request};
 use crate::response_head;
 use crate::router::host_of;
 use crate::sanitize::{
-    Cidr, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip, ensure_request_id,
-    remove_hop_by_hop, set_forwarded,
+    Cidr, Strip, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip,
+    ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
 use crate::websocket;
 
-/// Request size limits.
+/// Request limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest accepted request header block (431 above).
     pub max_header_bytes: usize,
     /// Largest accepted request body (413 above).
     pub max_body_bytes: u64,
+    /// Longest wait for the next bytes of a request body (408 after).
+    pub body_read_timeout: Duration,
+    /// Cap on a route's WebSocket idle timeout.
+    pub max_websocket_idle: Duration,
+    /// Most open WebSocket tunnels in the replica (503 past it).
+    pub max_websocket_tunnels: usize,
 }
 
 impl Default for Limits {
+    /// The flags' defaults (`args.rs`), with the tunnel cap of a 1024-descriptor process.
     fn default() -> Self {
         Self {
             max_header_bytes: 16 * 1024,
             max_body_bytes: 10 * 1024 * 1024,
+            body_read_timeout: Duration::from_secs(30),
+            max_websocket_idle: Duration::from_secs(3600),
+            max_websocket_tunnels: 384,
         }
     }
 }
@@ -214,7 +225,7 @@ impl Pipeline {
 
         // WebSocket: an upgrade needs a `websocket` route and a well-formed handshake (400 otherwise), before authentication spends anything.
         if upgrade {
-            websocket::admit(route, &parts)?;
+            websocket::admit(route, &parts, self.limits.max_websocket_tunnels)?;
         }
 
         // CORS: a preflight is answered here, before authentication (it carries no credentials), rate limiting and the upstream.
@@ -261,7 +272,8 @@ impl Pipeline {
         // WebSocket: the admitted handshake goes to one instance on a connection of its own; a 101 becomes a byte tunnel.
         if upgrade {
             let pick = balancer::pick(upstream, key, None).ok_or(ProxyError::NoInstance)?;
-            return websocket::forward(route, upstream, pick, parts, &path, trace).await;
+            let max_idle = self.limits.max_websocket_idle;
+            return websocket::forward(route, upstream, pick, parts, &path, trace, max_idle).await;
         }
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
@@ -282,7 +294,11 @@ impl Pipeline {
             parts,
             route,
             &path,
-            RequestBody::new(body, self.limits.max_body_bytes),
+            RequestBody::new(
+                body,
+                self.limits.max_body_bytes,
+                self.limits.body_read_timeout,
+            ),
         )?;
         let forward = std::pin::pin!(proxy::forward(
             upstream,
@@ -303,10 +319,20 @@ impl Pipeline {
         peer: SocketAddr,
         seen: &mut Seen<'_>,
     ) -> Result<Cow<'u, str>, ProxyError> {
-        let header_bytes = remove_hop_by_hop(&mut parts.headers, true);
+        // Before the hop-by-hop fields go: hyper drops a `Content-Length` sent
+        // beside `Transfer-Encoding` itself, but an HTTP/2 request may still carry both.
+        if parts.headers.contains_key(header::TRANSFER_ENCODING)
+            && parts.headers.contains_key(header::CONTENT_LENGTH)
+        {
+            return Err(ProxyError::BadRequest(
+                "both Content-Length and Transfer-Encoding",
+            ));
+        }
+        let trusted_peer = self.trusted_proxies.iter().any(|c| c.contains(peer.ip()));
+        let header_bytes = remove_hop_by_hop(&mut parts.headers, Strip::Request { trusted_peer });
         self.check_limits(parts, header_bytes)?;
         seen.request_id = Some(ensure_request_id(&mut parts.headers));
-        set_forwarded(&mut parts.headers, peer.ip());
+        set_forwarded(&mut parts.headers, peer.ip(), trusted_peer);
         Ok(normalize_path(uri.path())?)
     }
 
@@ -317,7 +343,11 @@ impl Pipeline {
                 limit: self.limits.max_header_bytes,
             });
         }
-        if let Some(len) = parts.headers.get(header::CONTENT_LENGTH) {
+        let mut lengths = parts.headers.get_all(header::CONTENT_LENGTH).iter();
+        if let Some(len) = lengths.next() {
+            if lengths.next().is_some() {
+                return Err(ProxyError::BadRequest("more than one Content-Length"));
+            }
             let len: u64 = len
                 .to_str()
                 .ok()
@@ -496,11 +526,25 @@ fn route<'c>(cfg: &'c Compiled, parts: &Parts, path: &str) -> Result<&'c RouteEn
     if !cfg.loaded {
         return Err(ProxyError::NotReady);
     }
-    let host: Option<Cow<'_, str>> = match parts.headers.get(header::HOST) {
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let host: Option<Cow<'_, str>> = match hosts.next() {
         Some(h) => {
-            Some(host_of(h.to_str().map_err(|_| {
-                ProxyError::BadRequest("the Host header is not ASCII")
-            })?))
+            if hosts.next().is_some() {
+                return Err(ProxyError::BadRequest("more than one Host"));
+            }
+            let h = h
+                .to_str()
+                .map_err(|_| ProxyError::BadRequest("the Host header is not ASCII"))?;
+            // An absolute-form target names the host too; two different answers
+            // to "which host" are refused rather than routed by one and read by another.
+            if let Some(authority) = parts.uri.authority()
+                && !authority.as_str().eq_ignore_ascii_case(h)
+            {
+                return Err(ProxyError::BadRequest(
+                    "the request target's authority differs from Host",
+                ));
+            }
+            Some(host_of(h))
         }
         None => parts.uri.authority().map(|a| host_of(a.as_str())),
     };

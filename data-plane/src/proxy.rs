@@ -44,7 +44,6 @@ use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Method, Request, Response, Version};
 use http_body::Body as _;
-use http_body_util::BodyExt as _;
 use tokio::time::Instant;
 
 use crate::balancer::{self, Affinity, Pick};
@@ -60,7 +59,7 @@ use crate::retry::{
     MAX_REPLAY_BODY_BYTES, RetryPolicy, RetryReason, is_idempotent, is_retryable_status,
 };
 use crate::router::rewrite_path;
-use crate::sanitize::remove_hop_by_hop;
+use crate::sanitize::{Strip, remove_hop_by_hop};
 use crate::signature::unix_now;
 
 /// Builds the request sent upstream: origin-form URI with the normalised (and
@@ -133,6 +132,15 @@ pub fn upstream_request(
     Ok(Box::new(Request::from_parts(parts, body)))
 }
 
+/// The answer to a client's body that could not be read.
+fn client_body_error(e: RequestBodyError) -> ProxyError {
+    match e {
+        RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        RequestBodyError::Client(e) => ProxyError::ClientBody(e),
+        RequestBodyError::Stalled(d) => ProxyError::BodyTimeout(d),
+    }
+}
+
 /// What is needed to send a request again: its head, and its body when it
 /// had one (buffered by a retrying route).
 struct Replay {
@@ -157,6 +165,8 @@ impl Replay {
     /// can be sent again. Other requests are sent as they are, with no replay.
     async fn buffered(
         mut req: Box<Request<RequestBody>>,
+        deadline: Instant,
+        timeout: Duration,
     ) -> Result<(Box<Request<RequestBody>>, Option<Self>), ProxyError> {
         if !is_idempotent(req.method()) {
             return Ok((req, None));
@@ -174,13 +184,12 @@ impl Replay {
             return Ok((req, None));
         }
         let body = std::mem::replace(req.body_mut(), RequestBody::empty());
-        let bytes = match body.into_incoming() {
-            Some(incoming) => incoming
-                .collect()
-                .await
-                .map_err(ProxyError::ClientBody)?
-                .to_bytes(),
-            None => Bytes::new(),
+        // Read within the body-read timeout (each wait for the client's next
+        // bytes) and the route deadline (the whole read): a trickled body
+        // gets 408, not an attempt with the rest of the deadline.
+        let bytes = match tokio::time::timeout_at(deadline, body.read_all()).await {
+            Ok(read) => read.map_err(client_body_error)?,
+            Err(_) => return Err(ProxyError::BodyTimeout(timeout)),
         };
         *req.body_mut() = RequestBody::buffered(bytes.clone());
         let replay = Self::new(&req, Some(bytes));
@@ -271,7 +280,7 @@ pub async fn forward<'a>(
     // back when its exchange fails ([`SendError::Failed`]): no copy up front.
     let (mut req, replay) = match retry {
         None => (req, None),
-        Some(_) => Replay::buffered(req).await?,
+        Some(_) => Replay::buffered(req, deadline, timeout).await?,
     };
     let mut pick = first;
     // Instances tried so far (a retrying route never goes back to one).
@@ -349,7 +358,7 @@ pub async fn forward<'a>(
                     report(upstream, instance, permit.success());
                 }
                 let (mut parts, body) = resp.into_parts();
-                remove_hop_by_hop(&mut parts.headers, false);
+                remove_hop_by_hop(&mut parts.headers, Strip::Response);
                 let body = UpstreamBody::new(body, checkin, in_flight);
                 let resp = Response::from_parts(parts, ResponseBody::Upstream(body));
                 if !is_retryable_status(status) || retry.is_none() {
@@ -381,15 +390,10 @@ pub async fn forward<'a>(
             }
             Some(Err(SendError::Failed { error, req, reused })) => {
                 // The client's body failed, not the instance: nothing to report.
-                match error {
-                    ExchangeError::Body(RequestBodyError::TooLarge { limit }) => {
-                        return Err(ProxyError::BodyTooLarge { limit });
-                    }
-                    ExchangeError::Body(RequestBodyError::Client(e)) => {
-                        return Err(ProxyError::ClientBody(e));
-                    }
-                    _ => {}
-                }
+                let error = match error {
+                    ExchangeError::Body(e) => return Err(client_body_error(e)),
+                    other => other,
+                };
                 fail(upstream, instance, permit, UpstreamErrorKind::Protocol);
                 tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "upstream exchange failed");
                 let e = ProxyError::Upstream(error);

@@ -39,10 +39,18 @@ pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-
 /// Longest accepted incoming `X-Request-Id`.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
 
+/// `Forwarded` (RFC 7239): believed only from a trusted proxy.
+pub static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+/// `X-Real-IP`: believed only from a trusted proxy.
+pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+/// Host the client asked for, as the gateway saw it (or a trusted proxy did).
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
 /// The headers removed at the trust boundary: the hop-by-hop ones (the first
-/// [`HOP_BY_HOP_COUNT`], removed both ways), then the identity ones (requests
-/// only). A header's index is its bit in [`remove_hop_by_hop`]'s scan.
-static REMOVED: [&HeaderName; 13] = [
+/// [`HOP_BY_HOP_COUNT`], removed both ways), the identity ones (requests
+/// only), then the forwarding ones (requests from a peer that is not a
+/// trusted proxy). A header's index is its bit in [`remove_hop_by_hop`]'s scan.
+static REMOVED: [&HeaderName; 15] = [
     &header::CONNECTION,
     &PROXY_CONNECTION,
     &header::TE,
@@ -56,20 +64,56 @@ static REMOVED: [&HeaderName; 13] = [
     &X_USER_ROLE,
     &X_API_KEY_NAME,
     &X_GATEWAY_SIGNATURE,
+    &FORWARDED,
+    &X_REAL_IP,
 ];
 /// How many of [`REMOVED`] are hop-by-hop (the rest are removed from requests only).
-#[cfg(test)]
 const HOP_BY_HOP_COUNT: usize = 9;
+/// The bits of the hop-by-hop fields.
+const HOP_BITS: u32 = (1 << HOP_BY_HOP_COUNT) - 1;
+/// The bits of the identity fields.
+const IDENTITY_BITS: u32 = 0b1111 << HOP_BY_HOP_COUNT;
+/// The bits of `Forwarded` and `X-Real-IP`.
+const FORWARDING_BITS: u32 = 0b11 << (HOP_BY_HOP_COUNT + 4);
 /// The bits of `Connection` and `Proxy-Connection`, whose values name more headers.
-const CONNECTION_BITS: u16 = 0b11;
+const CONNECTION_BITS: u32 = 0b11;
+/// Not a field of [`REMOVED`]: a request field spelt with `_` for `-` whose
+/// dashed form is one the gateway protects (`X_User_Id`); see [`is_spoof_spelling`].
+const UNDERSCORE_BIT: u32 = 1 << 31;
 
-/// `name`'s bit among [`REMOVED`] (hop-by-hop only, or identity too), or 0.
+/// What [`remove_hop_by_hop`] removes besides the hop-by-hop fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strip {
+    /// An upstream's answer: the hop-by-hop fields only.
+    Response,
+    /// A client's request: also the identity fields (any spelling with `_`
+    /// for `-` too, as nginx drops underscored names), and, unless the peer is
+    /// a trusted proxy, `Forwarded` and `X-Real-IP`.
+    Request {
+        /// The peer is one of `--trusted-proxies`.
+        trusted_peer: bool,
+    },
+}
+
+impl Strip {
+    fn mask(self) -> u32 {
+        match self {
+            Self::Response => HOP_BITS,
+            Self::Request { trusted_peer: true } => HOP_BITS | IDENTITY_BITS | UNDERSCORE_BIT,
+            Self::Request {
+                trusted_peer: false,
+            } => HOP_BITS | IDENTITY_BITS | FORWARDING_BITS | UNDERSCORE_BIT,
+        }
+    }
+}
+
+/// `name`'s bit among [`REMOVED`] (or [`UNDERSCORE_BIT`]), or 0; only bits in `mask` count.
 ///
 /// A `match` on the (lower-case) name: the compiler switches on its length and
-/// compares at most a few bytes, where comparing against each of the 13
+/// compares at most a few bytes, where comparing against each of the
 /// `HeaderName`s cost ≈ 1.3k instructions per message (callgrind,
 /// BENCHMARKS.md). `removed_bits_follow_the_list` keeps it in step with [`REMOVED`].
-fn removed_bit(name: &[u8], strip_identity: bool) -> u16 {
+fn removed_bit(name: &[u8], mask: u32) -> u32 {
     let i = match name {
         b"connection" => 0,
         b"proxy-connection" => 1,
@@ -80,13 +124,65 @@ fn removed_bit(name: &[u8], strip_identity: bool) -> u16 {
         b"proxy-authorization" => 6,
         b"proxy-authenticate" => 7,
         b"keep-alive" => 8,
-        b"x-user-id" if strip_identity => 9,
-        b"x-user-role" if strip_identity => 10,
-        b"x-api-key-name" if strip_identity => 11,
-        b"x-gateway-signature" if strip_identity => 12,
+        b"x-user-id" => 9,
+        b"x-user-role" => 10,
+        b"x-api-key-name" => 11,
+        b"x-gateway-signature" => 12,
+        b"forwarded" => 13,
+        b"x-real-ip" => 14,
+        // Only names of a protected one's length are looked at for `_`.
+        _ if mask & UNDERSCORE_BIT != 0 && is_spoof_spelling(name) => return UNDERSCORE_BIT,
         _ => return 0,
     };
-    1 << i
+    (1 << i) & mask
+}
+
+/// The fields a backend may read with `_` and `-` taken as one (CGI, PHP,
+/// Django and others turn both into `_`): their underscored spellings never
+/// pass the gateway.
+const PROTECTED_SPELLINGS: [&[u8]; 9] = [
+    b"x-user-id",
+    b"x-user-role",
+    b"x-api-key-name",
+    b"x-gateway-signature",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"x-real-ip",
+    b"x-request-id",
+];
+
+/// Whether `name` (lower case) has a `_` and reads as one of
+/// [`PROTECTED_SPELLINGS`] with `_` taken as `-`.
+fn is_spoof_spelling(name: &[u8]) -> bool {
+    if !matches!(name.len(), 9 | 11 | 12 | 14 | 15 | 16 | 17 | 19) || !name.contains(&b'_') {
+        return false;
+    }
+    PROTECTED_SPELLINGS.iter().any(|p| {
+        p.len() == name.len()
+            && p.iter()
+                .zip(name)
+                .all(|(&a, &b)| a == b || (a == b'-' && b == b'_'))
+    })
+}
+
+/// Fields the gateway itself relies on: a client's (or upstream's)
+/// `Connection` can never nominate them for removal. `X-Forwarded-For` above
+/// all: dropping it would make the trusted proxy's own address the client's.
+fn is_protected_from_connection(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"host"
+            | b"content-length"
+            | b"x-forwarded-for"
+            | b"x-forwarded-proto"
+            | b"x-forwarded-host"
+            | b"forwarded"
+            | b"x-real-ip"
+            | b"x-request-id"
+            | b"traceparent"
+            | b"tracestate"
+    )
 }
 
 /// Whether `name` (any case) is one of the hop-by-hop fields removed from
@@ -101,23 +197,24 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
     for (l, b) in lower.iter_mut().zip(name) {
         *l = b.to_ascii_lowercase();
     }
-    removed_bit(lower, false) != 0
+    removed_bit(lower, HOP_BITS) != 0
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection`
-/// (and `Proxy-Connection`). With `strip_identity`, also `X-User-Id`, `X-User-Role`,
-/// `X-Api-Key-Name` and `X-Gateway-Signature`.
+/// (and `Proxy-Connection`) except those the gateway relies on
+/// ([`is_protected_from_connection`]), and what `strip` adds.
 /// Returns the total size of the headers before removal (name + value + 4 per
 /// field, as on the wire), for the header size limit.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize {
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip: Strip) -> usize {
+    let mask = strip.mask();
     let mut size = 0;
     // Which of REMOVED are present: only those are looked up and removed (an
     // upstream's `Connection: keep-alive` is on nearly every response).
-    let mut present = 0u16;
+    let mut present = 0u32;
     for (name, value) in headers.iter() {
         let name = name.as_str();
         size += name.len() + value.len() + 4;
-        present |= removed_bit(name.as_bytes(), strip_identity);
+        present |= removed_bit(name.as_bytes(), mask);
     }
     if present == 0 {
         return size;
@@ -142,7 +239,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize
                         continue;
                     }
                     if let Ok(name) = HeaderName::from_str(token)
-                        && removed_bit(name.as_str().as_bytes(), false) == 0
+                        && removed_bit(name.as_str().as_bytes(), HOP_BITS) == 0
+                        && !is_protected_from_connection(name.as_str().as_bytes())
                     {
                         named.push(name);
                     }
@@ -150,6 +248,16 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, strip_identity: bool) -> usize
             }
         }
         for name in named {
+            headers.remove(name);
+        }
+    }
+    if present & UNDERSCORE_BIT != 0 {
+        let spoofed: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| is_spoof_spelling(n.as_str().as_bytes()))
+            .cloned()
+            .collect();
+        for name in spoofed {
             headers.remove(name);
         }
     }
@@ -197,9 +305,11 @@ pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
     }
 }
 
-/// Appends the peer address to `X-Forwarded-For` (joining repeated header lines)
-/// and sets `X-Forwarded-Proto: http`.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr) {
+/// Appends the peer address to `X-Forwarded-For` (joining repeated header
+/// lines), and sets `X-Forwarded-Proto: http` and `X-Forwarded-Host` (the
+/// request's `Host`). From a trusted proxy (`trusted_peer`) the proxy's own
+/// `X-Forwarded-Proto` / `X-Forwarded-Host` are kept when it sent them.
+pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) {
     let mut text = [0u8; 45];
     let len = write_ip(peer, &mut text);
     let peer = &text[..len];
@@ -224,7 +334,27 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr) {
             }
         }
     }
+    let host = headers.get(header::HOST).cloned();
+    if trusted_peer {
+        if !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        }
+        if let Some(host) = host
+            && !headers.contains_key(&X_FORWARDED_HOST)
+        {
+            headers.insert(X_FORWARDED_HOST.clone(), host);
+        }
+        return;
+    }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    match host {
+        Some(host) => {
+            headers.insert(X_FORWARDED_HOST.clone(), host);
+        }
+        None => {
+            headers.remove(&X_FORWARDED_HOST);
+        }
+    }
 }
 
 /// Writes `ip` as `Display` would into `buf` (45 bytes hold any address) and
@@ -296,16 +426,24 @@ mod tests {
     #[test]
     fn removed_bits_follow_the_list() {
         for (i, name) in REMOVED.iter().enumerate() {
+            let all = Strip::Request {
+                trusted_peer: false,
+            }
+            .mask();
+            assert_eq!(removed_bit(name.as_str().as_bytes(), all), 1 << i, "{name}");
+            let hop = if i < HOP_BY_HOP_COUNT { 1 << i } else { 0 };
             assert_eq!(
-                removed_bit(name.as_str().as_bytes(), true),
-                1 << i,
+                removed_bit(name.as_str().as_bytes(), Strip::Response.mask()),
+                hop,
                 "{name}"
             );
-            let hop = if i < HOP_BY_HOP_COUNT { 1 << i } else { 0 };
-            assert_eq!(removed_bit(name.as_str().as_bytes(), false), hop, "{name}");
         }
+        let all = Strip::Request {
+            trusted_peer: false,
+        }
+        .mask();
         for other in [header::HOST, header::CONTENT_LENGTH, X_REQUEST_ID.clone()] {
-            assert_eq!(removed_bit(other.as_str().as_bytes(), true), 0, "{other}");
+            assert_eq!(removed_bit(other.as_str().as_bytes(), all), 0, "{other}");
         }
     }
 
@@ -329,6 +467,10 @@ mod tests {
     }
 
     use super::*;
+
+    const UNTRUSTED: Strip = Strip::Request {
+        trusted_peer: false,
+    };
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -366,7 +508,7 @@ mod tests {
             ("accept", "*/*"),
             ("authorization", "Bearer t"),
         ]);
-        remove_hop_by_hop(&mut h, true);
+        remove_hop_by_hop(&mut h, UNTRUSTED);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["accept", "authorization", "host"]);
@@ -379,11 +521,11 @@ mod tests {
             ("connection", "keep-alive"),
             ("keep-alive", "x"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        remove_hop_by_hop(&mut h, Strip::Response);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-user-id"));
         let mut plain = map(&[("host", "a"), ("accept", "b")]);
-        let size = remove_hop_by_hop(&mut plain, true);
+        let size = remove_hop_by_hop(&mut plain, UNTRUSTED);
         assert_eq!(plain.len(), 2);
         assert_eq!(size, "host".len() + 1 + 4 + "accept".len() + 1 + 4);
     }
@@ -418,9 +560,67 @@ mod tests {
             ("x-user-id", "u"),
             ("te", "trailers"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        remove_hop_by_hop(&mut h, Strip::Response);
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["x-user-id"]);
+    }
+
+    #[test]
+    fn connection_cannot_nominate_what_the_gateway_relies_on() {
+        let mut h = map(&[
+            (
+                "connection",
+                "X-Forwarded-For, forwarded, host, content-length, x-real-ip, x-request-id, x-custom",
+            ),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("host", "a"),
+            ("content-length", "0"),
+            ("x-request-id", "abc"),
+            ("x-custom", "gone"),
+        ]);
+        remove_hop_by_hop(&mut h, Strip::Request { trusted_peer: true });
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            ["content-length", "host", "x-forwarded-for", "x-request-id"]
+        );
+    }
+
+    #[test]
+    fn underscore_spellings_of_protected_fields_are_dropped() {
+        let mut h = map(&[
+            ("X_User_Id", "admin"),
+            ("x-user_role", "admin"),
+            ("X_Api_Key_Name", "k"),
+            ("X_Gateway_Signature", "t=1"),
+            ("x_forwarded_for", "6.6.6.6"),
+            ("X_Forwarded_Proto", "https"),
+            ("x_forwarded_host", "evil"),
+            ("x_real_ip", "6.6.6.6"),
+            ("x_request_id", "r"),
+            ("x_custom_thing", "kept"),
+            ("my_header", "kept"),
+        ]);
+        remove_hop_by_hop(&mut h, UNTRUSTED);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["my_header", "x_custom_thing"]);
+        // An answer keeps them: only requests are the trust boundary.
+        let mut resp = map(&[("x_user_id", "u")]);
+        remove_hop_by_hop(&mut resp, Strip::Response);
+        assert_eq!(resp.len(), 1);
+    }
+
+    #[test]
+    fn forwarding_fields_are_believed_only_from_trusted_proxies() {
+        let fields = [("forwarded", "for=6.6.6.6"), ("x-real-ip", "6.6.6.6")];
+        let mut h = map(&fields);
+        remove_hop_by_hop(&mut h, UNTRUSTED);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = map(&fields);
+        remove_hop_by_hop(&mut h, Strip::Request { trusted_peer: true });
+        assert_eq!(h.len(), 2);
     }
 
     #[test]
@@ -462,15 +662,39 @@ mod tests {
             ("x-forwarded-for", "5.6.7.8"),
             ("x-forwarded-proto", "https"),
         ]);
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap());
+        let before = h.clone();
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), false);
         assert_eq!(
             h.get("x-forwarded-for").unwrap(),
             "1.2.3.4, 5.6.7.8, 10.0.0.1"
         );
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+        assert!(
+            h.get("x-forwarded-host").is_none(),
+            "no Host, no X-Forwarded-Host"
+        );
         let mut empty = HeaderMap::new();
-        set_forwarded(&mut empty, "::1".parse().unwrap());
+        set_forwarded(&mut empty, "::1".parse().unwrap(), false);
         assert_eq!(empty.get("x-forwarded-for").unwrap(), "::1");
+
+        // A trusted proxy's scheme and host are kept; anyone else's are replaced.
+        let mut from_proxy = before.clone();
+        from_proxy.insert("host", HeaderValue::from_static("gw.example"));
+        from_proxy.insert(
+            "x-forwarded-host",
+            HeaderValue::from_static("public.example"),
+        );
+        let mut from_client = from_proxy.clone();
+        set_forwarded(&mut from_proxy, "10.0.0.1".parse().unwrap(), true);
+        assert_eq!(from_proxy.get("x-forwarded-proto").unwrap(), "https");
+        assert_eq!(
+            from_proxy.get("x-forwarded-host").unwrap(),
+            "public.example"
+        );
+        set_forwarded(&mut from_client, "10.0.0.1".parse().unwrap(), false);
+        assert_eq!(from_client.get("x-forwarded-proto").unwrap(), "http");
+        assert_eq!(from_client.get("x-forwarded-host").unwrap(), "gw.example");
+        assert_eq!(from_client.get_all("x-forwarded-host").iter().count(), 1);
     }
 
     #[test]

@@ -4,22 +4,27 @@
 //! HTTP/2 preface means h2c, anything else HTTP/1.1, which
 //! [`crate::h1_server`] serves, handing the rest of the connection to hyper
 //! for what it leaves to hyper (request bodies, upgrades, heads it cannot
-//! take). Only a connection whose first segment is a strict prefix of the
-//! preface (a client trickling it in) is left to hyper-util's auto builder,
-//! which reads until it can tell. The
-//! point is memory: an HTTP/1.1 connection is then a task of its own type,
-//! without what the auto builder keeps for a connection that might be HTTP/2
-//! (measured: 6.5 KB less per idle keep-alive connection; BENCHMARKS.md).
+//! take). A connection whose first segment is a strict prefix of the
+//! preface (a client trickling it in) is read until it can be told, within
+//! the header read timeout like any head. The point of serving HTTP/1.1
+//! without hyper's auto builder is memory: an HTTP/1.1 connection is then a
+//! task of its own type, without what the auto builder keeps for a
+//! connection that might be HTTP/2 (measured: 6.5 KB less per idle
+//! keep-alive connection; BENCHMARKS.md).
 //!
-//! The header read timeout only works with a timer set, so one is always set:
-//! without it a slowloris client could hold a connection open forever. The
-//! same timeout bounds the wait for the first bytes, and shutdown closes a
-//! connection still waiting for them at once (nothing of it is in flight).
+//! Every phase of a connection has a deadline (issue 25): the first bytes and
+//! each request head ([`HttpSettings::header_read_timeout`]; the header read
+//! timeout only works with a timer set, so one is always set), each write to
+//! the client ([`HttpSettings::write_timeout`], [`crate::io_timeout`]), an
+//! HTTP/2 connection's idle time and its keep-alive PINGs; request bodies
+//! have theirs in [`crate::body`]. Open connections are capped per replica
+//! ([`crate::conn_limit`]): past the cap a new one is closed at once.
 //!
 //! Shutdown: the listener closes (no new connections), every connection is
 //! asked to finish its in-flight request and close, open WebSocket tunnels
 //! (which have left their HTTP connection) are waited for as well, and after
-//! the grace period the rest are dropped.
+//! the grace period the rest are dropped; a connection still waiting for its
+//! first bytes is closed at once (nothing of it is in flight).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -28,17 +33,23 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use bytes::BytesMut;
 use http::{Request, Response};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::body::{ClientBody, ResponseBody};
+use crate::conn_limit::{Connections, Slot};
 use crate::conn_timer::ConnTimer;
-use crate::h1_server::{self, Ended};
+use crate::h1_server::{self, Ended, Rewind};
+use crate::io_timeout::WriteTimeout;
 use crate::response_head;
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
@@ -48,8 +59,17 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #[derive(Debug, Clone, Copy)]
 pub struct HttpSettings {
     /// Time a client gets to send a complete request head (and, on a new
-    /// connection, its first bytes).
+    /// connection, its first bytes, the whole HTTP/2 preface included).
     pub header_read_timeout: Duration,
+    /// Time a write to the client may wait for the client to take any byte;
+    /// then the connection is closed ([`crate::io_timeout`]).
+    pub write_timeout: Duration,
+    /// An HTTP/2 connection with no request in flight for this long is sent
+    /// GOAWAY and closed (streams still sending their answers finish first).
+    pub h2_idle_timeout: Duration,
+    /// HTTP/2 keep-alive: a PING after this much silence; a client that does
+    /// not answer within the same time is disconnected.
+    pub h2_keep_alive: Duration,
     /// Largest request head; hyper refuses larger ones with 431 before the
     /// pipeline sees them (the pipeline enforces the exact limit itself).
     pub max_header_bytes: usize,
@@ -64,7 +84,6 @@ struct Builders {
     /// Without a timer: each connection gets its own ([`Builders::http1_connection`]).
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
-    auto: auto::Builder<TokioExecutor>,
 }
 
 impl Builders {
@@ -83,22 +102,13 @@ impl Builders {
         http2
             .timer(TokioTimer::new())
             .max_header_list_size(max_header_list)
-            .max_concurrent_streams(256);
-        let mut auto = auto::Builder::new(TokioExecutor::new());
-        auto.http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(settings.header_read_timeout)
-            .max_buf_size(buf)
-            .keep_alive(true);
-        auto.http2()
-            .timer(TokioTimer::new())
-            .max_header_list_size(max_header_list)
-            .max_concurrent_streams(256);
+            .max_concurrent_streams(256)
+            .keep_alive_interval(settings.h2_keep_alive)
+            .keep_alive_timeout(settings.h2_keep_alive);
         Self {
             max_head: buf,
             http1,
             http2,
-            auto,
         }
     }
 
@@ -140,12 +150,87 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
     Ok(classify(&first[..n]))
 }
 
+/// Reads (consuming them) the bytes of a connection whose first segment was a
+/// strict prefix of the HTTP/2 preface until they say which protocol it is.
+/// `None`: the client closed first.
+async fn read_until_decided(
+    stream: &mut TcpStream,
+    seen: &mut BytesMut,
+) -> std::io::Result<Option<Protocol>> {
+    loop {
+        if stream.read_buf(seen).await? == 0 {
+            return Ok(None);
+        }
+        let decided = classify(&seen[..seen.len().min(H2_PREFACE.len())]);
+        if decided != Protocol::Undecided {
+            return Ok(Some(decided));
+        }
+    }
+}
+
+/// When an HTTP/2 connection has had no request in flight for `idle`.
+/// Requests are counted while their service call runs; a stream still sending
+/// its answer then is let finish by the graceful GOAWAY that follows.
+#[derive(Debug)]
+struct Activity {
+    started: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds from `started` to the last request's start or end.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Counts a request until the guard is dropped.
+    fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        ActivityGuard(self.clone())
+    }
+
+    /// Resolves once nothing has been in flight for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            tokio::time::sleep_until(self.started + last + idle).await;
+            let quiet = self.in_flight.load(Ordering::Relaxed) == 0
+                && Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) == last;
+            if quiet {
+                return;
+            }
+        }
+    }
+}
+
+struct ActivityGuard(Arc<Activity>);
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Drives `conn` to its end; once `stop` fires (or its sender is gone) it first
 /// calls `graceful` on it, which lets in-flight requests finish and then closes.
+/// `idle` resolving asks for the same graceful close.
 async fn drive<C, E>(
     conn: C,
     mut stop: watch::Receiver<()>,
     graceful: fn(Pin<&mut C>),
+    idle: impl Future<Output = ()>,
 ) -> Result<(), E>
 where
     C: Future<Output = Result<(), E>>,
@@ -155,6 +240,7 @@ where
         biased;
         r = conn.as_mut() => return r,
         _ = stop.changed() => {}
+        () = idle => tracing::debug!("HTTP/2 connection idle; closing it"),
     }
     graceful(conn.as_mut());
     conn.await
@@ -166,9 +252,12 @@ async fn stop_requested(rx: &mut watch::Receiver<bool>) {
 }
 
 /// Serves `listener` with `handler` until `shutdown` turns true, then drains.
+/// Each connection holds a slot of `connections`; past its cap a new
+/// connection is closed at once.
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     settings: HttpSettings,
+    connections: Arc<Connections>,
     handler: F,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -195,6 +284,11 @@ pub async fn serve<F, Fut>(
                         continue;
                     }
                 };
+                // Past the cap: closed before a byte is read (counted in /metrics).
+                let Some(slot) = connections.admit() else {
+                    drop(stream);
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 tokio::spawn(connection(
                     stream,
@@ -202,7 +296,8 @@ pub async fn serve<F, Fut>(
                     builders.clone(),
                     handler.clone(),
                     stop_rx.clone(),
-                    settings.header_read_timeout,
+                    settings,
+                    slot,
                 ));
             }
             () = stop_requested(&mut shutdown) => break,
@@ -233,11 +328,14 @@ async fn connection<F, Fut>(
     builders: Arc<Builders>,
     handler: Arc<F>,
     mut stop: watch::Receiver<()>,
-    header_read_timeout: Duration,
+    settings: HttpSettings,
+    _slot: Slot,
 ) where
     F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    let header_read_timeout = settings.header_read_timeout;
+    let mut stream = stream;
     let protocol = tokio::select! {
         sniffed = sniff(&stream) => match sniffed {
             Ok(p) => p,
@@ -253,25 +351,55 @@ async fn connection<F, Fut>(
         // Shutdown: no request has started on this connection, so nothing to finish.
         _ = stop.changed() => return,
     };
+    // A client trickling the HTTP/2 preface: its bytes are read (within the
+    // header read timeout, like any head) until they say which protocol it is.
+    let mut prefix = None;
+    let protocol = if protocol == Protocol::Undecided {
+        let mut seen = BytesMut::with_capacity(H2_PREFACE.len());
+        let decided = tokio::select! {
+            r = tokio::time::timeout(header_read_timeout, read_until_decided(&mut stream, &mut seen)) => r,
+            _ = stop.changed() => return,
+        };
+        match decided {
+            Ok(Ok(Some(p))) => {
+                prefix = Some(seen.freeze());
+                p
+            }
+            Ok(Ok(None)) | Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::debug!(%peer, "HTTP/2 preface incomplete within the header read timeout; closing");
+                return;
+            }
+        }
+    } else {
+        protocol
+    };
+    // HTTP/2 requests in flight, for the idle timeout.
+    let activity = (protocol == Protocol::Http2).then(Activity::new);
     // hyper's view of the handler, for the connections (or the rest of one) it serves.
     let service = {
         let handler = handler.clone();
+        let activity = activity.clone();
         service_fn(move |req: Request<hyper::body::Incoming>| {
+            let guard = activity.as_ref().map(Activity::begin);
             let fut = handler(Box::new(req.map(ClientBody::hyper)), peer);
             async move {
                 let mut resp = fut.await;
+                drop(guard);
                 // hyper writes the answer from its map alone.
                 response_head::materialize(&mut resp);
                 Ok::<_, Infallible>(resp)
             }
         })
     };
-    let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match protocol {
-        Protocol::Http1 => {
+    let write_timeout = settings.write_timeout;
+    let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match (protocol, prefix) {
+        (Protocol::Http1, None) => {
             let served = Box::pin(h1_server::serve(
                 stream,
                 peer,
                 header_read_timeout,
+                write_timeout,
                 builders.max_head,
                 &*handler,
                 &stop,
@@ -280,33 +408,57 @@ async fn connection<F, Fut>(
             match served {
                 Ended::Closed => Ok(()),
                 Ended::Handover(io) => {
+                    let io = WriteTimeout::new(io, write_timeout);
                     let conn = builders
                         .http1_connection()
                         .serve_connection(TokioIo::new(io), service)
                         .with_upgrades();
                     drop(builders);
-                    Box::pin(drive(conn, stop, |c| c.graceful_shutdown()))
-                        .await
-                        .map_err(Into::into)
+                    Box::pin(drive(
+                        conn,
+                        stop,
+                        |c| c.graceful_shutdown(),
+                        std::future::pending(),
+                    ))
+                    .await
+                    .map_err(Into::into)
                 }
             }
         }
-        Protocol::Http2 => {
+        // Bytes that were read to decide go back in front for hyper.
+        (Protocol::Http1, Some(prefix)) => {
+            let io = WriteTimeout::new(Rewind::new(prefix, stream), write_timeout);
             let conn = builders
-                .http2
-                .serve_connection(TokioIo::new(stream), service);
+                .http1_connection()
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades();
             drop(builders);
-            Box::pin(drive(conn, stop, |c| c.graceful_shutdown()))
-                .await
-                .map_err(Into::into)
+            Box::pin(drive(
+                conn,
+                stop,
+                |c| c.graceful_shutdown(),
+                std::future::pending(),
+            ))
+            .await
+            .map_err(Into::into)
         }
-        Protocol::Undecided => {
-            let conn = builders
-                .auto
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
+        (_, prefix) => {
+            let idle = settings.h2_idle_timeout;
+            let activity = activity.expect("made for HTTP/2");
+            let io = WriteTimeout::new(
+                Rewind::new(prefix.unwrap_or_default(), stream),
+                write_timeout,
+            );
+            let conn = builders.http2.serve_connection(TokioIo::new(io), service);
             drop(builders);
-            Box::pin(drive(conn, stop, |c| c.graceful_shutdown())).await
+            Box::pin(drive(
+                conn,
+                stop,
+                |c| c.graceful_shutdown(),
+                activity.idle_for(idle),
+            ))
+            .await
+            .map_err(Into::into)
         }
     };
     if let Err(e) = ended {
@@ -317,6 +469,54 @@ async fn connection<F, Fut>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt as _;
+
+    fn settings(timeout: Duration) -> HttpSettings {
+        HttpSettings {
+            header_read_timeout: timeout,
+            write_timeout: timeout,
+            h2_idle_timeout: timeout,
+            h2_keep_alive: timeout,
+            max_header_bytes: 16 * 1024,
+            shutdown_grace: timeout,
+        }
+    }
+
+    /// Serves a listener on a free port with a handler that answers 200.
+    async fn listen(timeout: Duration, max: usize) -> (SocketAddr, watch::Sender<bool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(serve(
+            listener,
+            settings(timeout),
+            Connections::new("proxy", max),
+            |_req, _peer| async { Response::new(ResponseBody::full("ok")) },
+            stopped,
+        ));
+        (addr, stop)
+    }
+
+    /// How long until the server ends the connection after `sent`.
+    async fn open_for(addr: SocketAddr, sent: &[u8]) -> Duration {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(sent).await.unwrap();
+        let started = Instant::now();
+        let mut sink = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut sink)).await;
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_preface_gets_the_header_read_timeout() {
+        let timeout = Duration::from_secs(10);
+        let (addr, _stop) = listen(timeout, 10).await;
+        for sent in [&b"PRI"[..], b"PRI * HTTP/2.0\r\n", &H2_PREFACE[..23]] {
+            let open = open_for(addr, sent).await;
+            assert!(open >= timeout, "{sent:?}: closed after {open:?}");
+            assert!(open < timeout * 2, "{sent:?}: closed after {open:?}");
+        }
+    }
 
     #[test]
     fn first_bytes_pick_the_protocol() {

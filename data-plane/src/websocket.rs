@@ -49,7 +49,7 @@ use crate::error::ProxyError;
 use crate::metrics::{PolicyRefusal, RouteMetrics, UpstreamErrorKind};
 use crate::pool::SendError;
 use crate::proxy::{Trace, fail, report, upstream_request};
-use crate::sanitize::remove_hop_by_hop;
+use crate::sanitize::{Strip, remove_hop_by_hop};
 
 /// `Sec-WebSocket-Key`.
 static SEC_WEBSOCKET_KEY: header::HeaderName = header::SEC_WEBSOCKET_KEY;
@@ -75,7 +75,13 @@ pub fn is_upgrade(parts: &Parts) -> bool {
 /// The WebSocket stage for an upgrade request: the route must allow it and
 /// the handshake must be well formed (GET, a `Sec-WebSocket-Key`,
 /// `Sec-WebSocket-Version: 13`). A refusal is counted on the route.
-pub fn admit(route: &RouteEntry, parts: &Parts) -> Result<(), ProxyError> {
+/// Past `max_tunnels` open tunnels in the replica an upgrade is refused with
+/// 503 before any authentication work (counted).
+pub fn admit(route: &RouteEntry, parts: &Parts, max_tunnels: usize) -> Result<(), ProxyError> {
+    if route.websocket.is_some() && OPEN_TUNNELS.load(Ordering::Relaxed) >= max_tunnels {
+        TUNNELS_REFUSED.fetch_add(1, Ordering::Relaxed);
+        return Err(ProxyError::TunnelLimit);
+    }
     let well_formed = parts.method == Method::GET
         && parts
             .headers
@@ -94,6 +100,7 @@ pub fn admit(route: &RouteEntry, parts: &Parts) -> Result<(), ProxyError> {
 
 /// Sends the handshake in `parts` to the instance in `pick` and, on 101,
 /// starts the tunnel and answers the client with the 101.
+/// The tunnel's idle timeout is the route's, at most `max_idle`.
 pub async fn forward<'a>(
     route: &RouteEntry,
     upstream: &'a UpstreamEntry,
@@ -101,8 +108,18 @@ pub async fn forward<'a>(
     mut parts: Parts,
     path: &str,
     trace: Trace<'_, 'a>,
+    max_idle: Duration,
 ) -> Result<Response<ResponseBody>, ProxyError> {
-    let idle = route.websocket.ok_or(ProxyError::UpgradeRefused)?;
+    let idle = route
+        .websocket
+        .ok_or(ProxyError::UpgradeRefused)?
+        .min(max_idle);
+    // What the upstream's 101 must answer (RFC 6455 §4.2.2).
+    let expected_accept = parts
+        .headers
+        .get(&SEC_WEBSOCKET_KEY)
+        .map(|key| accept_for(key.as_bytes()))
+        .ok_or(ProxyError::UpgradeRefused)?;
     // The client's side of the upgrade: hyper hands its socket over after our 101.
     let client_side = parts
         .extensions
@@ -138,6 +155,14 @@ pub async fn forward<'a>(
         Ok(Err(SendError::Failed { error, .. })) => {
             Some((UpstreamErrorKind::Protocol, ProxyError::Upstream(error)))
         }
+        Ok(Ok(resp))
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+                && let Err(why) = completes_handshake(resp.headers(), &expected_accept) =>
+        {
+            BAD_UPGRADES.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(upstream = %upstream.name, instance = %instance.id, why, "upstream 101 does not complete the WebSocket handshake");
+            Some((UpstreamErrorKind::Protocol, ProxyError::BadUpgrade(why)))
+        }
         Ok(Ok(resp)) => {
             client.set_status_code(resp.status().as_u16());
             client.end();
@@ -154,6 +179,77 @@ pub async fn forward<'a>(
     client.end();
     fail(upstream, instance, permit, kind);
     Err(error)
+}
+
+/// The GUID RFC 6455 appends to the key before hashing it.
+const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// The `Sec-WebSocket-Accept` value that answers `key`: base64(SHA-1(key + GUID)).
+pub fn accept_for(key: &[u8]) -> String {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut sha = sha1::Sha1::new();
+    sha.update(key);
+    sha.update(WEBSOCKET_GUID);
+    base64::engine::general_purpose::STANDARD.encode(sha.finalize())
+}
+
+/// Whether an upstream's 101 completes the handshake: `Upgrade: websocket`,
+/// `Connection: upgrade` and the `Sec-WebSocket-Accept` that answers the key
+/// sent. Otherwise the upstream is not speaking WebSocket to us (or is
+/// something else answering 101), and no tunnel is opened.
+fn completes_handshake(headers: &HeaderMap, expected_accept: &str) -> Result<(), &'static str> {
+    if !has_token(headers, &header::UPGRADE, "websocket") {
+        return Err("no Upgrade: websocket");
+    }
+    if !has_token(headers, &header::CONNECTION, "upgrade") {
+        return Err("no Connection: upgrade");
+    }
+    match headers.get(header::SEC_WEBSOCKET_ACCEPT) {
+        Some(v) if v.as_bytes() == expected_accept.as_bytes() => Ok(()),
+        Some(_) => Err("a wrong Sec-WebSocket-Accept"),
+        None => Err("no Sec-WebSocket-Accept"),
+    }
+}
+
+/// Tunnels open in the replica (every worker).
+static OPEN_TUNNELS: AtomicUsize = AtomicUsize::new(0);
+/// Upgrades refused because [`OPEN_TUNNELS`] was at the cap.
+static TUNNELS_REFUSED: AtomicU64 = AtomicU64::new(0);
+/// Upstream 101 answers that did not complete the handshake (502).
+static BAD_UPGRADES: AtomicU64 = AtomicU64::new(0);
+
+/// Prometheus text for the whole replica:
+/// `gateway_websocket_replica_tunnels_open`,
+/// `gateway_websocket_tunnels_refused_total` and
+/// `gateway_websocket_bad_upgrades_total` (per-route tunnel counts are in
+/// the route metrics).
+pub fn write_metrics(out: &mut String) {
+    use std::fmt::Write as _;
+    let families = [
+        (
+            "gateway_websocket_replica_tunnels_open",
+            "gauge",
+            "WebSocket tunnels open in this replica, every route.",
+            OPEN_TUNNELS.load(Ordering::Relaxed) as u64,
+        ),
+        (
+            "gateway_websocket_tunnels_refused_total",
+            "counter",
+            "Upgrades refused (503) because --max-websocket-tunnels were open.",
+            TUNNELS_REFUSED.load(Ordering::Relaxed),
+        ),
+        (
+            "gateway_websocket_bad_upgrades_total",
+            "counter",
+            "Upstream 101 answers that did not complete the WebSocket handshake (502).",
+            BAD_UPGRADES.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        crate::metrics::header(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
 }
 
 fn kind_label(kind: UpstreamErrorKind) -> &'static str {
@@ -176,7 +272,7 @@ fn answer(
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let upstream_side = switching.then(|| hyper::upgrade::on(&mut resp));
     let (mut parts, body) = resp.into_parts();
-    remove_hop_by_hop(&mut parts.headers, false);
+    remove_hop_by_hop(&mut parts.headers, Strip::Response);
     let Some(upstream_side) = upstream_side else {
         let body = UpstreamBody::unpooled(body, in_flight);
         return Response::from_parts(parts, ResponseBody::Upstream(body));
@@ -361,6 +457,7 @@ impl TunnelGuard {
         metrics.websocket.opened();
         let registry = tunnels();
         registry.open.fetch_add(1, Ordering::Relaxed);
+        OPEN_TUNNELS.fetch_add(1, Ordering::Relaxed);
         Self { metrics, registry }
     }
 }
@@ -369,6 +466,7 @@ impl Drop for TunnelGuard {
     fn drop(&mut self) {
         self.metrics.websocket.closed();
         self.registry.open.fetch_sub(1, Ordering::Relaxed);
+        OPEN_TUNNELS.fetch_sub(1, Ordering::Relaxed);
         self.registry.closed.notify_waiters();
     }
 }
@@ -392,6 +490,36 @@ mod tests {
         ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
         ("sec-websocket-version", "13"),
     ];
+
+    #[test]
+    fn an_upstream_101_must_answer_the_key() {
+        // RFC 6455 §1.3's example.
+        let accept = accept_for(b"dGhlIHNhbXBsZSBub25jZQ==");
+        assert_eq!(accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        let answer = |fields: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in fields {
+                h.append(
+                    header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            completes_handshake(&h, &accept)
+        };
+        let good = [
+            ("upgrade", "WebSocket"),
+            ("connection", "Upgrade"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        ];
+        assert_eq!(answer(&good), Ok(()));
+        assert!(answer(&good[1..]).is_err(), "no Upgrade");
+        assert!(answer(&[good[0], good[2]]).is_err(), "no Connection");
+        assert!(answer(&good[..2]).is_err(), "no Accept");
+        let wrong = [good[0], good[1], ("sec-websocket-accept", "AAAA")];
+        assert_eq!(answer(&wrong), Err("a wrong Sec-WebSocket-Accept"));
+        let h2c = [("upgrade", "h2c"), good[1], good[2]];
+        assert!(answer(&h2c).is_err());
+    }
 
     #[test]
     fn upgrade_requests_are_recognised_by_connection_and_upgrade_tokens() {

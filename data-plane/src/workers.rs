@@ -27,6 +27,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::{Request, Response};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -35,6 +36,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::body::{ClientBody, ResponseBody};
+use crate::conn_limit::Connections;
 use crate::server::{self, HttpSettings};
 
 thread_local! {
@@ -86,6 +88,7 @@ pub fn bind(addr: SocketAddr, n: usize) -> io::Result<(Vec<std::net::TcpListener
 pub fn spawn<F, Fut>(
     listeners: Vec<std::net::TcpListener>,
     settings: HttpSettings,
+    connections: Arc<Connections>,
     handler: F,
     shutdown: &watch::Receiver<bool>,
 ) -> io::Result<JoinHandle<()>>
@@ -98,6 +101,7 @@ where
         let index = i + 1;
         let handler = handler.clone();
         let shutdown = shutdown.clone();
+        let connections = connections.clone();
         let (finished, stopped) = oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -110,7 +114,7 @@ where
                 WORKER.with(|w| w.set(index));
                 runtime.block_on(async move {
                     match TcpListener::from_std(listener) {
-                        Ok(listener) => server::serve(listener, settings, handler, shutdown).await,
+                        Ok(listener) => server::serve(listener, settings, connections, handler, shutdown).await,
                         Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its socket"),
                     }
                 });
@@ -164,12 +168,16 @@ mod tests {
         let (stop, stopped) = watch::channel(false);
         let settings = HttpSettings {
             header_read_timeout: std::time::Duration::from_secs(5),
+            write_timeout: std::time::Duration::from_secs(5),
+            h2_idle_timeout: std::time::Duration::from_secs(5),
+            h2_keep_alive: std::time::Duration::from_secs(5),
             max_header_bytes: 16 * 1024,
             shutdown_grace: std::time::Duration::from_secs(5),
         };
         let handle = spawn(
             sockets,
             settings,
+            Connections::new("proxy", 100),
             |_req, _peer| async move {
                 let body = format!("worker {}", current());
                 Response::new(ResponseBody::full(body))

@@ -169,7 +169,7 @@ async fn raw_upgrade_echo() -> (SocketAddr, JoinHandle<()>) {
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let answer = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-accept: test\r\n\r\n";
+                let answer = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
                 if s.write_all(answer).await.is_err() {
                     return;
                 }
@@ -219,7 +219,10 @@ async fn a_tunnel_carries_bytes_and_shutdown_waits_for_it() {
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: websocket"), "{head}");
     assert!(head.contains("connection: upgrade"), "{head}");
-    assert!(head.contains("sec-websocket-accept: test"), "{head}");
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
     // The gateway only tunnels bytes: anything goes through, both ways.
     s.write_all(b"\x81\x05hello").await.unwrap();
     assert_eq!(read_n(&mut s, 7).await, b"\x81\x05hello");

@@ -9,6 +9,10 @@
 //! answers pings, and answers a close with a close.
 //!
 //! A request to `/ws` that is not a WebSocket handshake gets 400.
+//!
+//! Fault hook: `?bad_101=accept` answers the handshake with a wrong
+//! `Sec-WebSocket-Accept`, `?bad_101=upgrade` with `Upgrade: h2c` instead of
+//! `websocket` (a gateway must not open a tunnel on either).
 
 use futures::{SinkExt as _, StreamExt as _};
 use http::header::{CONNECTION, HeaderValue, SEC_WEBSOCKET_ACCEPT, UPGRADE};
@@ -46,7 +50,17 @@ pub fn answer<B>(config: &MockConfig, mut req: Request<B>) -> Response<MockBody>
     let Some(key) = key.filter(|_| handshake) else {
         return bad_request();
     };
-    let accept = derive_accept_key(key.as_bytes());
+    let mut accept = derive_accept_key(key.as_bytes());
+    let mut upgrade_to = "websocket";
+    let fault = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("bad_101=")));
+    match fault {
+        Some("accept") => accept = derive_accept_key(b"not the key that was sent"),
+        Some("upgrade") => upgrade_to = "h2c",
+        _ => {}
+    }
     let hello = json!({
         "service": config.service.name(),
         "instance": config.instance_id,
@@ -68,7 +82,7 @@ pub fn answer<B>(config: &MockConfig, mut req: Request<B>) -> Response<MockBody>
     Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(CONNECTION, "upgrade")
-        .header(UPGRADE, "websocket")
+        .header(UPGRADE, upgrade_to)
         .header(SEC_WEBSOCKET_ACCEPT, accept)
         .body(MockBody::Full(None))
         .expect("static response parts are valid")

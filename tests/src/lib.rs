@@ -120,6 +120,13 @@ pub async fn raw_request(base_url: &str, head: &str) -> anyhow::Result<RawRespon
     parse_response(&raw)
 }
 
+impl RawResponse {
+    /// Parses one response as it came off the wire (a chunked body is de-chunked).
+    pub fn parse(raw: &[u8]) -> anyhow::Result<Self> {
+        parse_response(raw)
+    }
+}
+
 fn parse_response(raw: &[u8]) -> anyhow::Result<RawResponse> {
     let split = raw
         .windows(4)

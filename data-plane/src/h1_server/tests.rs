@@ -8,6 +8,8 @@ use tokio::net::TcpListener;
 use super::*;
 
 const DEADLINE: Duration = Duration::from_secs(10);
+/// The write timeout of the connections served here.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A connected pair: the client's socket and the server's.
 async fn pair() -> (TcpStream, TcpStream, SocketAddr) {
@@ -43,6 +45,7 @@ where
             server,
             peer,
             Duration::from_secs(30),
+            WRITE_TIMEOUT,
             64 * 1024,
             &handler,
             &stop,
@@ -243,6 +246,82 @@ async fn requests_for_hyper_come_back_whole() {
         assert_eq!(back, sent);
         assert_eq!(called.load(Ordering::SeqCst), 0);
     }
+}
+
+#[tokio::test]
+async fn ambiguous_framing_is_refused_with_400_and_the_connection_closed() {
+    for (sent, why) in [
+        (
+            &b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+            "CL then TE",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n",
+            "TE then CL",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+            "two CL",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3, 3\r\n\r\nabc",
+            "a CL list",
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "two Host",
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            "two CL on a bodiless request",
+        ),
+    ] {
+        let (mut client, server, peer) = pair().await;
+        let called = Arc::new(AtomicUsize::new(0));
+        let seen = called.clone();
+        let handler = move |req: Box<Request<ClientBody>>, peer: SocketAddr| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            echo(req, peer)
+        };
+        let (task, _stop) = spawn_serve(server, peer, handler);
+        client.write_all(sent).await.unwrap();
+        let answer = read_until_closed(&mut client).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{why}: {answer}");
+        assert!(answer.contains("application/problem+json"), "{why}: {answer}");
+        assert!(answer.contains("urn:gateway:problem:bad-request"), "{why}: {answer}");
+        assert!(matches!(task.await.unwrap(), Ended::Closed), "{why}");
+        assert_eq!(called.load(Ordering::SeqCst), 0, "{why}");
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_is_disconnected_after_the_write_timeout() {
+    let (client, server, peer) = pair().await;
+    // Shrink the receive window so the answer cannot all sit in socket buffers.
+    let client = {
+        let std = client.into_std().unwrap();
+        socket2::SockRef::from(&std)
+            .set_recv_buffer_size(4096)
+            .unwrap();
+        TcpStream::from_std(std).unwrap()
+    };
+    let big = Bytes::from(vec![b'x'; 32 << 20]);
+    let handler = move |_req: Box<Request<ClientBody>>, _peer: SocketAddr| {
+        let big = big.clone();
+        async move { Response::new(ResponseBody::full(big)) }
+    };
+    let (task, _stop) = spawn_serve(server, peer, handler);
+    let mut client = client;
+    client
+        .write_all(b"GET /big HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    // The client reads nothing; the connection must end on its own.
+    let ended = tokio::time::timeout(WRITE_TIMEOUT + DEADLINE, task)
+        .await
+        .expect("the server gave up on the client")
+        .unwrap();
+    assert!(matches!(ended, Ended::Closed));
 }
 
 #[tokio::test]
