@@ -17,6 +17,22 @@ use http::HeaderMap;
 #[derive(Debug, Clone, Default)]
 pub struct TrustedProxies(Arc<[Cidr]>);
 
+impl std::fmt::Display for TrustedProxies {
+    /// `10.213.82.128/25, 10.213.80.8/29`, or `none`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, network) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{network}")?;
+        }
+        Ok(())
+    }
+}
+
 impl TrustedProxies {
     /// Trusts the given networks (none: every request's client is its peer).
     pub fn new(networks: Vec<Cidr>) -> Self {
@@ -73,6 +89,7 @@ mod tests {
     #[test]
     fn an_untrusted_peer_is_the_client_whatever_it_claims() {
         let none = TrustedProxies::default();
+        assert_eq!(none.to_string(), "none");
         assert_eq!(
             none.client_ip(&headers(&["203.0.113.9"]), ip("10.0.0.5")),
             ip("10.0.0.5")
@@ -90,6 +107,7 @@ mod tests {
             "10.213.81.0/24".parse().unwrap(),
             "10.213.80.8/29".parse().unwrap(),
         ]);
+        assert_eq!(trusted.to_string(), "10.213.81.0/24, 10.213.80.8/29");
         let peer = ip("10.213.81.7");
         // client-written entry, the edge's view of the client, the data plane's view of the edge
         let h = headers(&["6.6.6.6, 198.51.100.4", "10.213.80.10"]);

@@ -142,7 +142,7 @@ pub async fn run_with_listener(
         user_failures = config.throttle.user_failures,
         ip_failures = config.throttle.ip_failures,
         window_secs = config.throttle.window.as_secs(),
-        trusted_proxies = ?config.trusted_proxies,
+        trusted_proxies = %config.trusted_proxies,
         "failed-login throttle (0: no limit)"
     );
     let issuer = TokenIssuer {
