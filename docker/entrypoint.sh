@@ -11,8 +11,10 @@
 #                      are removed from the environment before the control plane starts.
 #   data-plane ...     adds `--node-id $(hostname)` unless a node id is given: the container
 #                      hostname is unique per replica and stable across `docker restart`.
-#   auth-service ...   when the database file does not exist yet, first creates the users listed in
-#                      GATEWAY_SEED_USERS ("name:password:role name:password:role ...").
+#   auth-service ...   when the database file (--database, else $AUTH_DATABASE) does not exist yet,
+#                      first creates the users listed in GATEWAY_SEED_USERS ("name:password:role
+#                      name:password:role ..."; none by default), then removes the variable from
+#                      the server's environment.
 #   mock-service ...   adds `--instance-id $(hostname)` unless an id is given (flag or
 #                      MOCK_INSTANCE_ID): replicas of a scaled service answer with distinct ids.
 #   anything else      runs as given.
@@ -97,9 +99,11 @@ case "${1:-}" in
     fi
     ;;
   auth-service)
-    if [ -n "${GATEWAY_SEED_USERS:-}" ] && db=$(option_value --database "$@") && [ ! -e "$db" ]; then
+    db=$(option_value --database "$@") || db=${AUTH_DATABASE:-auth.db}
+    if [ -n "${GATEWAY_SEED_USERS:-}" ] && [ ! -e "$db" ]; then
       seed_users "$db"
     fi
+    unset GATEWAY_SEED_USERS
     ;;
 esac
 exec "$@"

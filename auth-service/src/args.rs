@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use gateway_proto::cidr::Cidr;
 use gateway_redis::{RedisTarget, RedisTargetError, RedisUrl, RedisUrlParser};
 
+use crate::client_addr::TrustedProxies;
 use crate::keys::RotationPolicy;
+use crate::throttle::ThrottleConfig;
 
 /// Default listen address of the HTTP API.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4000";
@@ -15,6 +18,15 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:4000";
 pub const DEFAULT_ROTATION_SECS: u64 = 86_400;
 /// Default lead time between publishing a new key in JWKS and signing with it.
 pub const DEFAULT_PUBLISH_LEAD_SECS: u64 = 120;
+/// Default failed logins per user name per window before 429.
+pub const DEFAULT_LOGIN_USER_FAILURES: u32 = 10;
+/// Default failed logins per client address per window before 429 (higher than per name: many
+/// users can share one address behind a NAT).
+pub const DEFAULT_LOGIN_IP_FAILURES: u32 = 100;
+/// Default failed-login window: 15 minutes.
+pub const DEFAULT_LOGIN_FAILURE_WINDOW_SECS: u64 = 900;
+/// Longest failed-login window accepted: one day.
+pub const MAX_LOGIN_FAILURE_WINDOW_SECS: u64 = 86_400;
 
 /// Issues access JWTs (Ed25519, published as JWKS) and rotating refresh tokens.
 #[derive(Debug, Parser)]
@@ -67,6 +79,26 @@ pub struct Cli {
     #[arg(long, env = "AUTH_KEY_PUBLISH_LEAD_SECS", default_value_t = DEFAULT_PUBLISH_LEAD_SECS)]
     pub key_publish_lead_secs: u64,
 
+    /// Proxies (CIDRs, comma-separated) whose `X-Forwarded-For` is believed when finding a
+    /// login's client address: the right-most entry that is not a trusted proxy. From any other
+    /// peer the header is ignored and the peer's address counts. Default: none (the peer).
+    #[arg(long, env = "AUTH_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<Cidr>,
+
+    /// Failed logins per user name within `--login-failure-window-secs` after which that name
+    /// gets 429 until the window ends (counted in Redis, shared by replicas). 0: no limit.
+    #[arg(long, env = "AUTH_LOGIN_USER_FAILURES", default_value_t = DEFAULT_LOGIN_USER_FAILURES)]
+    pub login_user_failures: u32,
+
+    /// Failed logins per client address (IPv6: per /64) within `--login-failure-window-secs`
+    /// after which that address gets 429 until the window ends. 0: no limit.
+    #[arg(long, env = "AUTH_LOGIN_IP_FAILURES", default_value_t = DEFAULT_LOGIN_IP_FAILURES)]
+    pub login_ip_failures: u32,
+
+    /// The failed-login window (seconds), from a counter's first failure.
+    #[arg(long, env = "AUTH_LOGIN_FAILURE_WINDOW_SECS", default_value_t = DEFAULT_LOGIN_FAILURE_WINDOW_SECS)]
+    pub login_failure_window_secs: u64,
+
     /// Log line format on stderr.
     #[arg(long, env = "AUTH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -96,19 +128,37 @@ pub enum Command {
     },
 }
 
-/// `users …` subcommands.
+/// `users …` subcommands. They work on the `--database` file directly, also while a server
+/// uses it (SQLite in WAL mode; the server reads users at every login).
 #[derive(Debug, Subcommand)]
 pub enum UsersCommand {
-    /// Add a user; the password is read from stdin (one trailing newline is stripped).
+    /// Add a user. The password is asked for twice without echo when stdin is a terminal,
+    /// otherwise read from stdin (all of it, one trailing newline stripped), or taken from the
+    /// environment variable named by `--password-env`. There is deliberately no flag that takes
+    /// the password itself: a command line lands in shell history and `ps`.
     Add {
         /// Login name (1–64 of A–Z a–z 0–9 . _ @ -).
         name: String,
-        /// Role forwarded to backends as X-User-Role (e.g. `user`, `admin`).
+        /// Role forwarded to backends as X-User-Role (1–32 of a–z 0–9 _ -, starting with a
+        /// letter; e.g. `user`, `admin`).
         #[arg(long)]
         role: String,
         /// Replace the password and role if the user already exists.
         #[arg(long)]
         replace: bool,
+        /// Read the password from this environment variable instead of stdin (for automation
+        /// that injects secrets as variables; the variable is visible to the process's own
+        /// user in /proc/PID/environ while it runs).
+        #[arg(long, value_name = "VARIABLE")]
+        password_env: Option<String>,
+    },
+    /// List the users: one `NAME ROLE` line each, ordered by name.
+    List,
+    /// Delete a user. Access tokens already issued stay valid until they expire (15 min);
+    /// the user's next refresh is refused and revokes its family.
+    Delete {
+        /// Login name.
+        name: String,
     },
 }
 
@@ -129,6 +179,10 @@ pub struct ServerConfig {
     pub key_dir: PathBuf,
     /// Key rotation schedule.
     pub rotation: RotationPolicy,
+    /// Peers whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: TrustedProxies,
+    /// The failed-login throttle's limits.
+    pub throttle: ThrottleConfig,
     /// Request spans (continuing the caller's trace); exported by OTLP when configured.
     pub tracer: gateway_telemetry::Tracer,
 }
@@ -142,6 +196,9 @@ pub enum ArgsError {
     /// Issuer or audience is empty.
     #[error("--{0} must not be empty")]
     Empty(&'static str),
+    /// The failed-login window is 0 or longer than a day.
+    #[error("--login-failure-window-secs must be 1 to {MAX_LOGIN_FAILURE_WINDOW_SECS} (got {0})")]
+    LoginWindow(u64),
     /// The Redis settings cannot be used (`--redis-ca` without TLS, an unreadable CA file).
     #[error(transparent)]
     Redis(#[from] RedisTargetError),
@@ -159,6 +216,9 @@ impl Cli {
         if self.audience.is_empty() {
             return Err(ArgsError::Empty("audience"));
         }
+        if !(1..=MAX_LOGIN_FAILURE_WINDOW_SECS).contains(&self.login_failure_window_secs) {
+            return Err(ArgsError::LoginWindow(self.login_failure_window_secs));
+        }
         let redis = RedisTarget::new(self.redis_url.clone(), self.redis_ca.as_deref())?;
         Ok(ServerConfig {
             listen: self.listen,
@@ -171,6 +231,12 @@ impl Cli {
                 Duration::from_secs(self.key_rotation_interval_secs),
                 Duration::from_secs(self.key_publish_lead_secs),
             ),
+            trusted_proxies: TrustedProxies::new(self.trusted_proxies.clone()),
+            throttle: ThrottleConfig {
+                user_failures: self.login_user_failures,
+                ip_failures: self.login_ip_failures,
+                window: Duration::from_secs(self.login_failure_window_secs),
+            },
             tracer: gateway_telemetry::Tracer::disabled(),
         })
     }
@@ -225,11 +291,12 @@ mod tests {
                         name,
                         role,
                         replace,
+                        password_env,
                     },
             }) => {
                 assert_eq!(
-                    (name.as_str(), role.as_str(), replace),
-                    ("alice", "user", false)
+                    (name.as_str(), role.as_str(), replace, password_env),
+                    ("alice", "user", false, None)
                 );
             }
             other => panic!("unexpected {other:?}"),
@@ -276,6 +343,62 @@ mod tests {
         .unwrap();
         let err = cli.server_config().unwrap_err().to_string();
         assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    }
+
+    #[test]
+    fn throttle_flags_have_defaults_and_are_checked() {
+        let cfg = Cli::try_parse_from(["auth-service"])
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(
+            cfg.throttle,
+            ThrottleConfig {
+                user_failures: DEFAULT_LOGIN_USER_FAILURES,
+                ip_failures: DEFAULT_LOGIN_IP_FAILURES,
+                window: Duration::from_secs(DEFAULT_LOGIN_FAILURE_WINDOW_SECS),
+            }
+        );
+        let cli = Cli::try_parse_from([
+            "auth-service",
+            "--login-user-failures",
+            "0",
+            "--login-ip-failures",
+            "7",
+            "--login-failure-window-secs",
+            "60",
+            "--trusted-proxies",
+            "10.213.82.0/24,10.213.80.8/29",
+        ])
+        .unwrap();
+        let cfg = cli.server_config().unwrap();
+        assert_eq!(
+            (cfg.throttle.user_failures, cfg.throttle.ip_failures),
+            (0, 7)
+        );
+        let peer: std::net::IpAddr = "10.213.82.9".parse().unwrap();
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-for", "192.0.2.1".parse().unwrap());
+        assert_eq!(
+            cfg.trusted_proxies.client_ip(&h, peer),
+            "192.0.2.1".parse::<std::net::IpAddr>().unwrap()
+        );
+        for window in ["0", "86401"] {
+            let cli = Cli::try_parse_from(["auth-service", "--login-failure-window-secs", window])
+                .unwrap();
+            let err = cli.server_config().unwrap_err().to_string();
+            assert!(
+                err.contains("--login-failure-window-secs must be 1 to 86400"),
+                "{err}"
+            );
+        }
+        let err = Cli::try_parse_from(["auth-service", "--trusted-proxies", "10.0.0.0/33"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--trusted-proxies") && err.contains("10.0.0.0/33"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 
+use crate::client_addr::TrustedProxies;
 use crate::problem::ApiError;
 use crate::service::AuthService;
 
@@ -42,9 +44,11 @@ struct RefreshRequest {
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then drains open connections.
+/// `trusted` decides whose `X-Forwarded-For` names a login's client.
 pub async fn serve(
     listener: TcpListener,
     service: Arc<AuthService>,
+    trusted: TrustedProxies,
     tracer: gateway_telemetry::Tracer,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -71,12 +75,14 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let service = service.clone();
         let tracer = tracer.clone();
+        let trusted = trusted.clone();
         let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
             let service = service.clone();
+            let client = trusted.client_ip(req.headers(), peer.ip());
             // One SERVER span per request, continuing the caller's traceparent; traceresponse on every answer.
             let mut span = tracer.http_server_span(req.headers(), req.method(), req.uri().path());
             async move {
-                let mut resp = handle(&service, req).await;
+                let mut resp = handle(&service, client, req).await;
                 span.record_response(resp.status().as_u16(), resp.headers_mut());
                 span.end();
                 Ok::<_, Infallible>(resp)
@@ -102,15 +108,22 @@ pub async fn serve(
     Ok(())
 }
 
-/// Routes one request.
-pub async fn handle<B>(service: &AuthService, req: Request<B>) -> Response<Full<Bytes>>
+/// Routes one request from `client` (the address a login is counted against).
+pub async fn handle<B>(
+    service: &AuthService,
+    client: IpAddr,
+    req: Request<B>,
+) -> Response<Full<Bytes>>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let result = match (req.method(), req.uri().path()) {
         (&Method::POST, "/auth/login") => match read_json::<LoginRequest, _>(req).await {
-            Ok(r) => service.login(&r.username, &r.password).await.map(json_ok),
+            Ok(r) => service
+                .login(&r.username, &r.password, client)
+                .await
+                .map(json_ok),
             Err(e) => Err(e),
         },
         (&Method::POST, "/auth/refresh") => match read_json::<RefreshRequest, _>(req).await {

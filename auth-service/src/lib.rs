@@ -2,22 +2,27 @@
 //! with automatic key rotation, and opaque refresh tokens in Redis that rotate on every use and
 //! burn their whole family when a consumed one is replayed (DESIGN §5).
 //!
-//! Modules, one concern each: [`args`] (CLI), [`users`], [`keys`] (signing keys and rotation),
-//! [`tokens`] (access JWTs), [`refresh`] (refresh families), [`service`] (the flows),
-//! [`http`] (the API), [`problem`] (error → HTTP mapping), [`clock`].
+//! Modules, one concern each: [`args`] (CLI), [`users`], [`users_cli`] (the `users`
+//! subcommands), [`keys`] (signing keys and rotation), [`tokens`] (access JWTs), [`refresh`]
+//! (refresh families), [`throttle`] (failed-login limits), [`client_addr`] (whose address a
+//! login is counted against), [`service`] (the flows), [`http`] (the API), [`problem`]
+//! (error → HTTP mapping), [`clock`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod client_addr;
 pub mod clock;
 pub mod http;
 pub mod keys;
 pub mod problem;
 pub mod refresh;
 pub mod service;
+pub mod throttle;
 pub mod tokens;
 pub mod users;
+pub mod users_cli;
 
 #[cfg(test)]
 pub(crate) mod testutil;
@@ -35,6 +40,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::keys::KeyRing;
 use crate::refresh::RefreshStore;
 use crate::service::AuthService;
+use crate::throttle::LoginThrottle;
 use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
 
@@ -130,7 +136,15 @@ pub async fn run_with_listener(
     let keys = Arc::new(RwLock::new(ring));
     let conn = redis_connection(&config.redis)?;
     tokio::spawn(check_redis(conn.clone(), config.redis.clone()));
-    let refresh = RefreshStore::new(conn);
+    let refresh = RefreshStore::new(conn.clone());
+    let throttle = LoginThrottle::new(conn, config.throttle);
+    tracing::info!(
+        user_failures = config.throttle.user_failures,
+        ip_failures = config.throttle.ip_failures,
+        window_secs = config.throttle.window.as_secs(),
+        trusted_proxies = %config.trusted_proxies,
+        "failed-login throttle (0: no limit)"
+    );
     let issuer = TokenIssuer {
         issuer: config.issuer.clone(),
         audience: config.audience.clone(),
@@ -140,6 +154,7 @@ pub async fn run_with_listener(
         keys.clone(),
         issuer,
         refresh,
+        throttle,
         clock.clone(),
     ));
     let addr = listener.local_addr().map_err(|source| RunError::Listen {
@@ -148,7 +163,14 @@ pub async fn run_with_listener(
     })?;
     tracing::info!(%addr, "auth-service listening");
     let rotation = tokio::spawn(rotate_keys(keys, clock));
-    let served = http::serve(listener, service, config.tracer.clone(), shutdown).await;
+    let served = http::serve(
+        listener,
+        service,
+        config.trusted_proxies.clone(),
+        config.tracer.clone(),
+        shutdown,
+    )
+    .await;
     rotation.abort();
     served.map_err(|source| RunError::Listen {
         addr: addr.to_string(),

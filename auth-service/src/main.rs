@@ -4,6 +4,7 @@
 
 use anyhow::Context as _;
 use auth_service::args::{Cli, Command, LogFormat, UsersCommand};
+use auth_service::users_cli::{self, PasswordInput};
 use clap::Parser as _;
 use std::io::IsTerminal as _;
 use tracing_subscriber::EnvFilter;
@@ -29,21 +30,22 @@ async fn main() -> anyhow::Result<()> {
             }
             result
         }
-        Some(Command::Users {
-            command:
+        Some(Command::Users { command }) => {
+            let input = match command {
                 UsersCommand::Add {
-                    name,
-                    role,
-                    replace,
-                },
-        }) => {
-            let password = auth_service::users::read_password(std::io::stdin().lock())
-                .context("reading the password from stdin")?;
-            let db = auth_service::users::UserStore::open(&cli.database)
-                .await
-                .with_context(|| format!("opening user database {}", cli.database.display()))?;
-            let outcome = db.add_user(name, role, password, *replace).await?;
-            eprintln!("{outcome}");
+                    password_env: Some(var),
+                    ..
+                } => PasswordInput::Env(var.clone()),
+                _ if std::io::stdin().is_terminal() => PasswordInput::Terminal,
+                _ => PasswordInput::Stdin,
+            };
+            let report = users_cli::run(&cli.database, command, |name| {
+                users_cli::read_password_from(&input, name)
+            })
+            .await
+            .with_context(|| format!("user database {}", cli.database.display()))?;
+            print!("{}", report.stdout);
+            eprint!("{}", report.stderr);
             Ok(())
         }
     }

@@ -18,6 +18,16 @@ pub enum ApiError {
     /// Wrong user name or password (deliberately indistinguishable).
     #[error("invalid user name or password")]
     InvalidCredentials,
+    /// The failed-login throttle refuses the attempt (per user name or per client address;
+    /// deliberately not saying which).
+    #[error(
+        "too many failed logins for this user name or from this address; retry in {} s",
+        retry_after.as_secs()
+    )]
+    TooManyFailedLogins {
+        /// When the blocking window ends (`Retry-After`).
+        retry_after: std::time::Duration,
+    },
     /// Unknown, consumed, revoked or expired refresh token (deliberately indistinguishable).
     #[error("the refresh token is invalid, expired or revoked")]
     InvalidRefreshToken,
@@ -52,6 +62,11 @@ impl ApiError {
                 StatusCode::UNAUTHORIZED,
                 "invalid-credentials",
                 "Invalid credentials",
+            ),
+            Self::TooManyFailedLogins { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-failed-logins",
+                "Too many failed logins",
             ),
             Self::InvalidRefreshToken => (
                 StatusCode::UNAUTHORIZED,
@@ -111,6 +126,12 @@ impl ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if let Self::TooManyFailedLogins { retry_after } = self {
+            h.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after.as_secs()),
+            );
+        }
         resp
     }
 }
@@ -120,6 +141,18 @@ impl From<crate::refresh::RefreshError> for ApiError {
         match e {
             crate::refresh::RefreshError::Redis(e) => {
                 Self::Unavailable(format!("token store: {e}"))
+            }
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<crate::throttle::ThrottleError> for ApiError {
+    fn from(e: crate::throttle::ThrottleError) -> Self {
+        match e {
+            // Fail closed: the login could not finish without Redis anyway.
+            crate::throttle::ThrottleError::Redis(e) => {
+                Self::Unavailable(format!("login throttle: {e}"))
             }
             other => Self::Internal(other.to_string()),
         }

@@ -1,6 +1,7 @@
 //! The auth flows (login, refresh, logout, JWKS) over users, keys and refresh families,
 //! independent of HTTP.
 
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
@@ -9,6 +10,7 @@ use crate::clock::Clock;
 use crate::keys::KeyRing;
 use crate::problem::ApiError;
 use crate::refresh::{RefreshStore, Rejection, RotateOutcome};
+use crate::throttle::{Admission, LoginThrottle};
 use crate::tokens::{ACCESS_TOKEN_TTL_SECS, TokenIssuer};
 use crate::users::UserStore;
 
@@ -34,6 +36,7 @@ pub struct AuthService {
     keys: Arc<RwLock<KeyRing>>,
     issuer: TokenIssuer,
     refresh: RefreshStore,
+    throttle: LoginThrottle,
     clock: Arc<dyn Clock>,
 }
 
@@ -44,6 +47,7 @@ impl AuthService {
         keys: Arc<RwLock<KeyRing>>,
         issuer: TokenIssuer,
         refresh: RefreshStore,
+        throttle: LoginThrottle,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
@@ -51,6 +55,7 @@ impl AuthService {
             keys,
             issuer,
             refresh,
+            throttle,
             clock,
         }
     }
@@ -61,13 +66,30 @@ impl AuthService {
         Ok(self.issuer.issue(&key, sub, role, now)?)
     }
 
-    /// Checks credentials and starts a refresh family.
-    pub async fn login(&self, username: &str, password: &str) -> Result<TokenPair, ApiError> {
-        let user = self
-            .users
-            .verify(username, password)
-            .await?
-            .ok_or(ApiError::InvalidCredentials)?;
+    /// Checks credentials (unless the failed-login throttle refuses the attempt first) and
+    /// starts a refresh family. `client` is the address the attempt is counted against.
+    pub async fn login(
+        &self,
+        username: &str,
+        password: &str,
+        client: IpAddr,
+    ) -> Result<TokenPair, ApiError> {
+        let attempt = match self.throttle.admit(username, client).await? {
+            Admission::Admitted(attempt) => attempt,
+            Admission::Refused { retry_after } => {
+                tracing::debug!(%client, "login refused: failed-login limit");
+                return Err(ApiError::TooManyFailedLogins { retry_after });
+            }
+        };
+        let verified = self.users.verify(username, password).await;
+        if !matches!(verified, Ok(None)) {
+            // Right password, or the database failed: not a failed login. Only this attempt's
+            // unit is given back, never the earlier failures.
+            if let Err(error) = self.throttle.not_a_failure(attempt).await {
+                tracing::warn!(%error, "login throttle: could not give back a successful attempt's unit");
+            }
+        }
+        let user = verified?.ok_or(ApiError::InvalidCredentials)?;
         let now = self.clock.now();
         let access_token = self.access_token(&user.username, &user.role, now)?;
         let refresh = self.refresh.create(&user.username, &user.role, now).await?;

@@ -6,7 +6,6 @@
 //! dummy hash with the same parameters, so it costs the same time as a wrong password.
 
 use std::borrow::Cow;
-use std::io::Read;
 use std::path::Path;
 use std::str::FromStr as _;
 use std::sync::Arc;
@@ -70,6 +69,9 @@ pub enum UserError {
     /// The user exists and `--replace` was not given.
     #[error("user {0:?} already exists (use --replace to change its password and role)")]
     Exists(String),
+    /// `users delete` of a user that does not exist.
+    #[error("no user {0:?}")]
+    NotFound(String),
     /// Reading the password failed.
     #[error("reading the password: {0}")]
     Io(#[from] std::io::Error),
@@ -163,6 +165,32 @@ impl UserStore {
         })
     }
 
+    /// Every user, ordered by name.
+    pub async fn list(&self) -> Result<Vec<User>, UserError> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT username, role FROM users ORDER BY username")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(username, role)| User { username, role })
+            .collect())
+    }
+
+    /// Removes a user. Their access tokens stay valid until they expire (at most
+    /// [`crate::tokens::ACCESS_TOKEN_TTL_SECS`]); their next refresh is refused and revokes
+    /// the family.
+    pub async fn delete(&self, username: &str) -> Result<(), UserError> {
+        let done = sqlx::query("DELETE FROM users WHERE username = ?1")
+            .bind(username)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(UserError::NotFound(username.to_owned()));
+        }
+        Ok(())
+    }
+
     /// Looks a user up by name.
     pub async fn find(&self, username: &str) -> Result<Option<User>, UserError> {
         Ok(self.find_with_hash(username).await?.map(|(u, _)| u))
@@ -223,7 +251,9 @@ fn hash_password(password: &[u8]) -> Result<String, UserError> {
         .map_err(|e| UserError::Hash(e.to_string()))
 }
 
-fn validate_username(name: &str) -> Result<(), UserError> {
+/// Whether `name` is a valid user name (1–64 of A–Z a–z 0–9 . _ @ -); only such names can
+/// be added, so only they can ever log in.
+pub fn validate_username(name: &str) -> Result<(), UserError> {
     let ok = (1..=64).contains(&name.len())
         && name
             .chars()
@@ -237,7 +267,8 @@ fn validate_username(name: &str) -> Result<(), UserError> {
     }
 }
 
-fn validate_role(role: &str) -> Result<(), UserError> {
+/// Whether `role` is a valid role (1–32 of a–z 0–9 _ -, starting with a letter).
+pub fn validate_role(role: &str) -> Result<(), UserError> {
     let ok = (1..=32).contains(&role.len())
         && role.starts_with(|c: char| c.is_ascii_lowercase())
         && role
@@ -250,34 +281,6 @@ fn validate_role(role: &str) -> Result<(), UserError> {
             "role {role:?} must be 1-32 characters of a-z 0-9 _ - starting with a letter"
         )))
     }
-}
-
-/// Reads a password from `input` (all of it), stripping one trailing `\n` or `\r\n`.
-pub fn read_password(mut input: impl Read) -> Result<String, UserError> {
-    let mut buf = Vec::new();
-    input
-        .by_ref()
-        .take(MAX_PASSWORD_BYTES as u64 + 3)
-        .read_to_end(&mut buf)?;
-    if buf.ends_with(b"\n") {
-        buf.pop();
-        if buf.ends_with(b"\r") {
-            buf.pop();
-        }
-    }
-    let password = String::from_utf8(buf)
-        .map_err(|_| UserError::Invalid("the password must be UTF-8".into()))?;
-    if password.is_empty() {
-        return Err(UserError::Invalid(
-            "no password on stdin (pipe it in, e.g. `echo -n secret | auth-service users add NAME --role user`)".into(),
-        ));
-    }
-    if password.len() > MAX_PASSWORD_BYTES {
-        return Err(UserError::Invalid(format!(
-            "the password must be at most {MAX_PASSWORD_BYTES} bytes"
-        )));
-    }
-    Ok(password)
 }
 
 #[cfg(test)]
@@ -365,16 +368,6 @@ mod tests {
         }
         let long = "x".repeat(MAX_PASSWORD_BYTES + 1);
         assert!(s.add_user("alice", "user", long, false).await.is_err());
-    }
-
-    #[test]
-    fn password_from_stdin_strips_one_newline() {
-        assert_eq!(read_password(&b"secret\n"[..]).unwrap(), "secret");
-        assert_eq!(read_password(&b"secret\r\n"[..]).unwrap(), "secret");
-        assert_eq!(read_password(&b"sec ret \n\n"[..]).unwrap(), "sec ret \n");
-        assert!(read_password(&b"\n"[..]).is_err());
-        assert!(read_password(&b""[..]).is_err());
-        assert!(read_password(&[0xff, 0xfe][..]).is_err());
     }
 
     /// Not timed (a shared machine makes timings flaky): the same work is one

@@ -7,8 +7,10 @@
 //! on failure (set `GATEWAY_COMPOSE_KEEP=1` to leave the stack up for a look).
 //!
 //! The control plane is authenticated: the suite makes an env file from `.env.example` with
-//! fresh tokens (`--env-file`), checks that compose refuses the example as shipped, calls the admin
-//! API with the admin token, and checks that a call without one is refused.
+//! fresh tokens and a Redis password (`--env-file`), checks that compose refuses the example as
+//! shipped (and an env file without the Redis password), calls the admin API with the admin
+//! token, and checks that a call without one is refused. A fresh stack has no users: the suite
+//! checks that, then adds alice and bob with `compose exec auth-service auth-service users add`.
 //!
 //! Fault injection goes through `docker compose kill/stop/start`, `docker restart` and
 //! `docker network disconnect/connect`. Traffic goes through the edge (HAProxy) on a free
@@ -17,6 +19,7 @@
 //! Environment: `GATEWAY_COMPOSE` (compose command, default `docker compose` if it works,
 //! else `docker-compose`), `GATEWAY_COMPOSE_PROJECT` (default `gateway-compose-test`),
 //! `GATEWAY_COMPOSE_EDGE_NET` (first three octets of the edge subnet, default `10.213.81`),
+//! `GATEWAY_COMPOSE_STATE_NET` (the same for the state network, default `10.213.83`),
 //! `GATEWAY_COMPOSE_OFFLINE` (1: use docker/compose.offline.yml; default: when the Jaeger
 //! image is not present), `GATEWAY_COMPOSE_ONLY` (comma-separated words: run only the scenarios
 //! whose names contain one).
@@ -97,6 +100,10 @@ async fn run_scenarios(stack: &Stack) -> Result<Vec<(&'static str, Duration)>> {
     scenario!(
         "admin API needs the admin token",
         admin_api_needs_a_token(stack)
+    );
+    scenario!(
+        "redis needs its password and only the state network reaches it",
+        redis_and_auth_are_private(stack)
     );
     scenario!("client address survives the edge", forwarded_for(stack));
     scenario!(
@@ -200,15 +207,19 @@ async fn no_token_in_logs(stack: &Stack) -> Result<()> {
     );
     let tokens = stack.tokens();
     for (what, token) in [
-        ("admin", &tokens.admin),
-        ("data-plane", &tokens.data_plane),
-        ("viewer", &tokens.viewer),
+        ("admin token", &tokens.admin),
+        ("data-plane token", &tokens.data_plane),
+        ("viewer token", &tokens.viewer),
+        ("Redis password", &tokens.redis_password),
     ] {
         if let Some(line) = logs.lines().find(|l| l.contains(token.as_str())) {
-            anyhow::bail!("the {what} token is in a container log: {line}");
+            anyhow::bail!("the {what} is in a container log: {line}");
         }
     }
-    eprintln!("{} log lines scanned, no token", logs.lines().count());
+    eprintln!(
+        "{} log lines scanned, no token and no Redis password",
+        logs.lines().count()
+    );
     Ok(())
 }
 
@@ -318,6 +329,106 @@ async fn route_change(stack: &Stack) -> Result<()> {
         "new route served by {seen:?} only; replicas: {hosts:?}"
     );
     eprintln!("new route served through the edge by {seen:?}");
+    Ok(())
+}
+
+/// Redis answers nothing without its password, also to a service on its own network; the auth
+/// service and the data planes use the password (their keys are there); the backends' network
+/// reaches neither Redis nor the auth service (no name, no route); the auth service has no host
+/// port; and it counts failed logins against the real client (the address the edge saw), not a
+/// data plane's and not a spoofed X-Forwarded-For.
+async fn redis_and_auth_are_private(stack: &Stack) -> Result<()> {
+    let auth = format!("AUTH {}", stack.tokens().redis_password);
+    let anon = stack
+        .redis_from("auth-service", "redis", &["PING", "SET auth:fam:forged x"])
+        .await?;
+    ensure!(
+        anon.lines().filter(|l| l.starts_with("-NOAUTH")).count() == 2,
+        "Redis without the password must refuse every command: {anon:?}"
+    );
+    let wrong = stack
+        .redis_from("data-plane", "redis", &["AUTH not-the-password", "PING"])
+        .await?;
+    ensure!(
+        wrong.contains("-WRONGPASS") && !wrong.contains("+PONG"),
+        "a wrong password: {wrong:?}"
+    );
+
+    // Both users of Redis authenticate: a login through the edge leaves a refresh family (auth
+    // service) and the login route's rate-limit budget (data plane).
+    stack.login("bob", "builder").await?;
+    let spoofed = stack
+        .http()
+        .post(stack.edge_url("/auth/login"))
+        .header("x-forwarded-for", "198.51.100.77")
+        .json(&serde_json::json!({"username": "nobody", "password": "wrong"}))
+        .send()
+        .await?
+        .status()
+        .as_u16();
+    ensure!(spoofed == 401, "a failing login answered {spoofed}");
+    let client = format!("auth:login:ip:{}.1", stack.edge_net());
+    let keys = stack
+        .redis_from(
+            "auth-service",
+            "redis",
+            &[
+                &auth,
+                "SCAN 0 MATCH auth:fam:* COUNT 10000",
+                "SCAN 0 MATCH rl:* COUNT 10000",
+                &format!("EXISTS {client}"),
+                "EXISTS auth:login:ip:198.51.100.77",
+            ],
+        )
+        .await?;
+    ensure!(
+        keys.starts_with("+OK") && keys.contains("auth:fam:") && keys.contains("rl:"),
+        "no refresh family or rate-limit budget in Redis: {keys:?}"
+    );
+    // The two EXISTS replies are the last two lines.
+    let exists: Vec<&str> = keys.lines().rev().take(2).collect();
+    ensure!(
+        exists == [":0", ":1"],
+        "failed logins must be counted as {client} (the client the edge saw), never as the          spoofed 198.51.100.77: {keys:?}"
+    );
+
+    // The backends' network reaches neither Redis nor the auth service (checked at once: a
+    // name that is not there takes the lookup's whole timeout to fail).
+    let lookups = ["users-1", "orders"].into_iter().flat_map(|service| {
+        ["redis", "auth-service"].map(|name| async move {
+            let resolved = stack.resolves_from(service, name).await?;
+            ensure!(!resolved, "{service} resolves {name}");
+            anyhow::Ok(())
+        })
+    });
+    futures::future::try_join_all(lookups).await?;
+    let redis = stack.container_of("redis").await?;
+    let addresses = stack.addresses_of(&redis).await?;
+    ensure!(
+        addresses.len() == 1 && addresses[0].starts_with(&format!("{}.", stack.state_net())),
+        "Redis must be on the state network only: {addresses:?}"
+    );
+    let reached = stack.redis_from("users-1", &addresses[0], &["PING"]).await;
+    ensure!(
+        reached.is_err(),
+        "users-1 reached Redis at {}: {reached:?}",
+        addresses[0]
+    );
+    ensure!(
+        stack.resolves_from("data-plane", "redis").await?,
+        "a data plane must reach Redis"
+    );
+    let auth_container = stack.container_of("auth-service").await?;
+    let published = stack.docker(&["port", &auth_container]).await?;
+    ensure!(
+        published.trim().is_empty(),
+        "the auth service must publish no port: {published}"
+    );
+    eprintln!(
+        "Redis {} refuses without its password; backends reach neither Redis nor the auth \
+         service; failed logins counted as {client}",
+        addresses[0]
+    );
     Ok(())
 }
 

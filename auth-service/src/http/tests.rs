@@ -1,10 +1,12 @@
 //! API tests: the router driven in-process against a real SQLite file and a real redis-server.
 
 use super::*;
+use crate::client_addr::TrustedProxies;
 use crate::clock::SystemClock;
 use crate::keys::{KeyRing, RotationPolicy};
 use crate::refresh::RefreshStore;
 use crate::testutil::RedisServer;
+use crate::throttle::{LoginThrottle, ThrottleConfig};
 use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
 use std::sync::RwLock;
@@ -38,6 +40,14 @@ async fn fixture() -> Fixture {
             audience: "gateway".into(),
         },
         RefreshStore::new(redis.connection_manager().await),
+        LoginThrottle::new(
+            redis.connection_manager().await,
+            ThrottleConfig {
+                user_failures: 3,
+                ip_failures: 5,
+                window: Duration::from_secs(60),
+            },
+        ),
         Arc::new(SystemClock),
     ));
     Fixture {
@@ -60,7 +70,18 @@ async fn call(
     f: &Fixture,
     req: Request<Full<Bytes>>,
 ) -> (StatusCode, http::HeaderMap, serde_json::Value) {
-    let resp = handle(&f.service, req).await;
+    call_from(f, CLIENT, req).await
+}
+
+/// The client address of requests sent with [`call`].
+const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+
+async fn call_from(
+    f: &Fixture,
+    client: IpAddr,
+    req: Request<Full<Bytes>>,
+) -> (StatusCode, http::HeaderMap, serde_json::Value) {
+    let resp = handle(&f.service, client, req).await;
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.unwrap().to_bytes();
     let json = if bytes.is_empty() {
@@ -301,6 +322,67 @@ async fn unknown_paths_and_methods() {
     );
 }
 
+/// The fixture allows 3 failures per name and 5 per address within 60 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_logins_are_throttled_with_429_problem_json_and_retry_after() {
+    let f = fixture().await;
+    let wrong = r#"{"username":"alice","password":"queen"}"#;
+    let right = r#"{"username":"alice","password":"wonderland"}"#;
+    for i in 0..3 {
+        let (s, h, b) = call(&f, post("/auth/login", wrong)).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "failure {i}: {b}");
+        assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+    }
+    // The name is blocked, from any address, even with the right password.
+    let other = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 7));
+    for (client, body) in [(CLIENT, wrong), (other, right)] {
+        let (s, h, b) = call_from(&f, client, post("/auth/login", body)).await;
+        assert_problem(s, &h, &b, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(b["type"], "urn:gateway:problem:too-many-failed-logins");
+        assert_eq!(b["title"], "Too many failed logins");
+        let retry: u64 = h[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "{retry}");
+        assert!(
+            b["detail"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("retry in {retry} s")),
+            "{b}"
+        );
+        assert_eq!(h[header::CACHE_CONTROL], "no-store");
+    }
+    // The address has 3 failures: two more on other names, then it is blocked too.
+    for name in ["bob", "carol"] {
+        let body = format!(r#"{{"username":"{name}","password":"x"}}"#);
+        let (s, _, b) = call(&f, post("/auth/login", body)).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{b}");
+    }
+    let (s, h, b) = call(
+        &f,
+        post("/auth/login", r#"{"username":"dave","password":"x"}"#),
+    )
+    .await;
+    assert_problem(s, &h, &b, StatusCode::TOO_MANY_REQUESTS);
+    // Refresh and JWKS are not throttled.
+    let (s, _, _) = call(
+        &f,
+        Request::get("/.well-known/jwks.json")
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+}
+
+/// Logins that succeed are not failures: any number of them, no 429.
+#[tokio::test(flavor = "multi_thread")]
+async fn successful_logins_are_never_throttled() {
+    let f = fixture().await;
+    for _ in 0..8 {
+        login(&f).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_down_gives_503_not_500() {
     let mut f = fixture().await;
@@ -336,6 +418,7 @@ async fn served_over_tcp_with_chunked_oversized_body() {
     let server = tokio::spawn(serve(
         listener,
         f.service.clone(),
+        TrustedProxies::default(),
         gateway_telemetry::Tracer::disabled(),
         async {
             let _ = stop_rx.await;

@@ -3,6 +3,7 @@
 //! read state (ListDataPlanes via grpcurl, HAProxy's server table, a replica's /config).
 
 mod spans;
+mod state;
 mod traffic;
 
 use std::collections::BTreeSet;
@@ -18,6 +19,7 @@ use serde_json::Value;
 use tokio::process::Command;
 
 pub use spans::SpanInfo;
+pub use state::USERS;
 pub use traffic::Traffic;
 
 /// Services of docker-compose.yml that run several replicas (`--scale`).
@@ -37,8 +39,8 @@ pub struct Plane {
     pub acked_version: u64,
 }
 
-/// The control-channel tokens of the stack, generated per run and written into the env file
-/// made from `.env.example`.
+/// The secrets of the stack (control-channel tokens and Redis's password), generated per run and
+/// written into the env file made from `.env.example`.
 pub struct Tokens {
     /// `GATEWAY_ADMIN_TOKEN` (role admin, name compose-admin).
     pub admin: String,
@@ -46,6 +48,8 @@ pub struct Tokens {
     pub data_plane: String,
     /// `GATEWAY_VIEWER_TOKEN` (role viewer).
     pub viewer: String,
+    /// `GATEWAY_REDIS_PASSWORD` (Redis's requirepass).
+    pub redis_password: String,
 }
 
 /// 32 random bytes from the kernel, hex-encoded (what `openssl rand -hex 32` makes).
@@ -56,8 +60,9 @@ fn random_token() -> Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// `.env.example` with its token lines set: the env file a user makes by following its comments.
-/// Fails if the example holds anything but empty token placeholders (no secret is ever committed).
+/// `.env.example` with its secret lines set: the env file a user makes by following its
+/// comments. Fails if the example holds anything but empty placeholders (no secret is ever
+/// committed).
 fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
     let mut out = String::new();
     let mut set = 0;
@@ -66,13 +71,14 @@ fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
             Some(("GATEWAY_ADMIN_TOKEN", v)) => Some((v, &tokens.admin)),
             Some(("GATEWAY_DATA_PLANE_TOKEN", v)) => Some((v, &tokens.data_plane)),
             Some(("GATEWAY_VIEWER_TOKEN", v)) => Some((v, &tokens.viewer)),
+            Some(("GATEWAY_REDIS_PASSWORD", v)) => Some((v, &tokens.redis_password)),
             _ => None,
         };
         match value {
             Some((placeholder, token)) => {
                 ensure!(
                     placeholder.trim().is_empty(),
-                    ".env.example must not hold a token: {line:?}"
+                    ".env.example must not hold a secret: {line:?}"
                 );
                 let (name, _) = line.split_once('=').unwrap_or_default();
                 out.push_str(&format!("{name}={token}\n"));
@@ -85,8 +91,8 @@ fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
         }
     }
     ensure!(
-        set == 3,
-        ".env.example lacks some of the 3 GATEWAY_*_TOKEN lines"
+        set == 4,
+        ".env.example lacks some of the 3 GATEWAY_*_TOKEN lines and GATEWAY_REDIS_PASSWORD"
     );
     Ok(out)
 }
@@ -101,6 +107,7 @@ pub struct Stack {
     edge_port: u16,
     control_plane_port: u16,
     edge_net: String,
+    state_net: String,
     image: String,
     http: reqwest::Client,
     spans: spans::Source,
@@ -129,6 +136,9 @@ impl Stack {
             .unwrap_or_else(|_| "gateway-compose-test".to_owned());
         let edge_net =
             std::env::var("GATEWAY_COMPOSE_EDGE_NET").unwrap_or_else(|_| "10.213.81".to_owned());
+        // Not the file's default (10.213.82), so a stack started by hand can run beside the suite.
+        let state_net =
+            std::env::var("GATEWAY_COMPOSE_STATE_NET").unwrap_or_else(|_| "10.213.83".to_owned());
         let image = std::env::var("GATEWAY_IMAGE").unwrap_or_else(|_| "gateway:latest".to_owned());
         let compose_file = std::fs::read_to_string(root.join("docker-compose.yml"))?;
         let jaeger_image = compose_file
@@ -143,16 +153,16 @@ impl Stack {
             _ => !docker_ok(&["image", "inspect", &jaeger_image]).await,
         };
         let mut files = vec![root.join("docker-compose.yml")];
-        let [edge_port, control_plane_port, auth_port, jaeger_port] = free_ports()?;
+        let [edge_port, control_plane_port, jaeger_port] = free_ports()?;
         let mut env = vec![
             ("GATEWAY_EDGE_PORT".to_owned(), edge_port.to_string()),
             (
                 "GATEWAY_CONTROL_PLANE_PORT".to_owned(),
                 control_plane_port.to_string(),
             ),
-            ("GATEWAY_AUTH_PORT".to_owned(), auth_port.to_string()),
             ("GATEWAY_JAEGER_UI_PORT".to_owned(), jaeger_port.to_string()),
             ("GATEWAY_EDGE_NET".to_owned(), edge_net.clone()),
+            ("GATEWAY_STATE_NET".to_owned(), state_net.clone()),
             ("GATEWAY_IMAGE".to_owned(), image.clone()),
         ];
         let spans = if offline {
@@ -173,6 +183,7 @@ impl Stack {
             admin: random_token()?,
             data_plane: random_token()?,
             viewer: random_token()?,
+            redis_password: random_token()?,
         };
         let example =
             std::fs::read_to_string(root.join(".env.example")).context("reading .env.example")?;
@@ -183,8 +194,21 @@ impl Stack {
             env_dir.path().join("gateway.env"),
             env_file_from_example(&example, &tokens)?,
         )?;
-        // The example as shipped (empty tokens) must make compose refuse, saying what to do.
+        // The example as shipped (empty secrets) must make compose refuse, saying what to do; so
+        // must an env file with the tokens but no Redis password.
         std::fs::write(env_dir.path().join("example.env"), &example)?;
+        std::fs::write(
+            env_dir.path().join("no-redis-password.env"),
+            env_file_from_example(
+                &example,
+                &Tokens {
+                    admin: tokens.admin.clone(),
+                    data_plane: tokens.data_plane.clone(),
+                    viewer: tokens.viewer.clone(),
+                    redis_password: String::new(),
+                },
+            )?,
+        )?;
         let stack = Stack {
             compose_cmd,
             project,
@@ -194,6 +218,7 @@ impl Stack {
             edge_port,
             control_plane_port,
             edge_net,
+            state_net,
             image,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -208,7 +233,7 @@ impl Stack {
         stack.refuses_the_unfilled_example().await?;
         eprintln!(
             "compose: {} -p {} ({} files); edge 127.0.0.1:{edge_port}, control plane \
-             127.0.0.1:{control_plane_port}, auth 127.0.0.1:{auth_port}",
+             127.0.0.1:{control_plane_port}",
             stack.compose_cmd.join(" "),
             stack.project,
             stack.files.len()
@@ -231,6 +256,18 @@ impl Stack {
             return Err(e);
         }
         eprintln!("stack ready after {:.1?}", t.elapsed());
+        // A fresh stack has no user: the suite adds its own as an operator would.
+        let users = async {
+            stack.ensure_no_users().await?;
+            for (name, password, role) in USERS {
+                stack.add_user(name, password, role).await?;
+            }
+            anyhow::Ok(())
+        };
+        if let Err(e) = users.await {
+            stack.dump_logs().await;
+            return Err(e);
+        }
         Ok(stack)
     }
 
@@ -244,13 +281,23 @@ impl Stack {
         &self.tokens
     }
 
-    /// `compose config` with `.env.example` as it is shipped (tokens empty) fails, and says
-    /// which setting is missing and what to do.
+    /// `compose config` with `.env.example` as it is shipped (secrets empty) fails, and says
+    /// which setting is missing and what to do; with the tokens but no Redis password too.
     async fn refuses_the_unfilled_example(&self) -> Result<()> {
+        self.refuses_env_file("example.env", "GATEWAY_ADMIN_TOKEN")
+            .await?;
+        self.refuses_env_file("no-redis-password.env", "GATEWAY_REDIS_PASSWORD")
+            .await?;
+        eprintln!("compose refuses .env.example as shipped, and without a Redis password: ok");
+        Ok(())
+    }
+
+    /// `compose config` with `env_file` (in the env directory) fails, naming `missing`.
+    async fn refuses_env_file(&self, env_file: &str, missing: &str) -> Result<()> {
         let mut cmd = Command::new(&self.compose_cmd[0]);
         cmd.args(&self.compose_cmd[1..])
             .arg("--env-file")
-            .arg(self.env_dir.join("example.env"))
+            .arg(self.env_dir.join(env_file))
             .arg("-p")
             .arg(&self.project)
             .arg("--project-directory")
@@ -262,6 +309,7 @@ impl Stack {
             .envs(self.env.iter().cloned())
             .env_remove("GATEWAY_ADMIN_TOKEN")
             .env_remove("GATEWAY_DATA_PLANE_TOKEN")
+            .env_remove("GATEWAY_REDIS_PASSWORD")
             .stdin(Stdio::null());
         let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
             .await
@@ -269,18 +317,27 @@ impl Stack {
         let stderr = String::from_utf8_lossy(&out.stderr);
         ensure!(
             !out.status.success(),
-            "compose accepted .env.example without tokens"
+            "compose accepted {env_file} without {missing}"
         );
         ensure!(
-            stderr.contains("GATEWAY_ADMIN_TOKEN") && stderr.contains("copy .env.example to .env"),
-            "compose's refusal does not say what to do: {stderr}"
+            stderr.contains(missing) && stderr.contains("copy .env.example to .env"),
+            "compose's refusal of {env_file} does not say what to do: {stderr}"
         );
-        eprintln!("compose refuses .env.example as shipped (no tokens): ok");
         Ok(())
     }
 
     /// Runs the compose CLI with this project's files, env file and environment; returns stdout.
     pub async fn compose(&self, args: &[&str]) -> Result<String> {
+        run(
+            self.compose_cli(args),
+            &format!("compose {}", args.join(" ")),
+            Duration::from_secs(300),
+        )
+        .await
+    }
+
+    /// The compose CLI with this project's files, env file, environment and `args`.
+    fn compose_cli(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.compose_cmd[0]);
         cmd.args(&self.compose_cmd[1..])
             .arg("--env-file")
@@ -293,12 +350,7 @@ impl Stack {
             cmd.arg("-f").arg(f);
         }
         cmd.args(args).envs(self.env.iter().cloned());
-        run(
-            cmd,
-            &format!("compose {}", args.join(" ")),
-            Duration::from_secs(300),
-        )
-        .await
+        cmd
     }
 
     /// Runs the docker CLI; returns stdout.
@@ -319,6 +371,11 @@ impl Stack {
     /// First three octets of the edge network.
     pub fn edge_net(&self) -> &str {
         &self.edge_net
+    }
+
+    /// First three octets of the state network (Redis, auth service, data planes).
+    pub fn state_net(&self) -> &str {
+        &self.state_net
     }
 
     /// Full Docker name of one of the compose file's networks.
@@ -842,8 +899,33 @@ async fn docker(args: &[&str]) -> Result<String> {
 }
 
 async fn run(mut cmd: Command, what: &str, within: Duration) -> Result<String> {
-    cmd.stdin(Stdio::null()).kill_on_drop(true);
-    let out = tokio::time::timeout(within, cmd.output())
+    cmd.stdin(Stdio::null());
+    run_with_stdin(cmd, what, within, None).await
+}
+
+/// [`run`], writing `stdin` (when given) to the command's standard input.
+async fn run_with_stdin(
+    mut cmd: Command,
+    what: &str,
+    within: Duration,
+    stdin: Option<&str>,
+) -> Result<String> {
+    cmd.kill_on_drop(true)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run `{what}`"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        use tokio::io::AsyncWriteExt as _;
+        pipe.write_all(text.as_bytes())
+            .await
+            .with_context(|| format!("writing to the stdin of `{what}`"))?;
+    }
+    let out = tokio::time::timeout(within, child.wait_with_output())
         .await
         .with_context(|| format!("`{what}` did not finish within {within:?}"))?
         .with_context(|| format!("cannot run `{what}`"))?;
