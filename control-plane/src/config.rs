@@ -3,15 +3,15 @@
 
 use crate::credentials::carry_secret;
 use crate::error::StoreError;
+use gateway_proto::hash::HashKey;
 use gateway_proto::v1::{ApiKey, ConfigSnapshot, Route, Upstream};
 use prost::Message;
-use sha2::{Digest, Sha256};
 
 /// Routes, upstreams and API keys of one configuration, each sorted by name.
 ///
 /// Sorted order makes the encoding canonical: the same content always gives the
-/// same bytes, so the same hash (equal to [`gateway_proto::config_hash`] when
-/// there is no API key).
+/// same bytes. The content hash ([`Config::hash`]) is taken over the same
+/// encoding with every secret replaced by a keyed digest.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Config {
     /// Every route, sorted by name.
@@ -51,7 +51,7 @@ impl Config {
     }
 
     /// The canonical encoding: a `ConfigSnapshot` holding only routes, upstreams and API keys.
-    /// This is what the database stores and what the content hash is taken over.
+    /// This is what the database stores (secrets included).
     pub fn encode(&self) -> Vec<u8> {
         // Encode through a borrowed view so 10,000 routes are not cloned just to be written.
         let mut buf = Vec::with_capacity(self.encoded_len());
@@ -79,9 +79,11 @@ impl Config {
         Ok(Config::new(s.routes, s.upstreams).with_api_keys(s.api_keys))
     }
 
-    /// Hex SHA-256 of the canonical encoding.
-    pub fn hash(&self) -> String {
-        hash_encoded(&self.encode())
+    /// The content hash: [`gateway_proto::config_hash`] under the store's
+    /// hash key (secrets replaced by keyed digests, so the hash shown to
+    /// viewers reveals nothing about them, yet changes when one changes).
+    pub fn hash(&self, key: &HashKey) -> String {
+        gateway_proto::config_hash(&self.routes, &self.upstreams, &self.api_keys, key)
     }
 
     /// The route with this name.
@@ -158,11 +160,6 @@ impl ConfigRef<'_> {
         new.api_keys = self.api_keys.to_vec();
         Ok(new)
     }
-}
-
-/// Hex SHA-256 of an already encoded configuration.
-pub fn hash_encoded(encoded: &[u8]) -> String {
-    hex::encode(Sha256::digest(encoded))
 }
 
 /// One change an operator asks for.
@@ -339,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn encoding_is_canonical_and_hash_matches_the_shared_one() {
+    fn encoding_is_canonical_and_hash_matches_the_plain_one_without_secrets() {
         let a = Config::new(
             vec![route("b", "u"), route("a", "u")],
             vec![upstream("v"), upstream("u")],
@@ -349,10 +346,10 @@ mod tests {
             vec![upstream("u"), upstream("v")],
         );
         assert_eq!(a.encode(), b.encode());
-        assert_eq!(
-            a.hash(),
-            gateway_proto::config_hash(&a.routes, &a.upstreams)
-        );
+        let key = HashKey::from_bytes([5; 32]);
+        assert_eq!(a.hash(&key), b.hash(&key));
+        // No secret: the hash is the SHA-256 of the stored bytes.
+        assert_eq!(a.hash(&key), gateway_proto::hash::plain_sha256(&a.encode()));
         assert_eq!(Config::decode(&a.encode()).unwrap(), a);
         assert_eq!(Config::default().encode(), Vec::<u8>::new());
     }
@@ -419,10 +416,11 @@ mod tests {
         let c = Mutation::RevokeApiKey("a".into()).apply(c.view()).unwrap();
         assert_eq!(c.api_keys.len(), 1);
         assert_eq!(Config::decode(&c.encode()).unwrap(), c);
-        assert_ne!(
-            c.hash(),
-            gateway_proto::config_hash(&c.routes, &c.upstreams)
-        );
+        // A key hash is a secret: masked in the content hash.
+        let key = HashKey::from_bytes([5; 32]);
+        assert_ne!(c.hash(&key), gateway_proto::hash::plain_sha256(&c.encode()));
+        let without_keys = Config::new(c.routes.clone(), c.upstreams.clone());
+        assert_ne!(c.hash(&key), without_keys.hash(&key));
     }
 
     #[test]

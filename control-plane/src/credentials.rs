@@ -99,7 +99,9 @@ pub fn redact_key(k: &ApiKey) -> ApiKey {
 
 /// A snapshot as operators see it (`GetConfig`): no key hash, no signing
 /// secret, `redacted` set. The content `hash` stays the stored one so it can
-/// be compared with `ListConfigVersions` and the data planes' `/config`.
+/// be compared with `ListConfigVersions` and the data planes' `/config`; it
+/// covers secrets only as keyed digests ([`gateway_proto::config_hash`]), so
+/// showing it reveals nothing about them.
 pub fn redact_snapshot(s: &ConfigSnapshot) -> ConfigSnapshot {
     ConfigSnapshot {
         version: s.version,

@@ -18,12 +18,21 @@
 //!
 //! After each commit the new snapshot is published on a `watch` channel, which
 //! is what config streams follow (no polling) and what reads are served from.
+//!
+//! Content hashes: every version's `hash` is [`Config::hash`] under the
+//! database's own hash key (table `hash_key`, 32 random bytes made at first
+//! open), so the hash every viewer sees covers secrets only through keyed
+//! digests. The key lives next to the secrets it protects, in this file, and
+//! nowhere else. A database written before the key existed gets the key and
+//! all its hashes recomputed, in one transaction, the first time it is opened.
 
 use crate::changes::{self, Change};
 use crate::clock::{Clock, rfc3339, system_clock};
-use crate::config::{Config, ConfigRef, Mutation, hash_encoded};
+use crate::config::{Config, ConfigRef, Mutation};
 use crate::error::StoreError;
+use gateway_proto::hash::{HASH_KEY_LEN, HashKey, plain_sha256};
 use gateway_proto::v1::{ConfigSnapshot, ConfigVersion};
+use rand::RngCore as _;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -76,6 +85,8 @@ pub struct Store {
     writer: Mutex<()>,
     current: watch::Sender<Arc<ConfigSnapshot>>,
     clock: Clock,
+    /// Key of the digests that stand in for secrets in content hashes.
+    hash_key: HashKey,
 }
 
 impl std::fmt::Debug for Store {
@@ -105,9 +116,10 @@ impl Store {
             .connect_with(options)
             .await?;
         migrator().run(&pool).await?;
+        let hash_key = load_or_make_hash_key(&pool).await?;
         let latest = {
             let mut conn = pool.acquire().await?;
-            load_latest(&mut conn).await?
+            load_latest(&mut conn, &hash_key).await?
         };
         let (current, _) = watch::channel(Arc::new(latest));
         Ok(Store {
@@ -115,6 +127,7 @@ impl Store {
             writer: Mutex::new(()),
             current,
             clock,
+            hash_key,
         })
     }
 
@@ -144,7 +157,7 @@ impl Store {
     /// One version: 0 is the empty configuration; an unknown version is `NotFound`.
     pub async fn snapshot(&self, version: u64) -> Result<ConfigSnapshot, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        load_version(&mut conn, version).await
+        load_version(&mut conn, version, &self.hash_key).await
     }
 
     /// Metadata of the newest `limit` versions, newest first (`0` means [`DEFAULT_VERSION_LIMIT`]).
@@ -185,7 +198,9 @@ impl Store {
             let mut conn = self.pool.acquire().await?;
             let current = self.latest_in(&mut conn).await?;
             drop(conn);
-            let planned = plan_off_runtime(current.clone(), mutation, options).await?;
+            let planned = self
+                .plan_off_runtime(current.clone(), mutation, options)
+                .await?;
             let version = if planned.unchanged {
                 current.version
             } else {
@@ -232,7 +247,7 @@ impl Store {
         if cached.version == latest {
             Ok(cached)
         } else {
-            Ok(Arc::new(load_latest(conn).await?))
+            Ok(Arc::new(load_latest(conn, &self.hash_key).await?))
         }
     }
 
@@ -250,14 +265,16 @@ impl Store {
             Pending::Ready(m) => *m,
             // Read the old version inside the transaction, like everything else.
             Pending::Rollback(version) => {
-                let old = load_version(&mut tx, version).await?;
+                let old = load_version(&mut tx, version, &self.hash_key).await?;
                 Mutation::Rollback {
                     version,
                     content: Config::new(old.routes, old.upstreams),
                 }
             }
         };
-        let planned = plan_off_runtime(current.clone(), mutation, options).await?;
+        let planned = self
+            .plan_off_runtime(current.clone(), mutation, options)
+            .await?;
         if planned.unchanged {
             // Idempotent: re-applying the current content creates no version.
             tx.rollback().await?;
@@ -313,6 +330,23 @@ impl Store {
     }
 }
 
+impl Store {
+    /// [`plan`] on the blocking pool: validating and diffing 10,000 routes takes
+    /// tens of milliseconds, which must not stall the config streams sharing the runtime.
+    async fn plan_off_runtime(
+        &self,
+        current: Arc<ConfigSnapshot>,
+        mutation: Mutation,
+        options: &MutateOptions,
+    ) -> Result<Planned, StoreError> {
+        let expected_version = options.expected_version;
+        let key = self.hash_key.clone();
+        tokio::task::spawn_blocking(move || plan(&current, mutation, expected_version, &key))
+            .await
+            .map_err(|e| StoreError::Internal(format!("validation task failed: {e}")))?
+    }
+}
+
 /// A mutation to commit, possibly still to be read from the database.
 enum Pending {
     /// Boxed: a `Route` is large (and grows with every route setting).
@@ -331,23 +365,11 @@ struct Planned {
     unchanged: bool,
 }
 
-/// [`plan`] on the blocking pool: validating and diffing 10,000 routes takes
-/// tens of milliseconds, which must not stall the config streams sharing the runtime.
-async fn plan_off_runtime(
-    current: Arc<ConfigSnapshot>,
-    mutation: Mutation,
-    options: &MutateOptions,
-) -> Result<Planned, StoreError> {
-    let expected_version = options.expected_version;
-    tokio::task::spawn_blocking(move || plan(&current, mutation, expected_version))
-        .await
-        .map_err(|e| StoreError::Internal(format!("validation task failed: {e}")))?
-}
-
 fn plan(
     current: &ConfigSnapshot,
     mutation: Mutation,
     expected_version: Option<u64>,
+    hash_key: &HashKey,
 ) -> Result<Planned, StoreError> {
     check_expected(expected_version, current.version)?;
     let summary = mutation.fixed_summary();
@@ -355,7 +377,7 @@ fn plan(
     let config = mutation.apply(old)?;
     config.validate()?;
     let encoded = config.encode();
-    let hash = hash_encoded(&encoded);
+    let hash = config.hash(hash_key);
     let changes = changes::diff(old, config.view());
     let summary = summary.unwrap_or_else(|| format!("apply: {}", changes::summarize(&changes)));
     Ok(Planned {
@@ -379,20 +401,90 @@ fn check_expected(expected: Option<u64>, current: u64) -> Result<(), StoreError>
 
 /// The schema, embedded in the binary (migrations/*.sql).
 fn migrator() -> Migrator {
-    Migrator::with_migrations(vec![Migration::new(
-        1,
-        "config versions".into(),
-        MigrationType::Simple,
-        AssertSqlSafe(include_str!("../migrations/0001_config_versions.sql")).into_sql_str(),
-        false,
-    )])
+    Migrator::with_migrations(vec![
+        Migration::new(
+            1,
+            "config versions".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(include_str!("../migrations/0001_config_versions.sql")).into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            "hash key".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(include_str!("../migrations/0002_hash_key.sql")).into_sql_str(),
+            false,
+        ),
+    ])
+}
+
+/// The database's hash key. The first open of a database without one makes
+/// it (32 bytes from the OS-seeded CSPRNG) and, in the same transaction,
+/// recomputes the hash of every stored version with it: those hashes were
+/// plain SHA-256 over the secrets. Each old hash is checked against its
+/// content first, so a corrupt row stops the open instead of being blessed.
+async fn load_or_make_hash_key(pool: &SqlitePool) -> Result<HashKey, StoreError> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let stored: Option<Vec<u8>> = sqlx::query_scalar("SELECT key FROM hash_key WHERE id = 1")
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some(bytes) = stored {
+        tx.rollback().await?;
+        let bytes: [u8; HASH_KEY_LEN] = bytes.try_into().map_err(|b: Vec<u8>| {
+            StoreError::Corrupt(format!(
+                "hash_key: {} bytes, expected {HASH_KEY_LEN}",
+                b.len()
+            ))
+        })?;
+        return Ok(HashKey::from_bytes(bytes));
+    }
+    let mut bytes = [0u8; HASH_KEY_LEN];
+    rand::rng().fill_bytes(&mut bytes);
+    let key = HashKey::from_bytes(bytes);
+    sqlx::query("INSERT INTO hash_key (id, key) VALUES (1, ?)")
+        .bind(&bytes[..])
+        .execute(&mut *tx)
+        .await?;
+    // One row at a time: a long history of large configurations never sits in memory at once.
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM config_versions")
+        .fetch_all(&mut *tx)
+        .await?;
+    for &version in &versions {
+        let row = sqlx::query("SELECT snapshot, hash FROM config_versions WHERE version = ?")
+            .bind(version)
+            .fetch_one(&mut *tx)
+            .await?;
+        let blob: Vec<u8> = row.try_get("snapshot")?;
+        let old: String = row.try_get("hash")?;
+        if plain_sha256(&blob) != old {
+            return Err(StoreError::Corrupt(format!(
+                "version {version}: content does not match its hash"
+            )));
+        }
+        let config = Config::decode(&blob)
+            .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
+        sqlx::query("UPDATE config_versions SET hash = ? WHERE version = ?")
+            .bind(config.hash(&key))
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    if !versions.is_empty() {
+        tracing::info!(
+            versions = versions.len(),
+            "made the hash key and recomputed the stored configuration hashes with it"
+        );
+    }
+    Ok(key)
 }
 
 /// The empty configuration every database starts at.
-fn version_zero() -> ConfigSnapshot {
+fn version_zero(hash_key: &HashKey) -> ConfigSnapshot {
     ConfigSnapshot {
         version: 0,
-        hash: Config::default().hash(),
+        hash: Config::default().hash(hash_key),
         summary: "empty initial configuration".into(),
         ..Default::default()
     }
@@ -401,24 +493,28 @@ fn version_zero() -> ConfigSnapshot {
 const SELECT_SNAPSHOT: &str =
     "SELECT version, snapshot, hash, created_at, summary, author FROM config_versions";
 
-async fn load_latest(conn: &mut SqliteConnection) -> Result<ConfigSnapshot, StoreError> {
+async fn load_latest(
+    conn: &mut SqliteConnection,
+    hash_key: &HashKey,
+) -> Result<ConfigSnapshot, StoreError> {
     let row = sqlx::query(AssertSqlSafe(format!(
         "{SELECT_SNAPSHOT} ORDER BY version DESC LIMIT 1"
     )))
     .fetch_optional(&mut *conn)
     .await?;
     match row {
-        Some(row) => snapshot_from_row(&row),
-        None => Ok(version_zero()),
+        Some(row) => snapshot_from_row(&row, hash_key),
+        None => Ok(version_zero(hash_key)),
     }
 }
 
 async fn load_version(
     conn: &mut SqliteConnection,
     version: u64,
+    hash_key: &HashKey,
 ) -> Result<ConfigSnapshot, StoreError> {
     if version == 0 {
-        return Ok(version_zero());
+        return Ok(version_zero(hash_key));
     }
     let row = sqlx::query(AssertSqlSafe(format!(
         "{SELECT_SNAPSHOT} WHERE version = ?"
@@ -427,22 +523,22 @@ async fn load_version(
     .fetch_optional(&mut *conn)
     .await?;
     match row {
-        Some(row) => snapshot_from_row(&row),
+        Some(row) => snapshot_from_row(&row, hash_key),
         None => Err(StoreError::NotFound(format!("version {version} not found"))),
     }
 }
 
-fn snapshot_from_row(row: &SqliteRow) -> Result<ConfigSnapshot, StoreError> {
+fn snapshot_from_row(row: &SqliteRow, hash_key: &HashKey) -> Result<ConfigSnapshot, StoreError> {
     let version = version_of(row)?;
     let blob: Vec<u8> = row.try_get("snapshot")?;
     let hash: String = row.try_get("hash")?;
-    if hash_encoded(&blob) != hash {
+    let config = Config::decode(&blob)
+        .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
+    if config.hash(hash_key) != hash {
         return Err(StoreError::Corrupt(format!(
             "version {version}: content does not match its hash"
         )));
     }
-    let config = Config::decode(&blob)
-        .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
     Ok(ConfigSnapshot {
         version,
         hash,

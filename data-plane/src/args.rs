@@ -63,9 +63,16 @@ pub struct Args {
     #[arg(long, env = "DP_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
 
-    /// JWKS URL of the auth service, for AUTH_JWT routes.
+    /// JWKS URL of the auth service, for AUTH_JWT routes: `https://`, or
+    /// `http://` on a private network only (the keys that decide who is
+    /// authenticated would travel unauthenticated).
     #[arg(long, env = "DP_JWKS_URL")]
     pub jwks_url: Option<String>,
+
+    /// PEM CA certificate(s) an `https://` JWKS server's certificate must
+    /// chain to (default: the system's roots).
+    #[arg(long, env = "DP_JWKS_CA")]
+    pub jwks_ca: Option<PathBuf>,
 
     /// Required `iss` of access tokens.
     #[arg(long, env = "DP_JWT_ISSUER", default_value = "gateway-auth")]
@@ -287,6 +294,14 @@ impl Args {
         if self.redis_ca.is_some() && !self.redis_url.as_ref().is_some_and(RedisUrl::is_tls) {
             return invalid("redis-ca", "needs a rediss:// (TLS) --redis-url");
         }
+        if self.jwks_ca.is_some()
+            && !self
+                .jwks_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("https://"))
+        {
+            return invalid("jwks-ca", "needs an https:// --jwks-url");
+        }
         Ok(())
     }
 
@@ -344,6 +359,7 @@ impl Args {
     pub fn jwt(&self) -> Option<gateway_jwt::JwtConfig> {
         self.jwks_url.as_ref().map(|url| gateway_jwt::JwtConfig {
             jwks_url: url.clone(),
+            jwks_ca: self.jwks_ca.clone(),
             issuer: self.jwt_issuer.clone(),
             audience: self.jwt_audience.clone(),
             ..gateway_jwt::JwtConfig::default()
@@ -474,6 +490,44 @@ mod tests {
                 .validate()
                 .is_err()
         );
+    }
+
+    #[test]
+    fn the_jwks_ca_goes_with_an_https_jwks_url() {
+        let a = Args::try_parse_from([
+            "data-plane",
+            "--jwks-url",
+            "https://auth.internal/.well-known/jwks.json",
+            "--jwks-ca",
+            "/etc/gateway/auth-ca.pem",
+        ])
+        .unwrap();
+        a.validate().unwrap();
+        let jwt = a.jwt().unwrap();
+        assert_eq!(
+            jwt.jwks_ca.as_deref(),
+            Some(std::path::Path::new("/etc/gateway/auth-ca.pem"))
+        );
+        for args in [
+            &["data-plane", "--jwks-ca", "ca.pem"][..],
+            &[
+                "data-plane",
+                "--jwks-url",
+                "http://auth:4000/.well-known/jwks.json",
+                "--jwks-ca",
+                "ca.pem",
+            ],
+        ] {
+            let err = Args::try_parse_from(args)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("--jwks-ca") && err.contains("https://"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

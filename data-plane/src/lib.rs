@@ -98,7 +98,7 @@ pub enum StartError {
     /// A setting is unusable.
     #[error(transparent)]
     Args(#[from] args::ArgsError),
-    /// The token verifier cannot be built (bad `--jwks-url`, empty issuer or audience).
+    /// The token verifier cannot be built (bad `--jwks-url` or `--jwks-ca`, empty issuer or audience).
     #[error("token verification: {0}")]
     Jwt(#[from] gateway_jwt::JwtConfigError),
     /// The rate limiter cannot be built.

@@ -1,30 +1,160 @@
-//! Content hash of a configuration: the same routes and upstreams always give
-//! the same hash, whatever the version number or the order they were given in.
+//! Content hash of a configuration: the same routes, upstreams and API keys
+//! always give the same hash, whatever the version number or the order they
+//! were given in.
+//!
+//! The hash is shown to every viewer (`GetConfig`, `ListConfigVersions`) and
+//! by the data planes' unauthenticated ops `/config`, so it must not let
+//! anyone test a guess of a secret offline. Secrets are therefore never
+//! hashed as they are: each one (an upstream's `identity_signing_secret`, an
+//! API key's `key_sha256`) is first replaced by a keyed digest,
+//! `hex(HMAC-SHA256(key, field name || 0x00 || secret))`, under a [`HashKey`]
+//! that only the control plane holds. Changing only a secret still changes
+//! the hash (data planes see a new version and hash), while the hash of a
+//! configuration with a guessed secret cannot be computed without the key.
 
-use crate::v1::{ConfigSnapshot, Route, Upstream};
+use std::borrow::Cow;
+use std::fmt;
+
+use hmac::{Hmac, KeyInit as _, Mac as _};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-/// Hex SHA-256 over the protobuf encoding of the routes and upstreams, each sorted by name.
+use crate::v1::{ApiKey, Route, Upstream};
+
+/// Bytes in a [`HashKey`].
+pub const HASH_KEY_LEN: usize = 32;
+
+/// Protobuf field numbers of `ConfigSnapshot` the hash covers, so the hashed
+/// bytes are those of a `ConfigSnapshot` holding only these three lists.
+const ROUTES_TAG: u32 = 3;
+const UPSTREAMS_TAG: u32 = 4;
+const API_KEYS_TAG: u32 = 8;
+
+/// The secret key of the digests that stand in for secrets in
+/// [`config_hash`]: random, made once per configuration database and never
+/// sent anywhere. Its `Debug` shows nothing of it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HashKey([u8; HASH_KEY_LEN]);
+
+impl HashKey {
+    /// A key from its bytes (which must come from a CSPRNG).
+    pub fn from_bytes(bytes: [u8; HASH_KEY_LEN]) -> Self {
+        HashKey(bytes)
+    }
+
+    /// The key's bytes, to store it.
+    pub fn as_bytes(&self) -> &[u8; HASH_KEY_LEN] {
+        &self.0
+    }
+
+    /// `hex(HMAC-SHA256(key, field || 0x00 || secret))`; empty for an empty
+    /// secret, so "no secret" stays visible as such. The field name keeps the
+    /// same bytes in two different fields from giving the same digest.
+    pub fn secret_digest(&self, field: &str, secret: &str) -> String {
+        if secret.is_empty() {
+            return String::new();
+        }
+        let mut mac = Hmac::<sha2_hmac::Sha256>::new_from_slice(&self.0)
+            .expect("HMAC takes a key of any length");
+        mac.update(field.as_bytes());
+        mac.update(&[0]);
+        mac.update(secret.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+}
+
+impl fmt::Debug for HashKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HashKey(..)")
+    }
+}
+
+/// The upstream as it is hashed: `identity_signing_secret` replaced by its
+/// keyed digest (borrowed as is when it has no secret).
+pub fn masked_upstream<'a>(u: &'a Upstream, key: &HashKey) -> Cow<'a, Upstream> {
+    if u.identity_signing_secret.is_empty() {
+        return Cow::Borrowed(u);
+    }
+    let mut masked = u.clone();
+    masked.identity_signing_secret =
+        key.secret_digest("identity_signing_secret", &u.identity_signing_secret);
+    Cow::Owned(masked)
+}
+
+/// The API key as it is hashed: `key_sha256` replaced by its keyed digest.
+pub fn masked_api_key<'a>(k: &'a ApiKey, key: &HashKey) -> Cow<'a, ApiKey> {
+    if k.key_sha256.is_empty() {
+        return Cow::Borrowed(k);
+    }
+    let mut masked = k.clone();
+    masked.key_sha256 = key.secret_digest("key_sha256", &k.key_sha256);
+    Cow::Owned(masked)
+}
+
+/// Hex SHA-256 of the canonical encoding of a configuration with every
+/// secret replaced by its keyed digest ([`masked_upstream`],
+/// [`masked_api_key`]): the protobuf encoding of a `ConfigSnapshot` holding
+/// only the routes, upstreams and API keys, each list sorted by name.
 ///
 /// prost encodes fields in tag order and this model has no maps, so the
-/// encoding (and therefore the hash) is deterministic.
-pub fn config_hash(routes: &[Route], upstreams: &[Upstream]) -> String {
-    let mut routes = routes.to_vec();
+/// encoding (and therefore the hash) is deterministic. The lists are
+/// streamed into the digest one message at a time: nothing is copied but an
+/// upstream or key that has a secret.
+pub fn config_hash(
+    routes: &[Route],
+    upstreams: &[Upstream],
+    api_keys: &[ApiKey],
+    key: &HashKey,
+) -> String {
+    let mut routes: Vec<&Route> = routes.iter().collect();
     routes.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut upstreams = upstreams.to_vec();
+    let mut upstreams: Vec<&Upstream> = upstreams.iter().collect();
     upstreams.sort_by(|a, b| a.name.cmp(&b.name));
-    let content = ConfigSnapshot {
-        routes,
-        upstreams,
-        ..Default::default()
-    };
-    hex::encode(Sha256::digest(content.encode_to_vec()))
+    let mut api_keys: Vec<&ApiKey> = api_keys.iter().collect();
+    api_keys.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let mut digest = Sha256::new();
+    let mut scratch = Vec::new();
+    for r in routes {
+        feed(&mut digest, &mut scratch, ROUTES_TAG, r);
+    }
+    for u in upstreams {
+        feed(
+            &mut digest,
+            &mut scratch,
+            UPSTREAMS_TAG,
+            masked_upstream(u, key).as_ref(),
+        );
+    }
+    for k in api_keys {
+        feed(
+            &mut digest,
+            &mut scratch,
+            API_KEYS_TAG,
+            masked_api_key(k, key).as_ref(),
+        );
+    }
+    hex::encode(digest.finalize())
+}
+
+/// Adds one field (`tag`, length, message) of the encoding to the digest.
+fn feed<M: Message>(digest: &mut Sha256, scratch: &mut Vec<u8>, tag: u32, message: &M) {
+    scratch.clear();
+    prost::encoding::message::encode(tag, message, scratch);
+    digest.update(scratch.as_slice());
+}
+
+/// Hex SHA-256 of bytes as they are: the hash of a configuration before
+/// secrets were masked (databases written before the hash key existed are
+/// checked with it once, when their hashes are recomputed).
+pub fn plain_sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::v1::{ConfigSnapshot, Instance};
 
     fn route(name: &str) -> Route {
         Route {
@@ -35,13 +165,121 @@ mod tests {
         }
     }
 
+    fn upstream(secret: &str) -> Upstream {
+        Upstream {
+            name: "u".into(),
+            instances: vec![Instance {
+                id: "i1".into(),
+                url: "http://127.0.0.1:9000".into(),
+            }],
+            identity_signing_secret: secret.into(),
+            ..Default::default()
+        }
+    }
+
+    fn key(byte: u8) -> HashKey {
+        HashKey::from_bytes([byte; HASH_KEY_LEN])
+    }
+
+    /// The plain SHA-256 of a `ConfigSnapshot` encoding: what anyone can
+    /// compute from a configuration, secrets included, without the key.
+    fn plain(routes: &[Route], upstreams: &[Upstream], api_keys: &[ApiKey]) -> String {
+        plain_sha256(
+            &ConfigSnapshot {
+                routes: routes.to_vec(),
+                upstreams: upstreams.to_vec(),
+                api_keys: api_keys.to_vec(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+    }
+
     #[test]
     fn order_does_not_matter_but_content_does() {
-        let a = config_hash(&[route("a"), route("b")], &[]);
-        let b = config_hash(&[route("b"), route("a")], &[]);
+        let k = key(1);
+        let a = config_hash(&[route("a"), route("b")], &[], &[], &k);
+        let b = config_hash(&[route("b"), route("a")], &[], &[], &k);
         assert_eq!(a, b);
         assert_eq!(a.len(), 64);
-        let c = config_hash(&[route("a"), route("c")], &[]);
+        let c = config_hash(&[route("a"), route("c")], &[], &[], &k);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn without_secrets_the_hash_is_the_sha256_of_the_snapshot_encoding() {
+        let routes = [route("a"), route("b")];
+        let upstreams = [upstream("")];
+        let keys = [ApiKey {
+            name: "k".into(),
+            subject: "s".into(),
+            ..Default::default()
+        }];
+        assert_eq!(
+            config_hash(&routes, &upstreams, &keys, &key(1)),
+            plain(&routes, &upstreams, &keys)
+        );
+        assert_eq!(config_hash(&[], &[], &[], &key(1)), plain(&[], &[], &[]));
+    }
+
+    #[test]
+    fn a_secret_changes_the_hash_but_cannot_be_checked_without_the_key() {
+        let secret = "correct-horse-battery-staple-0123456789";
+        let routes = [route("a")];
+        let with = [upstream(secret)];
+        let k = key(7);
+        let hash = config_hash(&routes, &with, &[], &k);
+        // A new secret alone gives a new hash (data planes see the change).
+        let other = config_hash(
+            &routes,
+            &[upstream("another-secret-of-32-characters-xx")],
+            &[],
+            &k,
+        );
+        assert_ne!(hash, other);
+        assert_ne!(hash, config_hash(&routes, &[upstream("")], &[], &k));
+        // Someone who guessed the secret right cannot confirm it: the plain
+        // hash of the configuration with that secret is not what is shown...
+        assert_ne!(hash, plain(&routes, &with, &[]));
+        // ...nor is the hash under any other key (here: all zeros).
+        assert_ne!(hash, config_hash(&routes, &with, &[], &key(0)));
+        // ...nor the plain hash with the secret replaced by its unkeyed SHA-256.
+        let mut unkeyed = upstream("");
+        unkeyed.identity_signing_secret = plain_sha256(secret.as_bytes());
+        assert_ne!(hash, plain(&routes, &[unkeyed], &[]));
+        // The same key gives the same hash: stable across restarts.
+        assert_eq!(hash, config_hash(&routes, &with, &[], &key(7)));
+    }
+
+    #[test]
+    fn api_key_hashes_are_masked_too() {
+        let api_key = |sha: &str| ApiKey {
+            name: "k".into(),
+            subject: "s".into(),
+            role: "r".into(),
+            key_sha256: sha.into(),
+            ..Default::default()
+        };
+        let a = [api_key(&"a".repeat(64))];
+        let b = [api_key(&"b".repeat(64))];
+        let k = key(3);
+        assert_ne!(config_hash(&[], &[], &a, &k), config_hash(&[], &[], &b, &k));
+        assert_ne!(config_hash(&[], &[], &a, &k), plain(&[], &[], &a));
+        assert_eq!(
+            masked_api_key(&a[0], &k).key_sha256,
+            k.secret_digest("key_sha256", &"a".repeat(64))
+        );
+    }
+
+    #[test]
+    fn digests_depend_on_key_field_and_secret() {
+        let k = key(9);
+        let d = k.secret_digest("identity_signing_secret", "s3cret");
+        assert_eq!(d.len(), 64);
+        assert_ne!(d, key(8).secret_digest("identity_signing_secret", "s3cret"));
+        assert_ne!(d, k.secret_digest("key_sha256", "s3cret"));
+        assert_ne!(d, k.secret_digest("identity_signing_secret", "s3cret!"));
+        assert_eq!(k.secret_digest("identity_signing_secret", ""), "");
+        assert_eq!(format!("{k:?}"), "HashKey(..)");
     }
 }

@@ -5,22 +5,34 @@
 //! forwards it, borrowing the incoming value whenever it is already canonical
 //! and short enough (the common case costs no allocation).
 //!
-//! * at most [`MAX_MEMBERS`] (32) list-members, keys unique;
-//! * keys: `lcalpha 0*255(lcalpha / DIGIT / "_" / "-" / "*" / "/")`, or
-//!   `tenant@system` with a 1–241 char tenant (starting with a letter or digit)
-//!   and a 1–14 char system (starting with a letter);
-//! * values: 1–256 printable ASCII chars other than `,` and `=`, not ending in a space;
-//! * empty and whitespace-only members are allowed and skipped.
+//! The rules are those of the current W3C Trace Context text (editor's draft,
+//! `spec/20-http_request_header_format.md`, and its conformance suite as of
+//! w3c/trace-context#584, June 2026):
 //!
-//! A value that breaks any rule is invalid as a whole and must be dropped.
+//! * at most [`MAX_MEMBERS`] (32) non-empty list-members;
+//! * keys: `key = (lcalpha / DIGIT) 0*255(keychar)`, `keychar = lcalpha /
+//!   DIGIT / "_" / "-" / "*" / "/" / "@"`: 1 to 256 characters, starting with
+//!   a lowercase letter or a digit. `@` may appear anywhere after the first
+//!   character and any number of times (`foo@=1`, `foo@@bar=1`, `t@vendor=1`
+//!   are valid); a key that starts with `@`, or is 257 characters long, is not;
+//! * values: 1–256 printable ASCII chars other than `,` and `=`, not ending in a space;
+//! * empty and whitespace-only members are allowed and skipped;
+//! * a key that appears again (`foo=1,foo=2`) keeps its first (left-most,
+//!   most recent) entry; the later ones are dropped and the rest of the list
+//!   is forwarded (the specification lets a vendor discard duplicates, never
+//!   the whole header for them).
+//!
+//! A value that breaks any other rule is invalid as a whole and must be dropped.
 //! When propagating, a list longer than [`MAX_PROPAGATED_LEN`] is truncated:
 //! members longer than [`LARGE_MEMBER_LEN`] are removed first (from the end),
 //! then members from the end, until it fits.
 
 use std::borrow::Cow;
 
-/// Most list-members a `tracestate` may hold.
+/// Most non-empty list-members a `tracestate` may hold (repeated keys count).
 pub const MAX_MEMBERS: usize = 32;
+/// Longest key, in characters.
+pub const MAX_KEY_LEN: usize = 256;
 /// Length the gateway propagates at most (the specification's "at least 512").
 pub const MAX_PROPAGATED_LEN: usize = 512;
 /// Members longer than this are the first to go when truncating.
@@ -41,9 +53,6 @@ pub enum TracestateError {
     /// A value breaks the value grammar.
     #[error("tracestate list-member {0} has an invalid value")]
     Value(usize),
-    /// The same key appears twice.
-    #[error("tracestate list-member {0} repeats a key")]
-    DuplicateKey(usize),
     /// The header is not visible ASCII.
     #[error("tracestate is not ASCII")]
     NotAscii,
@@ -58,29 +67,34 @@ pub struct TraceState<'a> {
 }
 
 impl<'a> TraceState<'a> {
-    /// Validates a (combined) `tracestate` value. No allocation.
+    /// Validates a (combined) `tracestate` value. No allocation. A member
+    /// whose key appeared earlier in the list is skipped, not an error.
     pub fn parse(raw: &'a str) -> Result<Self, TracestateError> {
         let mut members = [""; MAX_MEMBERS];
+        // Members kept (distinct keys), and non-empty members seen (repeats included).
         let mut len = 0;
+        let mut count = 0;
         for piece in raw.split(',') {
             let member = piece.trim_matches([' ', '\t']);
             if member.is_empty() {
                 continue;
             }
-            if len == MAX_MEMBERS {
+            if count == MAX_MEMBERS {
                 return Err(TracestateError::TooManyMembers);
             }
             let (key, value) = member
                 .split_once('=')
-                .ok_or(TracestateError::MissingEquals(len))?;
+                .ok_or(TracestateError::MissingEquals(count))?;
             if !valid_key(key.as_bytes()) {
-                return Err(TracestateError::Key(len));
+                return Err(TracestateError::Key(count));
             }
             if !valid_value(value.as_bytes()) {
-                return Err(TracestateError::Value(len));
+                return Err(TracestateError::Value(count));
             }
+            count += 1;
             if members[..len].iter().any(|m| member_key(m) == key) {
-                return Err(TracestateError::DuplicateKey(len));
+                // Keep the first (left-most) entry of a key, drop the repeat.
+                continue;
             }
             members[len] = member;
             len += 1;
@@ -97,7 +111,7 @@ impl<'a> TraceState<'a> {
         Self::parse(raw)
     }
 
-    /// Number of list-members.
+    /// Number of list-members kept (one per distinct key).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -186,26 +200,20 @@ fn kept_len(members: &[&str], keep: &[bool; MAX_MEMBERS]) -> usize {
     )
 }
 
+/// `keychar = lcalpha / DIGIT / "_" / "-" / "*" / "/" / "@"`.
 fn key_char(c: u8) -> bool {
-    matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/')
+    matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/' | b'@')
 }
 
+/// `key = (lcalpha / DIGIT) 0*255(keychar)`: 1 to 256 characters.
 fn valid_key(key: &[u8]) -> bool {
-    match key.iter().position(|&c| c == b'@') {
-        None => {
-            (1..=256).contains(&key.len())
-                && key[0].is_ascii_lowercase()
-                && key.iter().all(|&c| key_char(c))
+    match key.split_first() {
+        Some((&first, rest)) => {
+            rest.len() < MAX_KEY_LEN
+                && (first.is_ascii_lowercase() || first.is_ascii_digit())
+                && rest.iter().all(|&c| key_char(c))
         }
-        Some(at) => {
-            let (tenant, system) = (&key[..at], &key[at + 1..]);
-            (1..=241).contains(&tenant.len())
-                && (tenant[0].is_ascii_lowercase() || tenant[0].is_ascii_digit())
-                && tenant.iter().all(|&c| key_char(c))
-                && (1..=14).contains(&system.len())
-                && system[0].is_ascii_lowercase()
-                && system.iter().all(|&c| key_char(c))
-        }
+        None => false,
     }
 }
 
@@ -250,37 +258,53 @@ mod tests {
     }
 
     #[test]
-    fn invalid_lists() {
+    fn list_rules() {
         use TracestateError::*;
         let max_key = format!("k{}", "a".repeat(255));
         let too_long_key = format!("k{}", "a".repeat(256));
+        let max_at_key = format!("{}@{}", "t".repeat(241), "v".repeat(14));
         let max_value = "v".repeat(256);
         let cases: Vec<(&str, String, Result<usize, TracestateError>)> = vec![
             ("max key", format!("{max_key}=1"), Ok(1)),
             ("key too long", format!("{too_long_key}=1"), Err(Key(0))),
+            (
+                "key too long, second member",
+                format!("foo=1,{too_long_key}=1"),
+                Err(Key(1)),
+            ),
             ("max value", format!("k={max_value}"), Ok(1)),
             ("value too long", format!("k={max_value}v"), Err(Value(0))),
             ("upper-case key", "Key=1".into(), Err(Key(0))),
-            ("key starting with digit", "1key=1".into(), Err(Key(0))),
+            ("key starting with a digit", "1key=1".into(), Ok(1)),
+            ("key of one digit", "7=1".into(), Ok(1)),
+            ("key starting with '_'", "_k=1".into(), Err(Key(0))),
+            ("key with '.'", "special.vendor=1".into(), Err(Key(0))),
             ("empty key", "=1".into(), Err(Key(0))),
             ("empty value", "k=".into(), Err(Value(0))),
             ("value with '='", "k=a=b".into(), Err(Value(0))),
             ("no equals", "a=1,k".into(), Err(MissingEquals(1))),
-            ("duplicate key", "a=1,b=2,a=3".into(), Err(DuplicateKey(2))),
             ("control char in value", "k=a\u{1}b".into(), Err(Value(0))),
+            // '@' anywhere after the first character, any number of times.
+            ("vendor key", "foo@bar=1,bar=2".into(), Ok(2)),
+            ("empty vendor", "foo@=1,bar=2".into(), Ok(2)),
+            ("two at signs in a row", "foo@@bar=1,bar=2".into(), Ok(2)),
+            ("two vendors", "foo@bar@baz=1,bar=2".into(), Ok(2)),
+            ("vendor starting with a digit", "t@1s=1".into(), Ok(1)),
+            ("256 characters with '@'", format!("{max_at_key}=1"), Ok(1)),
+            ("long tenant", format!("{}@v=1", "t".repeat(242)), Ok(1)),
+            ("long vendor", format!("t@{}=1", "v".repeat(15)), Ok(1)),
             (
-                "tenant too long",
-                format!("{}@s=1", "t".repeat(242)),
+                "257 characters with '@'",
+                format!("{max_at_key}v=1"),
                 Err(Key(0)),
             ),
-            (
-                "system too long",
-                format!("t@{}=1", "s".repeat(15)),
-                Err(Key(0)),
-            ),
-            ("system starting with digit", "t@1s=1".into(), Err(Key(0))),
-            ("empty tenant", "@s=1".into(), Err(Key(0))),
-            ("two at signs", "t@s@x=1".into(), Err(Key(0))),
+            ("key starting with '@'", "@foo=1,bar=2".into(), Err(Key(0))),
+            ("only '@'", "bar=2,@=1".into(), Err(Key(1))),
+            // A repeated key keeps its first entry; the header survives.
+            ("duplicate key", "a=1,b=2,a=3".into(), Ok(2)),
+            ("same entry twice", "foo=1,foo=1".into(), Ok(1)),
+            // Indices count every non-empty member, repeats included.
+            ("error after a repeat", "a=1,a=2,K=1".into(), Err(Key(2))),
             (
                 "32 members",
                 (0..32)
@@ -297,12 +321,54 @@ mod tests {
                     .join(","),
                 Err(TooManyMembers),
             ),
+            (
+                "33 members, one repeated",
+                (0..32)
+                    .map(|i| format!("k{i}=v"))
+                    .chain(["k0=w".to_owned()])
+                    .collect::<Vec<_>>()
+                    .join(","),
+                Err(TooManyMembers),
+            ),
         ];
         for (name, input, want) in cases {
             let got = TraceState::parse(&input).map(|ts| ts.len());
             assert_eq!(got, want, "case {name:?}");
         }
         assert_eq!(TraceState::parse_bytes(b"k=\xff").unwrap_err(), NotAscii);
+    }
+
+    #[test]
+    fn vendor_keys_are_read_and_forwarded_as_sent() {
+        let raw = "foo@=1,foo@@bar=2,t@v=3,1st=4";
+        let ts = TraceState::parse(raw).unwrap();
+        assert_eq!(ts.get("foo@"), Some("1"));
+        assert_eq!(ts.get("foo@@bar"), Some("2"));
+        assert_eq!(ts.get("t@v"), Some("3"));
+        assert_eq!(ts.get("1st"), Some("4"));
+        assert!(matches!(
+            ts.to_propagate(MAX_PROPAGATED_LEN),
+            Some(Cow::Borrowed(r)) if r == raw
+        ));
+    }
+
+    #[test]
+    fn repeated_keys_keep_the_first_entry_and_the_rest_of_the_list() {
+        let ts = TraceState::parse("foo=1,bar=2,foo=2, baz=3,bar=9").unwrap();
+        assert_eq!(
+            ts.members().collect::<Vec<_>>(),
+            ["foo=1", "bar=2", "baz=3"]
+        );
+        assert_eq!(ts.get("foo"), Some("1"));
+        assert_eq!(
+            ts.to_propagate(MAX_PROPAGATED_LEN).as_deref(),
+            Some("foo=1,bar=2,baz=3")
+        );
+        let ts = TraceState::parse("foo=1,foo=2").unwrap();
+        assert_eq!(
+            ts.to_propagate(MAX_PROPAGATED_LEN).as_deref(),
+            Some("foo=1")
+        );
     }
 
     #[test]
@@ -337,6 +403,10 @@ mod tests {
         assert_eq!(ts.to_propagate(10), None);
     }
 
+    /// Keys of the grammar (with '@'), values of the grammar.
+    const KEY: &str = "[a-z0-9][a-z0-9_*/@-]{0,20}";
+    const VALUE: &str = "[!-+\\--<>-~]{1,30}";
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -355,7 +425,7 @@ mod tests {
 
         #[test]
         fn generated_lists_are_valid_and_round_trip(
-            members in proptest::collection::btree_map("[a-z][a-z0-9_*/-]{0,20}", "[!-+\\--<>-~]{1,30}", 0..=32)
+            members in proptest::collection::btree_map(KEY, VALUE, 0..=32)
         ) {
             let raw = members.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
             let ts = TraceState::parse(&raw).unwrap();
@@ -367,6 +437,76 @@ mod tests {
                 let out = ts.to_propagate(MAX_PROPAGATED_LEN);
                 prop_assert_eq!(out.as_deref(), Some(raw.as_str()));
             }
+        }
+
+        /// Any key of the grammar, '@' included, up to 256 characters, is kept.
+        #[test]
+        fn keys_of_the_grammar_up_to_256_characters_are_valid(
+            key in "[a-z0-9][a-z0-9_*/@-]{0,255}",
+            value in VALUE,
+        ) {
+            let raw = format!("{key}={value},other=1");
+            let ts = TraceState::parse(&raw);
+            prop_assert!(ts.is_ok(), "{raw:?}: {ts:?}");
+            let ts = ts.unwrap();
+            prop_assert_eq!(ts.get(&key), Some(value.as_str()));
+            prop_assert_eq!(ts.get("other"), Some("1"));
+        }
+
+        /// A 257-character key invalidates the whole header, wherever it is.
+        #[test]
+        fn a_key_of_257_characters_invalidates_the_header(
+            key in "[a-z0-9][a-z0-9_*/@-]{256}",
+            before in proptest::collection::vec(("[a-z][a-z0-9]{0,8}", VALUE), 0..5),
+        ) {
+            let mut list: Vec<String> = before.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let at = list.len();
+            list.push(format!("{key}=1"));
+            let raw = list.join(",");
+            prop_assert_eq!(TraceState::parse(&raw).unwrap_err(), TracestateError::Key(at));
+        }
+
+        /// A key that starts with '@' invalidates the whole header, wherever it is.
+        #[test]
+        fn a_key_starting_with_at_invalidates_the_header(
+            rest in "[a-z0-9_*/@-]{0,255}",
+            before in proptest::collection::vec(("[a-z][a-z0-9]{0,8}", VALUE), 0..5),
+        ) {
+            let mut list: Vec<String> = before.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let at = list.len();
+            list.push(format!("@{rest}=1"));
+            list.push("after=1".into());
+            let raw = list.join(",");
+            prop_assert_eq!(TraceState::parse(&raw).unwrap_err(), TracestateError::Key(at));
+        }
+
+        /// Repeated keys never drop the header: each key keeps its first value,
+        /// in first-seen order, and what is forwarded has every key once.
+        #[test]
+        fn repeated_keys_keep_their_first_entry(
+            entries in proptest::collection::vec(("[a-c]@?", VALUE), 1..=32)
+        ) {
+            let raw = entries.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+            let ts = TraceState::parse(&raw).unwrap();
+            let mut first: Vec<(&str, &str)> = Vec::new();
+            for (k, v) in &entries {
+                if !first.iter().any(|(seen, _)| *seen == k.as_str()) {
+                    first.push((k.as_str(), v.as_str()));
+                }
+            }
+            prop_assert_eq!(ts.len(), first.len());
+            for (k, v) in &first {
+                prop_assert_eq!(ts.get(k), Some(*v));
+            }
+            let out = ts.to_propagate(MAX_PROPAGATED_LEN);
+            prop_assert!(out.is_some());
+            let out = out.unwrap();
+            let want = first.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+            if want.len() <= MAX_PROPAGATED_LEN {
+                prop_assert_eq!(out.as_ref(), want.as_str());
+            }
+            let again = TraceState::parse(&out).unwrap();
+            prop_assert_eq!(again.len(), again.members().map(member_key).collect::<std::collections::BTreeSet<_>>().len());
         }
     }
 }

@@ -10,14 +10,15 @@
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
-    AuthMode, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest, RevokeApiKeyRequest,
-    Route,
+    AuthMode, ConfigSnapshot, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest,
+    ListConfigVersionsRequest, RevokeApiKeyRequest, Route,
 };
 use gateway_tests::{
     client, create_api_key_synced, header, metric_sample, open_route, secrets_in_logs,
     upsert_route_synced, upsert_upstream_synced,
 };
 use mock_service::identity::{IdentityVerifier, unix_now};
+use prost::Message as _;
 use serde_json::Value;
 
 /// The identity secret of the `users` upstream and of the users-1 mock.
@@ -275,5 +276,116 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
         &[("the signing secret".to_owned(), SECRET.to_owned())],
     )?;
     assert!(leaks.is_empty(), "{leaks:?}");
+    Ok(())
+}
+
+/// The plain SHA-256 of a configuration as the store encodes it, with
+/// `secret` put back into every upstream a viewer sees has one.
+fn unkeyed_hash(shown: &ConfigSnapshot, secret: &str) -> String {
+    let mut upstreams = shown.upstreams.clone();
+    for u in &mut upstreams {
+        if u.identity_signing_secret_set {
+            u.identity_signing_secret = secret.into();
+            u.identity_signing_secret_set = false;
+        }
+    }
+    let content = ConfigSnapshot {
+        routes: shown.routes.clone(),
+        upstreams,
+        api_keys: shown.api_keys.clone(),
+        ..ConfigSnapshot::default()
+    };
+    gateway_proto::hash::plain_sha256(&content.encode_to_vec())
+}
+
+/// The configuration hash every viewer sees (`GetConfig`, `ListConfigVersions`,
+/// a data plane's unauthenticated ops `/config`) must not let anyone check a
+/// guessed `identity_signing_secret` offline (issue 25, item 9): it is not the
+/// plain SHA-256 of the configuration with the right secret in it. A change of
+/// only the secret still gives data planes a new version and hash.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_config_hash_does_not_confirm_a_guessed_secret() -> Result<()> {
+    let stack = Stack::new().data_planes(1).start().await?;
+    let ops = stack.gateway_admins()[0].clone();
+    let mut admin = stack.admin_client().await;
+    let mut users = admin
+        .get_upstream(GetUpstreamRequest {
+            name: "users".into(),
+        })
+        .await?
+        .into_inner();
+    users.identity_signing_secret = SECRET.into();
+    let version = upsert_upstream_synced(&stack, users.clone()).await?;
+
+    let shown = admin
+        .get_config(GetConfigRequest { version: None })
+        .await?
+        .into_inner();
+    ensure!(shown.version == version && shown.redacted, "{shown:?}");
+    ensure!(
+        shown.api_keys.is_empty(),
+        "this test rebuilds a configuration without API keys"
+    );
+    // What an attacker who guessed SECRET right would compute: the viewer's
+    // content with the secret put back, hashed as the store encodes it.
+    let guess = unkeyed_hash(&shown, SECRET);
+    ensure!(
+        shown.hash != guess,
+        "GetConfig's hash confirms the guessed secret: {guess}"
+    );
+    // The control: the version before, without a secret, is hashed exactly
+    // that way, so the computation above is the one the hash would match.
+    let before = admin
+        .get_config(GetConfigRequest {
+            version: Some(version - 1),
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        before
+            .upstreams
+            .iter()
+            .all(|u| !u.identity_signing_secret_set),
+        "the seeded configuration already has a secret"
+    );
+    ensure!(
+        before.hash == unkeyed_hash(&before, SECRET),
+        "a configuration without secrets is not hashed as its plain encoding"
+    );
+    // The same (keyed) hash everywhere it is shown.
+    let listed = admin
+        .list_config_versions(ListConfigVersionsRequest { limit: Some(1) })
+        .await?
+        .into_inner();
+    ensure!(
+        listed.versions.first().map(|v| v.hash.as_str()) == Some(shown.hash.as_str()),
+        "ListConfigVersions shows another hash: {listed:?}"
+    );
+    let dp: Value = client()
+        .get(format!("{ops}/config"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        dp["hash"] == shown.hash.as_str() && dp["version"] == version,
+        "ops /config {dp} is not version {version} hash {}",
+        shown.hash
+    );
+
+    // Rotating only the secret: a new version and hash reach the data plane.
+    users.identity_signing_secret = "it-rotated-0123456789abcdef012345678".into();
+    let rotated = upsert_upstream_synced(&stack, users).await?;
+    ensure!(rotated == version + 1, "no new version for a new secret");
+    let dp: Value = client()
+        .get(format!("{ops}/config"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        dp["version"] == rotated && dp["hash"] != shown.hash.as_str(),
+        "the data plane did not see the rotation: {dp}"
+    );
     Ok(())
 }

@@ -478,3 +478,96 @@ async fn killing_the_collector_costs_no_failed_requests() -> Result<()> {
     );
     Ok(())
 }
+
+/// `tracestate` through a real data plane (issue 25, item 15), as the current
+/// W3C Trace Context text has it: keys with `@` after the first character and
+/// keys of up to 256 characters pass to the backend; a key that starts with
+/// `@` or has 257 characters drops the whole header; a repeated key keeps its
+/// first entry and the rest of the list.
+#[tokio::test(flavor = "multi_thread")]
+async fn tracestate_follows_the_w3c_key_rules() -> Result<()> {
+    let stack = Stack::new().data_planes(1).start().await?;
+    gateway_tests::upsert_route_synced(
+        &stack,
+        gateway_tests::open_route("open-users", "/open/users", "users", "/users"),
+    )
+    .await?;
+    let gw = stack.gateways()[0].clone();
+    let http = client()?;
+    let key_256 = format!("{}@{}", "t".repeat(241), "v".repeat(14));
+    let key_257 = format!("{key_256}v");
+    let simple_256 = "z".repeat(256);
+    // (what the client sends as separate tracestate lines, what the backend must see)
+    let cases: Vec<(&str, Vec<String>, Option<String>)> = vec![
+        (
+            "empty vendor",
+            vec!["foo@=1,bar=2".into()],
+            Some("foo@=1,bar=2".into()),
+        ),
+        (
+            "two at signs",
+            vec!["foo@@bar=1,bar=2".into()],
+            Some("foo@@bar=1,bar=2".into()),
+        ),
+        (
+            "two vendors, digit first",
+            vec!["foo@bar@baz=1,1st=2".into()],
+            Some("foo@bar@baz=1,1st=2".into()),
+        ),
+        // One long key per case: two would pass the 512 bytes forwarded.
+        (
+            "256-character simple key",
+            vec!["foo=1".into(), format!("{simple_256}=2")],
+            Some(format!("foo=1,{simple_256}=2")),
+        ),
+        (
+            "256-character key with @",
+            vec!["foo=1".into(), format!("{key_256}=3")],
+            Some(format!("foo=1,{key_256}=3")),
+        ),
+        (
+            "a repeated key keeps the header",
+            vec!["foo=1,bar=2".into(), "foo=2".into()],
+            Some("foo=1,bar=2".into()),
+        ),
+        ("key starting with @", vec!["@foo=1,bar=2".into()], None),
+        (
+            "257-character simple key",
+            vec!["foo=1".into(), format!("{simple_256}z=2")],
+            None,
+        ),
+        (
+            "257-character key with @",
+            vec!["foo=1".into(), format!("{key_257}=2")],
+            None,
+        ),
+    ];
+    for (name, sent, want) in cases {
+        let parent = caller();
+        let mut request = with_parent(http.get(format!("{gw}/open/users/1")), &parent);
+        for line in &sent {
+            request = request.header("tracestate", line);
+        }
+        let response = request.send().await?;
+        ensure!(
+            response.status() == 200,
+            "{name}: GET /open/users/1 answered {}",
+            response.status()
+        );
+        let body: serde_json::Value = response.json().await?;
+        let seen_parent: TraceContext = body["headers"]["traceparent"]
+            .as_str()
+            .with_context(|| format!("{name}: the backend saw no traceparent"))?
+            .parse()?;
+        ensure!(
+            seen_parent.trace_id == parent.trace_id,
+            "{name}: the backend got another trace: {seen_parent}"
+        );
+        let seen = body["headers"].get("tracestate").and_then(|v| v.as_str());
+        ensure!(
+            seen == want.as_deref(),
+            "{name}: sent {sent:?}, the backend saw {seen:?}, expected {want:?}"
+        );
+    }
+    Ok(())
+}

@@ -46,7 +46,8 @@ async fn a_new_database_is_version_zero() {
     assert!(store.is_empty().await.unwrap());
     let cur = store.current();
     assert_eq!(cur.version, 0);
-    assert_eq!(cur.hash, gateway_proto::config_hash(&[], &[]));
+    // Nothing secret in the empty configuration: the SHA-256 of no bytes.
+    assert_eq!(cur.hash, gateway_proto::hash::plain_sha256(b""));
     assert_eq!(store.snapshot(0).await.unwrap().version, 0);
     let e = store.snapshot(1).await.unwrap_err();
     assert!(matches!(e, StoreError::NotFound(ref m) if m == "version 1 not found"));
@@ -94,7 +95,7 @@ async fn each_mutation_commits_the_next_version_with_its_metadata() {
     assert_eq!(v2.routes.len(), 1);
     assert_eq!(
         v2.hash,
-        gateway_proto::config_hash(&v2.routes, &v2.upstreams)
+        gateway_proto::config_hash(&v2.routes, &v2.upstreams, &[], &store.hash_key)
     );
     let cur = store.current();
     assert_eq!(cur.version, 3);
@@ -474,6 +475,11 @@ async fn the_schema_keeps_history_append_only_and_gap_free() {
         .await
         .unwrap_err();
     assert!(update.to_string().contains("append-only"), "{update}");
+    let update = sqlx::query("UPDATE config_versions SET snapshot = x''")
+        .execute(&store.pool)
+        .await
+        .unwrap_err();
+    assert!(update.to_string().contains("append-only"), "{update}");
     let delete = sqlx::query("DELETE FROM config_versions")
         .execute(&store.pool)
         .await
@@ -504,4 +510,186 @@ async fn a_row_whose_content_does_not_match_its_hash_is_reported_corrupt() {
         .unwrap();
     let e = store.snapshot(1).await.unwrap_err();
     assert!(matches!(e, StoreError::Corrupt(_)), "{e}");
+}
+
+fn with_secret(name: &str, secret: &str) -> Upstream {
+    Upstream {
+        identity_signing_secret: secret.into(),
+        ..upstream(name)
+    }
+}
+
+/// The plain SHA-256 of a snapshot's stored bytes: what anyone who knows (or
+/// guesses) every secret could compute without the store's key.
+fn unkeyed(s: &ConfigSnapshot) -> String {
+    gateway_proto::hash::plain_sha256(&ConfigRef::from(s).to_config().encode())
+}
+
+#[tokio::test]
+async fn a_secret_only_change_is_a_new_hash_that_reveals_nothing_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let secret = "guessable-secret-guessable-secret-0001";
+    let v1 = store
+        .mutate(Mutation::UpsertUpstream(with_secret("u", secret)), &none())
+        .await
+        .unwrap();
+    let first = store.current();
+    assert_eq!(first.version, v1.version);
+    // Someone who guesses the secret cannot confirm it from the hash.
+    assert_ne!(first.hash, unkeyed(&first));
+    let zero_key = gateway_proto::hash::HashKey::from_bytes([0; 32]);
+    assert_ne!(
+        first.hash,
+        gateway_proto::config_hash(&first.routes, &first.upstreams, &[], &zero_key)
+    );
+
+    // Rotating only the secret commits a new version with a new hash.
+    let rotated = "guessable-secret-guessable-secret-0002";
+    let o = store
+        .mutate(Mutation::UpsertUpstream(with_secret("u", rotated)), &none())
+        .await
+        .unwrap();
+    assert!(o.committed);
+    let second = store.current();
+    assert_eq!(second.version, first.version + 1);
+    assert_ne!(second.hash, first.hash);
+    // The same secret again changes nothing; clearing it is a change.
+    let same = store
+        .mutate(Mutation::UpsertUpstream(with_secret("u", rotated)), &none())
+        .await
+        .unwrap();
+    assert!(!same.committed);
+    let mut clear = upstream("u");
+    clear.clear_identity_signing_secret = true;
+    assert!(
+        store
+            .mutate(Mutation::UpsertUpstream(clear), &none())
+            .await
+            .unwrap()
+            .committed
+    );
+    let cleared = store.current();
+    assert_ne!(cleared.hash, second.hash);
+    // Without secrets the hash is the plain one again.
+    assert_eq!(cleared.hash, unkeyed(&cleared));
+
+    // The key is stored: a reopened store checks and shows the same hashes.
+    let listed: Vec<String> = store
+        .versions(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.hash)
+        .collect();
+    store.close().await;
+    let reopened = open(&dir).await;
+    assert_eq!(reopened.snapshot(1).await.unwrap().hash, first.hash);
+    assert_eq!(reopened.snapshot(2).await.unwrap().hash, second.hash);
+    let relisted: Vec<String> = reopened
+        .versions(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.hash)
+        .collect();
+    assert_eq!(relisted, listed);
+
+    // Another database has another key: same content, another hash.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = open(&other_dir).await;
+    other
+        .mutate(Mutation::UpsertUpstream(with_secret("u", secret)), &none())
+        .await
+        .unwrap();
+    assert_ne!(other.current().hash, first.hash);
+    assert_ne!(other.hash_key, reopened.hash_key);
+}
+
+/// Makes the database look like one written before migration 0002's key:
+/// no key, every hash the plain SHA-256 of its row's bytes.
+async fn forget_hash_key(store: &Store) {
+    sqlx::query("DELETE FROM hash_key")
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as("SELECT version, snapshot FROM config_versions")
+        .fetch_all(&store.pool)
+        .await
+        .unwrap();
+    for (version, blob) in rows {
+        sqlx::query("UPDATE config_versions SET hash = ? WHERE version = ?")
+            .bind(gateway_proto::hash::plain_sha256(&blob))
+            .bind(version)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_database_hashed_before_the_key_gets_one_and_new_hashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    store
+        .mutate(
+            Mutation::UpsertUpstream(with_secret("u", "x".repeat(40).as_str())),
+            &none(),
+        )
+        .await
+        .unwrap();
+    store
+        .mutate(Mutation::UpsertRoute(route("a", "u")), &none())
+        .await
+        .unwrap();
+    forget_hash_key(&store).await;
+    let old: Vec<String> = store
+        .versions(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.hash)
+        .collect();
+    store.close().await;
+
+    let reopened = open(&dir).await;
+    let new: Vec<String> = reopened
+        .versions(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.hash)
+        .collect();
+    assert_eq!(new.len(), 2);
+    // Both versions hold the secret: no hash may stay the plain one.
+    for (old, new) in old.iter().zip(&new) {
+        assert_ne!(old, new);
+    }
+    let v1 = reopened.snapshot(1).await.unwrap();
+    assert_eq!(v1.hash, new[1]);
+    assert_ne!(v1.hash, unkeyed(&v1));
+    assert_eq!(reopened.current().hash, new[0]);
+}
+
+#[tokio::test]
+async fn a_corrupt_row_stops_the_hash_key_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    store
+        .mutate(Mutation::UpsertUpstream(upstream("u")), &none())
+        .await
+        .unwrap();
+    forget_hash_key(&store).await;
+    sqlx::query("UPDATE config_versions SET hash = 'bad' WHERE version = 1")
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    store.close().await;
+    let e = Store::open_with_clock(&dir.path().join("cp.db"), fixed_clock())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::Corrupt(ref m) if m.contains("version 1")),
+        "{e}"
+    );
 }

@@ -78,7 +78,7 @@ impl JwtError {
 /// A [`crate::JwtConfig`] that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JwtConfigError {
-    /// The JWKS URL does not parse or is not `http://` (the client speaks plain HTTP only).
+    /// The JWKS URL does not parse or is neither `http://` nor `https://`.
     #[error("jwks_url {url:?}: {reason}")]
     JwksUrl {
         /// What was given.
@@ -86,6 +86,28 @@ pub enum JwtConfigError {
         /// Why it was refused.
         reason: &'static str,
     },
+    /// A CA was given for an `http://` JWKS URL, where it could never be used.
+    #[error("jwks_ca is given but jwks_url {url:?} is not https://")]
+    CaWithoutTls {
+        /// The URL.
+        url: String,
+    },
+    /// The CA file cannot be read or holds no usable certificate.
+    #[error("jwks_ca {}: {reason}", path.display())]
+    Ca {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// An `https://` JWKS URL without a CA, and no usable system root certificate.
+    #[error(
+        "https:// jwks_url without jwks_ca needs the system's root certificates, and none is usable ({0}); give the CA with jwks_ca"
+    )]
+    SystemRoots(String),
+    /// rustls refused the TLS settings.
+    #[error("TLS settings for the JWKS: {0}")]
+    Tls(String),
     /// Issuer or audience is empty.
     #[error("{0} must not be empty")]
     Empty(&'static str),

@@ -14,6 +14,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use jsonwebtoken::DecodingKey;
 use serde::Deserialize;
+use tokio_rustls::TlsConnector;
+
+use crate::tls::{JwksConnector, chain};
 
 /// Largest JWKS document accepted.
 const MAX_JWKS_BYTES: usize = 256 * 1024;
@@ -65,22 +68,25 @@ pub(crate) fn parse_jwks(body: &[u8]) -> Result<KeySet, String> {
     Ok(keys)
 }
 
-/// Plain-HTTP JWKS client (the auth service sits next to the data plane).
+/// JWKS client: plain HTTP (the auth service on a private network), or
+/// HTTPS when `tls` is given (see `tls.rs`).
 pub(crate) struct JwksClient {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<JwksConnector, Empty<Bytes>>,
     uri: Uri,
     timeout: Duration,
 }
 
 impl JwksClient {
-    pub(crate) fn new(uri: Uri, timeout: Duration) -> Self {
+    pub(crate) fn new(uri: Uri, timeout: Duration, tls: Option<TlsConnector>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
+        // The scheme was checked when the verifier was built; https:// gets TLS on top.
+        connector.enforce_http(false);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1)
-            .build(connector);
+            .build(JwksConnector::new(connector, tls));
         Self {
             client,
             uri,
@@ -105,7 +111,7 @@ impl JwksClient {
             .client
             .request(req)
             .await
-            .map_err(|e| format!("fetching {}: {e}", self.uri))?;
+            .map_err(|e| format!("fetching {}: {}", self.uri, chain(&e)))?;
         if resp.status() != StatusCode::OK {
             return Err(format!("fetching {}: HTTP {}", self.uri, resp.status()));
         }
@@ -117,7 +123,7 @@ impl JwksClient {
         let body = Limited::new(resp.into_body(), MAX_JWKS_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("reading {}: {e}", self.uri))?
+            .map_err(|e| format!("reading {}: {}", self.uri, chain(&*e)))?
             .to_bytes();
         Ok((parse_jwks(&body)?, max_age))
     }

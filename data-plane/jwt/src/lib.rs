@@ -12,6 +12,8 @@
 //! # Ok(()) }
 //! ```
 //!
+//! * The JWKS is fetched over `https://` (rustls with ring; the server's certificate checked
+//!   against `jwks_ca` or the system's roots) or, on a private network only, plain `http://`.
 //! * Data planes hold public keys only, fetched from the auth service's JWKS and kept as
 //!   pre-built decoding keys per `kid`; an unknown `kid` triggers one refresh (single-flight,
 //!   cooldown), and a background task refreshes periodically so rotated keys appear.
@@ -31,6 +33,7 @@ mod cache;
 mod clock;
 mod error;
 mod jwks;
+mod tls;
 mod verifier;
 
 pub use bearer::{bearer_candidate, bearer_token, is_b64token};

@@ -7,6 +7,7 @@
 //! (jsonwebtoken, algorithm pinned) → `exp`/`nbf` with leeway against the injectable clock.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
@@ -29,8 +30,14 @@ pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 /// Settings of a [`JwtVerifier`]. Defaults are written down in [`JwtConfig::default`].
 #[derive(Debug, Clone)]
 pub struct JwtConfig {
-    /// `http://` URL of the auth service's `/.well-known/jwks.json`.
+    /// URL of the auth service's `/.well-known/jwks.json`: `https://`, or
+    /// `http://` on a private network only (the keys that decide who is
+    /// authenticated would travel unauthenticated).
     pub jwks_url: String,
+    /// PEM CA certificate(s) an `https://` JWKS server's certificate must
+    /// chain to (default: the system's roots). Read when the verifier is
+    /// built; refused with an `http://` URL.
+    pub jwks_ca: Option<PathBuf>,
     /// Required `iss`.
     pub issuer: String,
     /// Required member of `aud`.
@@ -55,6 +62,7 @@ impl Default for JwtConfig {
     fn default() -> Self {
         Self {
             jwks_url: "http://127.0.0.1:4000/.well-known/jwks.json".to_owned(),
+            jwks_ca: None,
             issuer: "gateway-auth".to_owned(),
             audience: "gateway".to_owned(),
             leeway: Duration::from_secs(30),
@@ -192,6 +200,11 @@ impl JwtVerifier {
     /// Like [`JwtVerifier::new`] with an injected clock (tests, benches).
     pub fn with_clock(config: JwtConfig, clock: Arc<dyn Clock>) -> Result<Self, JwtConfigError> {
         let uri = parse_jwks_url(&config.jwks_url)?;
+        let tls = crate::tls::client_config(&uri, &config.jwks_url, config.jwks_ca.as_deref())?;
+        if tls.is_none() && !is_loopback(&uri) {
+            tracing::warn!(jwks_url = %uri,
+                "the JWKS is fetched over plain HTTP: keep it on a private network, or use https://");
+        }
         if config.issuer.is_empty() {
             return Err(JwtConfigError::Empty("issuer"));
         }
@@ -213,7 +226,7 @@ impl JwtVerifier {
             keys: RwLock::new(Arc::new(KeySet::new())),
             cache: TokenCache::new(config.cache_capacity),
             clock,
-            client: JwksClient::new(uri, config.fetch_timeout),
+            client: JwksClient::new(uri, config.fetch_timeout, tls),
             refresh: tokio::sync::Mutex::new(RefreshState {
                 last_on_demand: None,
                 last_error: None,
@@ -375,8 +388,8 @@ fn parse_jwks_url(url: &str) -> Result<Uri, JwtConfigError> {
     };
     let uri: Uri = url.parse().map_err(|_| err("not a valid URL"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some(_) => return Err(err("only http:// is supported")),
+        Some("http" | "https") => {}
+        Some(_) => return Err(err("must be http:// or https://")),
         None => {
             return Err(err(
                 "must be absolute, e.g. http://127.0.0.1:4000/.well-known/jwks.json",
@@ -387,6 +400,16 @@ fn parse_jwks_url(url: &str) -> Result<Uri, JwtConfigError> {
         return Err(err("has no host"));
     }
     Ok(uri)
+}
+
+/// Whether the URL's host is `localhost` or a loopback address.
+fn is_loopback(uri: &Uri) -> bool {
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The background refresh never runs more often than this, whatever `max-age` says.

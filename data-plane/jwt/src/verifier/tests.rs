@@ -643,9 +643,9 @@ fn config_is_validated() {
         .unwrap_err()
     };
     assert!(
-        bad("https://auth/.well-known/jwks.json")
+        bad("ftp://auth/.well-known/jwks.json")
             .to_string()
-            .contains("only http://")
+            .contains("http:// or https://")
     );
     assert!(
         bad("/.well-known/jwks.json")
