@@ -139,7 +139,10 @@ fn authority_range_and_conditional_headers_are_in_the_key() {
         get("/users/1", &[]),
         get("http://a.example/users/1", &[("host", "a.example")]),
         get("http://b.example/users/1", &[("host", "a.example")]),
-        get("/users/1", &[("host", "a.example"), ("accept-language", "fr")]),
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("accept-language", "fr")],
+        ),
         get("/users/1", &[("host", "a.example"), ("range", "bytes=0-9")]),
         get(
             "/users/1",
@@ -149,7 +152,10 @@ fn authority_range_and_conditional_headers_are_in_the_key() {
                 ("if-range", "\"v1\""),
             ],
         ),
-        get("/users/1", &[("host", "a.example"), ("if-none-match", "\"v1\"")]),
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("if-none-match", "\"v1\"")],
+        ),
         get(
             "/users/1",
             &[
@@ -171,11 +177,17 @@ fn authority_range_and_conditional_headers_are_in_the_key() {
     }
     // Identical conditional requests still share one call.
     assert_eq!(
-        get("/users/1", &[("host", "a.example"), ("if-none-match", "\"v1\"")]),
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("if-none-match", "\"v1\"")]
+        ),
         different[7]
     );
     assert_ne!(
-        get("/users/1", &[("host", "a.example"), ("if-none-match", "\"v2\"")]),
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("if-none-match", "\"v2\"")]
+        ),
         different[7]
     );
 }
