@@ -17,7 +17,7 @@ use gateway_tests::{
     client, create_api_key_synced, header, metric_sample, open_route, secrets_in_logs,
     upsert_route_synced, upsert_upstream_synced,
 };
-use mock_service::identity::{IdentityVerifier, unix_now};
+use mock_service::identity::{IdentityVerifier, SignedRequest, unix_now};
 use serde_json::Value;
 
 /// The identity secret of the `users` upstream and of the users-1 mock.
@@ -267,6 +267,64 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
         &[identity[0], identity[1], ("x-gateway-signature", &fresh)],
     )
     .await?;
+    assert_eq!(status, 200, "{body}");
+
+    // v2 straight to the mock: host and query are covered, a request id is accepted once.
+    let port = stack.ports().users_1;
+    let host = format!("127.0.0.1:{port}");
+    let t = unix_now().to_string();
+    let v2 = |id: &'static str, target: &'static str| {
+        let request = SignedRequest {
+            t: &t,
+            id,
+            method: "GET",
+            host: host.as_bytes(),
+            target,
+            user_id: b"svc-signer",
+            user_role: b"service",
+            api_key_name: b"",
+        };
+        format!("t={t},id={id},v2={}", verifier.v2_hex(&request))
+    };
+    let signed = v2("replay-1", "/users/7?x=1");
+    let send = |target: &'static str, host: String, signature: String| {
+        let url = format!("{mock}{target}");
+        async move {
+            get(
+                &url,
+                &[
+                    identity[0],
+                    identity[1],
+                    ("host", &host),
+                    ("x-gateway-signature", &signature),
+                ],
+            )
+            .await
+        }
+    };
+    // Another query, another host: the MAC does not match (and burns no id).
+    let (status, body) = send("/users/7?x=2", host.clone(), signed.clone()).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    let (status, body) = send("/users/7?x=1", "evil.example".into(), signed.clone()).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    // The genuine request passes once; the same request id again is a replay.
+    let (status, body) = send("/users/7?x=1", host.clone(), signed.clone()).await?;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = send("/users/7?x=1", host.clone(), signed).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature replayed: request id already seen"
+    );
+    let (status, body) = send("/users/7?x=1", host.clone(), v2("replay-2", "/users/7?x=1")).await?;
     assert_eq!(status, 200, "{body}");
 
     // The secret never reached a log (the mock got it through its environment).
