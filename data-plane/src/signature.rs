@@ -23,9 +23,13 @@
 //! The body is not covered: it streams, and signing it would mean buffering
 //! it before the first byte goes upstream.
 //!
-//! **v1** (the previous release; backends keep accepting it for one release):
+//! **v1** (the previous release, no longer sent; backends accept it for one
+//! more release, for gateways not yet upgraded):
 //! `t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "t.method.path.x-user-id.x-user-role")>`,
-//! path without the query.
+//! path without the query. v1 is not sent beside v2: verifiers of the previous
+//! release parse `t=...,v1=...` strictly and would refuse any longer header,
+//! so upgrade the backends' verifiers first (they accept both), then the
+//! gateways.
 //!
 //! Hot path: the HMAC key schedule (the inner and outer SHA-256 states after
 //! the padded key block) is computed once per snapshot in [`Signer::new`];
@@ -94,7 +98,7 @@ impl Signer {
     /// # Panics
     ///
     /// When `signed.id` is not visible ASCII (ids are made by this module).
-    pub fn value_v2(&self, signed: &Signed<'_>) -> HeaderValue {
+    pub fn value(&self, signed: &Signed<'_>) -> HeaderValue {
         use std::fmt::Write as _;
         let mut out = String::with_capacity(2 + 20 + 4 + signed.id.len() + 4 + 64);
         out.push_str("t=");
@@ -132,11 +136,11 @@ impl Signer {
     /// Sets a v2 `X-Gateway-Signature` on an upstream request's headers
     /// (replacing any), over `method`, `target` (path and query as sent) and
     /// the `Host` and identity headers it carries, with a fresh id.
-    pub fn sign_v2(&self, headers: &mut HeaderMap, method: &str, target: &str, unix_seconds: u64) {
+    pub fn sign(&self, headers: &mut HeaderMap, method: &str, target: &str, unix_seconds: u64) {
         let id = new_id();
         let id = std::str::from_utf8(&id).expect("hex digits are ASCII");
         let get = |name| headers.get(name).map_or(&b""[..], HeaderValue::as_bytes);
-        let value = self.value_v2(&Signed {
+        let value = self.value(&Signed {
             t: unix_seconds,
             id,
             method,
@@ -146,44 +150,6 @@ impl Signer {
             user_role: get(&X_USER_ROLE),
             api_key_name: get(&X_API_KEY_NAME),
         });
-        headers.insert(X_GATEWAY_SIGNATURE.clone(), value);
-    }
-
-    /// The v1 header value for a request at `unix_seconds` (the previous
-    /// release's format).
-    pub fn value(
-        &self,
-        unix_seconds: u64,
-        method: &str,
-        path: &str,
-        user_id: &[u8],
-        user_role: &[u8],
-    ) -> HeaderValue {
-        use std::fmt::Write as _;
-        // One allocation: the header value, whose digits after "t=" are also the signed `t`.
-        let mut out = String::with_capacity(2 + 20 + 4 + 64);
-        out.push_str("t=");
-        let _ = write!(out, "{unix_seconds}");
-        let mut mac = self.mac.clone();
-        mac.update(&out.as_bytes()[2..]);
-        for part in [method.as_bytes(), path.as_bytes(), user_id, user_role] {
-            mac.update(b".");
-            mac.update(part);
-        }
-        let tag = mac.finalize().into_bytes();
-        let mut hex = [0u8; 64];
-        hex::encode_to_slice(tag, &mut hex).expect("32 bytes are 64 hex digits");
-        out.push_str(",v1=");
-        out.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
-        HeaderValue::try_from(out).expect("digits, letters, '=' and ',' form a header value")
-    }
-
-    /// Sets a v1 `X-Gateway-Signature` on an upstream request's headers
-    /// (replacing any), signing the identity headers it carries.
-    pub fn sign(&self, headers: &mut HeaderMap, method: &str, path: &str, unix_seconds: u64) {
-        let id = headers.get(&X_USER_ID).map_or(&b""[..], |v| v.as_bytes());
-        let role = headers.get(&X_USER_ROLE).map_or(&b""[..], |v| v.as_bytes());
-        let value = self.value(unix_seconds, method, path, id, role);
         headers.insert(X_GATEWAY_SIGNATURE.clone(), value);
     }
 }
@@ -208,11 +174,8 @@ pub fn unix_now() -> u64 {
 mod tests {
     use super::*;
 
-    /// The known-answer vectors shared with mocks/src/identity.rs and the README.
+    /// The known-answer vector shared with mocks/src/identity.rs and the README.
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
-    /// Computed independently with Python: `hmac.new(SECRET, b"1700000000.GET./users/7.alice.admin", sha256)`.
-    const KNOWN: &str =
-        "t=1700000000,v1=5f666c26655b77ca111cd84631aee8bc23f13431e7695b14e9a861f5bb3ae1c0";
     /// Computed independently with Python:
     /// `hmac.new(SECRET, b"".join(len(f).to_bytes(4, "big") + f for f in [b"x-gateway-signature-v2",
     /// b"1700000000", b"0123456789abcdef0123456789abcdef", b"GET", b"api.example", b"/users/7?x=1",
@@ -247,13 +210,13 @@ mod tests {
     #[test]
     fn v2_format_and_known_answer() {
         let s = Signer::new(SECRET).unwrap();
-        assert_eq!(s.value_v2(&signed()), KNOWN_V2);
+        assert_eq!(s.value(&signed()), KNOWN_V2);
     }
 
     #[test]
     fn v2_covers_every_field_and_length_prefixes_them() {
         let s = Signer::new(SECRET).unwrap();
-        let base = s.value_v2(&signed());
+        let base = s.value(&signed());
         let mac = |v: &HeaderValue| {
             v.to_str()
                 .unwrap()
@@ -306,23 +269,19 @@ mod tests {
         ];
         for (i, v) in variants.iter().enumerate() {
             assert_ne!(
-                mac(&s.value_v2(v)),
+                mac(&s.value(v)),
                 mac(&base),
                 "variant {i} signs the same MAC"
             );
         }
         let other = Signer::new(&"x".repeat(32)).unwrap();
-        assert_ne!(mac(&other.value_v2(&signed())), mac(&base));
+        assert_ne!(mac(&other.value(&signed())), mac(&base));
     }
 
     #[test]
     fn the_v1_ambiguity_is_gone_in_v2() {
         let s = Signer::new(SECRET).unwrap();
-        // v1: subject "john.smith" on /users/1 signs the same bytes as "smith" on /users/1.john.
-        assert_eq!(
-            s.value(1, "GET", "/users/1", b"john.smith", b"user"),
-            s.value(1, "GET", "/users/1.john", b"smith", b"user")
-        );
+        // v1 signed "t.GET./users/1.john.smith.user" for both of these.
         let john = Signed {
             target: "/users/1",
             user_id: b"john.smith",
@@ -334,7 +293,7 @@ mod tests {
             user_id: b"smith",
             ..john
         };
-        assert_ne!(s.value_v2(&john), s.value_v2(&smith));
+        assert_ne!(s.value(&john), s.value(&smith));
         // Nor can bytes move between neighbouring fields.
         let a = Signed {
             user_id: b"ab",
@@ -346,11 +305,11 @@ mod tests {
             user_role: b"bc",
             ..signed()
         };
-        assert_ne!(s.value_v2(&a), s.value_v2(&b));
+        assert_ne!(s.value(&a), s.value(&b));
     }
 
     #[test]
-    fn sign_v2_reads_host_and_identity_and_draws_a_fresh_id() {
+    fn sign_reads_host_and_identity_and_draws_a_fresh_id() {
         let s = Signer::new(SECRET).unwrap();
         let mut h = HeaderMap::new();
         h.insert(&X_GATEWAY_SIGNATURE, HeaderValue::from_static("forged"));
@@ -358,7 +317,7 @@ mod tests {
         h.insert(&X_USER_ID, HeaderValue::from_static("alice"));
         h.insert(&X_USER_ROLE, HeaderValue::from_static("admin"));
         h.insert(&X_API_KEY_NAME, HeaderValue::from_static("billing"));
-        s.sign_v2(&mut h, "GET", "/users/7?x=1", 1_700_000_000);
+        s.sign(&mut h, "GET", "/users/7?x=1", 1_700_000_000);
         assert_eq!(h.get_all(&X_GATEWAY_SIGNATURE).iter().count(), 1);
         let value = h[&X_GATEWAY_SIGNATURE].to_str().unwrap().to_owned();
         let id = value
@@ -368,18 +327,18 @@ mod tests {
             .unwrap();
         assert_eq!(id.len(), 32);
         assert!(id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
-        let want = s.value_v2(&Signed {
+        let want = s.value(&Signed {
             id: &id,
             api_key_name: b"billing",
             ..signed()
         });
         assert_eq!(h[&X_GATEWAY_SIGNATURE], want);
         // Another request, another id.
-        s.sign_v2(&mut h, "GET", "/users/7?x=1", 1_700_000_000);
+        s.sign(&mut h, "GET", "/users/7?x=1", 1_700_000_000);
         assert_ne!(h[&X_GATEWAY_SIGNATURE].to_str().unwrap(), value);
         // Missing headers are empty fields.
         let mut bare = HeaderMap::new();
-        s.sign_v2(&mut bare, "GET", "/", 1);
+        s.sign(&mut bare, "GET", "/", 1);
         let v = bare[&X_GATEWAY_SIGNATURE].to_str().unwrap();
         let id = &v["t=1,id=".len().."t=1,id=".len() + 32];
         let empty = Signed {
@@ -392,25 +351,7 @@ mod tests {
             user_role: b"",
             api_key_name: b"",
         };
-        assert_eq!(bare[&X_GATEWAY_SIGNATURE], s.value_v2(&empty));
-    }
-
-    #[test]
-    fn v1_format_and_known_answer() {
-        let s = Signer::new(SECRET).unwrap();
-        let v = s.value(1_700_000_000, "GET", "/users/7", b"alice", b"admin");
-        let text = v.to_str().unwrap();
-        let (t, mac) = text.split_once(",v1=").unwrap();
-        assert_eq!(t, "t=1700000000");
-        // Same as signing the message in one piece.
-        let mut one = HmacSha256::new_from_slice(SECRET.as_bytes()).unwrap();
-        one.update(b"1700000000.GET./users/7.alice.admin");
-        assert_eq!(mac, hex::encode(one.finalize().into_bytes()));
-        assert_eq!(text, KNOWN);
-        let mut h = HeaderMap::new();
-        h.insert(&X_GATEWAY_SIGNATURE, HeaderValue::from_static("forged"));
-        s.sign(&mut h, "GET", "/p", 1);
-        assert_eq!(h[&X_GATEWAY_SIGNATURE], s.value(1, "GET", "/p", b"", b""));
+        assert_eq!(bare[&X_GATEWAY_SIGNATURE], s.value(&empty));
     }
 
     #[test]
