@@ -10,8 +10,8 @@
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
-    AuthMode, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest, RevokeApiKeyRequest,
-    Route,
+    Aggregate, AggregatePart, AuthMode, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest,
+    RevokeApiKeyRequest, Route,
 };
 use gateway_tests::{
     client, create_api_key_synced, header, metric_sample, open_route, secrets_in_logs,
@@ -585,6 +585,41 @@ async fn signed_identity_v2_covers_host_and_query_is_unambiguous_and_refuses_rep
     assert_eq!(
         readme_python_verifier(SECRET, &[(&old, "/users/7?any")])?,
         [true]
+    );
+
+    // Aggregate parts are signed v2 too, over the part's target with the query.
+    upsert_route_synced(
+        &stack,
+        Route {
+            name: "agg".into(),
+            path_prefix: "/agg".into(),
+            auth: AuthMode::AuthNone as i32,
+            aggregate: Some(Aggregate {
+                parts: vec![AggregatePart {
+                    name: "user".into(),
+                    upstream: "users".into(),
+                    path: "/users/{rest}".into(),
+                    required: true,
+                    timeout_ms: 0,
+                }],
+            }),
+            ..Route::default()
+        },
+    )
+    .await?;
+    let (status, body) = get(&format!("{gw}/agg/7?x=1"), &[]).await?;
+    assert_eq!(status, 200, "{body}");
+    let part = Echoed::of(&body["user"])?;
+    assert_eq!(part.target, "/users/7?x=1");
+    assert!(
+        part.header("x-gateway-signature").contains(",v2="),
+        "{body}"
+    );
+    let (status, body) = part.replay(&mock, "/users/7?x=1", &[]).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature replayed: request id already seen"
     );
     stack.shutdown().await;
     Ok(())
