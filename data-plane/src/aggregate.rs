@@ -272,9 +272,10 @@ pub async fn respond(
         ))?;
         let mut req = Box::new(Request::new(RequestBody::empty()));
         *req.headers_mut() = headers.clone();
-        // Signed identity: each part's upstream signs its own (GET) request.
+        // Signed identity: each part's upstream signs its own (GET) request, over its target with the query.
         if let Some(signer) = &part.upstream.signer {
-            signer.sign(req.headers_mut(), "GET", uri.path(), now);
+            let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+            signer.sign(req.headers_mut(), "GET", target, now);
         }
         *req.uri_mut() = uri;
         requests.push(req);

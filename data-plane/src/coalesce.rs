@@ -2,9 +2,16 @@
 //! concurrent GET/HEAD requests share one upstream call.
 //!
 //! * **Identical** ([`Key`]): same route (one [`Coalescer`] per route), method,
-//!   normalised path, query, identity (`X-User-Id` / `X-User-Role` after
-//!   authentication, and `Authorization` / `Cookie` as forwarded) and `Accept` /
-//!   `Accept-Encoding` (so nobody gets a representation they did not ask for).
+//!   normalised path, query, authority (`Host` and an HTTP/2 `:authority`: a
+//!   route may match several host names and the backend may answer each
+//!   differently), identity (`X-User-Id` / `X-User-Role` after
+//!   authentication, and `Authorization` / `Cookie` as forwarded), `Accept` /
+//!   `Accept-Encoding` / `Accept-Language` (so nobody gets a representation they
+//!   did not ask for), and `Range`, `If-Range` and the conditional headers
+//!   (`If-None-Match`, `If-Modified-Since`, `If-Match`, `If-Unmodified-Since`):
+//!   a 206 or 304 answers only the request that asked for it, so only requests
+//!   that ask the same share it (a plain GET never gets another caller's 206 or
+//!   304; identical revalidations still share one call).
 //!   Requests with a body or `Cache-Control: no-cache` are never coalesced.
 //! * The first request of a key is the **leader**: its upstream call (balancer,
 //!   breaker, pool, CLIENT span under the leader's SERVER span, through
@@ -53,14 +60,27 @@ pub const MAX_WAITERS: usize = 1024;
 /// Default [`CoalesceLimits::max_body`]: 1 MiB.
 pub const MAX_SHARED_BODY: usize = 1 << 20;
 
-/// Request headers that are part of a request's identity for coalescing.
-static KEY_HEADERS: [&HeaderName; 6] = [
+/// Request headers that are part of a request's identity for coalescing:
+/// whatever the upstream's answer may depend on besides method, path and query.
+static KEY_HEADERS: [&HeaderName; 14] = [
+    // The authority the answer is built for.
+    &header::HOST,
+    // Who asks.
     &X_USER_ID,
     &X_USER_ROLE,
     &header::AUTHORIZATION,
     &header::COOKIE,
+    // Which representation.
     &header::ACCEPT,
     &header::ACCEPT_ENCODING,
+    &header::ACCEPT_LANGUAGE,
+    // Partial and conditional answers (206, 304, 412).
+    &header::RANGE,
+    &header::IF_RANGE,
+    &header::IF_NONE_MATCH,
+    &header::IF_MODIFIED_SINCE,
+    &header::IF_MATCH,
+    &header::IF_UNMODIFIED_SINCE,
 ];
 
 /// Bounds of one route's coalescing.
@@ -81,8 +101,9 @@ impl Default for CoalesceLimits {
     }
 }
 
-/// What makes two requests of one route identical: method, path, query and
-/// the [`KEY_HEADERS`], each length-prefixed so no two requests collide.
+/// What makes two requests of one route identical: method, path, query, the
+/// URI's authority and the [`KEY_HEADERS`], each length-prefixed so no two
+/// requests collide.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Key(Bytes);
 
@@ -101,6 +122,15 @@ impl Key {
             Some(q) => {
                 k.put_u8(1);
                 field(&mut k, q.as_bytes());
+            }
+            None => k.put_u8(0),
+        }
+        // An HTTP/2 request's `:authority` (absolute-form for HTTP/1.1) is what
+        // `proxy::upstream_request` turns into `Host` when there is none.
+        match parts.uri.authority() {
+            Some(a) => {
+                k.put_u8(1);
+                field(&mut k, a.as_str().as_bytes());
             }
             None => k.put_u8(0),
         }

@@ -221,6 +221,18 @@ impl ProxyError {
                 "Bad request path",
                 "The request path climbs above the root."
             ),
+            Self::BadPath(N::Semicolon) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path contains a ';' (path parameters are not accepted)."
+            ),
+            Self::BadPath(N::DoubleEncoded) => problem!(
+                400,
+                "bad-path",
+                "Bad request path",
+                "The request path contains a double-encoded escape (%25 followed by two hex digits)."
+            ),
             Self::BadRequest(_) => problem!(
                 400,
                 "bad-request",
@@ -434,6 +446,8 @@ mod tests {
             N::BadEscape,
             N::EncodedDotSegment,
             N::EscapesRoot,
+            N::Semicolon,
+            N::DoubleEncoded,
         ]
         .into_iter()
         .map(ProxyError::BadPath)

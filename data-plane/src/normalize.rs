@@ -7,6 +7,16 @@
 //!   every other escape is kept with upper-case hex (`%3a` → `%3A`);
 //! * `%2F` (`/`), `%5C` (`\`), `%00` and a literal `\`, NUL or control byte are refused:
 //!   proxies and servers disagree about them, which is how path confusion attacks work;
+//! * a `;`, literal or `%3B`, is refused: Tomcat, Jetty and Spring cut "path
+//!   parameters" (`;jsessionid=...`) out of each segment before resolving dot-segments,
+//!   so `/open/orders/..;/admin` is `/open/admin` to them while the router saw a
+//!   segment named `..;` under `/open/orders` (and `/a/admin;x` is `/a/admin` to them but
+//!   not to the router's whole-segment prefixes). `%3B` goes too because a proxy in front
+//!   of such a backend (nginx with a URI in `proxy_pass`) decodes it into a `;`;
+//! * `%25` followed by two hex digits (`%252e`, `%255c`, `%252f`, `%2525`...) is refused:
+//!   it is an escape after one more decoding, and backends or frameworks that decode twice
+//!   would see a dot-segment, backslash or slash the router never saw. A `%25` not
+//!   followed by two hex digits (`/100%25`, `/50%25off`) is ordinary data and kept;
 //! * runs of `/` collapse to one and `.` segments disappear;
 //! * `..` removes the previous segment; one that would climb above the root is refused;
 //! * a dot-segment spelled with escapes (`%2e%2e`, `.%2E`) is refused: no legitimate
@@ -42,6 +52,12 @@ pub enum NormalizeError {
     /// A `..` segment that would climb above the root.
     #[error("the request path climbs above the root with \"..\"")]
     EscapesRoot,
+    /// A `;` (path parameters), literal or `%3B`.
+    #[error("the request path contains a ';' (path parameters are not accepted)")]
+    Semicolon,
+    /// `%25` followed by two hex digits: an escape once decoded again.
+    #[error("the request path contains a double-encoded escape (%25 followed by two hex digits)")]
+    DoubleEncoded,
 }
 
 /// True for RFC 3986 unreserved characters, whose escapes are decoded.
@@ -80,6 +96,7 @@ fn is_canonical(bytes: &[u8]) -> Result<bool, NormalizeError> {
     for (i, &b) in bytes.iter().enumerate() {
         match b {
             b'\\' => return Err(NormalizeError::Backslash),
+            b';' => return Err(NormalizeError::Semicolon),
             0..=0x1f | 0x7f => return Err(NormalizeError::ControlCharacter),
             b'%' => canonical = false,
             b'/' if i > 0 && bytes[i - 1] == b'/' => canonical = false,
@@ -114,6 +131,10 @@ fn normalize_slow(bytes: &[u8]) -> Result<String, NormalizeError> {
         out.push(b'/');
         let encoded_dot = decode_segment(raw, &mut out)?;
         let seg = &out[start + 1..];
+        // Checked on the decoded segment: `%25%32%65` becomes `%252e` here.
+        if is_double_encoded(seg) {
+            return Err(NormalizeError::DoubleEncoded);
+        }
         let (is_dot, is_dotdot) = (seg == b".", seg == b"..");
         if (is_dot || is_dotdot) && encoded_dot {
             return Err(NormalizeError::EncodedDotSegment);
@@ -140,6 +161,12 @@ fn normalize_slow(bytes: &[u8]) -> Result<String, NormalizeError> {
     Ok(String::from_utf8(out).expect("normalised path is ASCII"))
 }
 
+/// True when `seg` holds `%25` followed by two hex digits.
+fn is_double_encoded(seg: &[u8]) -> bool {
+    seg.windows(5)
+        .any(|w| w.starts_with(b"%25") && hex_value(w[3]).is_some() && hex_value(w[4]).is_some())
+}
+
 /// Appends one segment to `out`, decoding escapes of unreserved characters.
 /// Returns whether a `.` came from an escape (to detect encoded dot-segments).
 fn decode_segment(raw: &[u8], out: &mut Vec<u8>) -> Result<bool, NormalizeError> {
@@ -162,6 +189,7 @@ fn decode_segment(raw: &[u8], out: &mut Vec<u8>) -> Result<bool, NormalizeError>
         match decoded {
             b'/' => return Err(NormalizeError::EncodedSlash),
             b'\\' => return Err(NormalizeError::Backslash),
+            b';' => return Err(NormalizeError::Semicolon),
             0..=0x1f | 0x7f => return Err(NormalizeError::ControlCharacter),
             d if is_unreserved(d) => {
                 encoded_dot |= d == b'.';
@@ -232,6 +260,32 @@ mod tests {
                 "/api/orders/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
                 Err(EncodedDotSegment),
             ),
+            // path parameters, literal or encoded, anywhere in a segment
+            ("/open/orders/..;/admin", Err(Semicolon)),
+            ("/open/orders/.;/admin", Err(Semicolon)),
+            ("/open/orders;x/admin", Err(Semicolon)),
+            ("/open/orders/7;jsessionid=abc", Err(Semicolon)),
+            ("/;", Err(Semicolon)),
+            ("/open/orders/..%3B/admin", Err(Semicolon)),
+            ("/open/orders/..%3b/admin", Err(Semicolon)),
+            ("/a//;/b", Err(Semicolon)),
+            // double encoding: %25 and two hex digits, whatever they decode to
+            ("/open/%252e%252e/admin", Err(DoubleEncoded)),
+            ("/open/%252E%252E/admin", Err(DoubleEncoded)),
+            ("/open/a%252fb", Err(DoubleEncoded)),
+            ("/open/a%255cb", Err(DoubleEncoded)),
+            ("/open/a%2541", Err(DoubleEncoded)),
+            ("/open/a%252525", Err(DoubleEncoded)),
+            ("/open/a%25%32%65", Err(DoubleEncoded)),
+            ("/open/a%25%34%31/b", Err(DoubleEncoded)),
+            // a %25 that is not followed by two hex digits is data
+            ("/open/100%25", Ok("/open/100%25")),
+            ("/open/50%25off", Ok("/open/50%25off")),
+            ("/open/a%25a", Ok("/open/a%25a")),
+            ("/open/a%25a/", Ok("/open/a%25a/")),
+            ("/open/%25%20", Ok("/open/%25%20")),
+            // other reserved escapes stay escaped
+            ("/open/a%3Fb%23c", Ok("/open/a%3Fb%23c")),
         ];
         for (input, want) in cases {
             let got = normalize_path(input);

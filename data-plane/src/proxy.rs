@@ -115,14 +115,14 @@ pub fn upstream_request(
     // hyper already sent the client its "100 Continue" when the body was first
     // read; the upstream gets the body without a second round of expectations.
     parts.headers.remove(header::EXPECT);
-    // Signed identity: last, over the path and identity headers exactly as sent.
+    // Signed identity: last, over the target (path and query), Host and identity headers exactly as sent.
     if let crate::config::Target::Upstream(u) = &route.target
         && let Some(signer) = &u.signer
     {
         signer.sign(
             &mut parts.headers,
             parts.method.as_str(),
-            parts.uri.path(),
+            parts.uri.path_and_query().map_or("/", PathAndQuery::as_str),
             unix_now(),
         );
     }
@@ -595,6 +595,7 @@ mod tests {
                 .with_signer(Signer::new(&secret)),
         ));
         let (mut parts, ()) = Request::post("/api/users/7?x=1")
+            .header("host", "api.example")
             .header("x-user-id", "alice")
             .header("x-user-role", "admin")
             .body(())
@@ -606,16 +607,25 @@ mod tests {
         let before = crate::signature::unix_now();
         let req = upstream_request(parts, &r, "/api/users/7", RequestBody::empty()).unwrap();
         let value = req.headers()[&X_GATEWAY_SIGNATURE].to_str().unwrap();
-        let t: u64 = value
+        let (t, id) = value
             .strip_prefix("t=")
-            .and_then(|v| v.split(',').next())
-            .and_then(|t| t.parse().ok())
+            .and_then(|v| v.split_once(",id="))
+            .and_then(|(t, rest)| Some((t.parse::<u64>().ok()?, rest.split_once(",v2=")?.0)))
             .unwrap();
         assert!(t >= before && t <= crate::signature::unix_now());
-        // Signed over the path as forwarded (rewritten, no query) and the identity.
+        // Signed over the target as forwarded (rewritten, with the query), Host and the identity.
         let want = Signer::new(&secret)
             .unwrap()
-            .value(t, "POST", "/users/7", b"alice", b"admin");
+            .value(&crate::signature::Signed {
+                t,
+                id,
+                method: "POST",
+                host: b"api.example",
+                target: "/users/7?x=1",
+                user_id: b"alice",
+                user_role: b"admin",
+                api_key_name: b"",
+            });
         assert_eq!(req.headers()[&X_GATEWAY_SIGNATURE], want);
         // Without a secret nothing is added.
         let plain = build(

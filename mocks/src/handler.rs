@@ -83,10 +83,15 @@ fn check_identity<B>(config: &MockConfig, req: &Request<B>) -> Result<(), Identi
     if req.uri().path() == "/health" {
         return Ok(());
     }
+    // The raw request target (path and query), as v2 signs it.
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path(), |pq| pq.as_str());
     verifier.verify(
         req.headers(),
         req.method().as_str(),
-        req.uri().path(),
+        target,
         crate::identity::unix_now(),
     )
 }

@@ -12,7 +12,9 @@ use anyhow::{Context, Result, ensure};
 use devstack::Stack;
 use futures::future::join_all;
 use gateway_proto::v1::{AuthMode, Route};
-use gateway_tests::{client, login, mock_requests, open_route, poll, upsert_route_synced};
+use gateway_tests::{
+    client, login, mock_requests, open_route, poll, raw_request, upsert_route_synced,
+};
 use serde_json::Value;
 
 /// Deadline for anything that should happen "soon".
@@ -208,6 +210,133 @@ async fn a_leader_whose_client_left_still_answers_its_followers() -> Result<()> 
         mock_requests(stack.ports().users_1).await? - before == 1,
         "the followers shared the abandoned leader's call"
     );
+    stack.shutdown().await;
+    Ok(())
+}
+
+/// Sends every `(head, label)` at once as raw bytes (`head` without the final
+/// empty line) and returns each answer's label, status and echoed headers.
+async fn concurrent_raw(gw: &str, heads: &[(String, String)]) -> Result<Vec<(String, u16, Value)>> {
+    let requests = heads.iter().map(|(head, label)| async move {
+        let r = raw_request(gw, head).await?;
+        let doc = r.json()?;
+        Ok::<_, anyhow::Error>((label.clone(), r.status, doc["headers"].clone()))
+    });
+    join_all(requests).await.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_for_different_hosts_get_answers_built_for_their_own_host() -> Result<()> {
+    let stack = start(false).await;
+    upsert_route_synced(&stack, coalescing_route()).await?;
+    let gw = &stack.gateways()[0];
+    let before = mock_requests(stack.ports().users_1).await?;
+
+    // The route has no host, so both names reach it; three callers each.
+    let heads: Vec<(String, String)> = ["a.example", "b.example"]
+        .iter()
+        .flat_map(|host| {
+            (0..3).map(move |_| {
+                (
+                    format!("GET /slow/users/1?delay_ms={DELAY_MS} HTTP/1.1\r\nHost: {host}\r\n"),
+                    (*host).to_owned(),
+                )
+            })
+        })
+        .collect();
+    let answers = concurrent_raw(gw, &heads).await?;
+
+    for (host, status, seen) in &answers {
+        ensure!(*status == 200, "{host}: status {status}");
+        ensure!(
+            seen["host"] == host.as_str(),
+            "a caller of {host} got the answer built for {}",
+            seen["host"]
+        );
+    }
+    ensure!(
+        mock_requests(stack.ports().users_1).await? - before == 2,
+        "one upstream call per host"
+    );
+    ensure!(coalesced_total(&stack, "slow-users").await? == 4.0);
+    stack.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn range_and_conditional_requests_never_get_another_callers_answer() -> Result<()> {
+    let stack = start(false).await;
+    upsert_route_synced(&stack, coalescing_route()).await?;
+    let gw = &stack.gateways()[0];
+    let before = mock_requests(stack.ports().users_1).await?;
+
+    // Each variant twice, all at once: (label, extra header line).
+    let variants = [
+        ("plain", ""),
+        ("range", "Range: bytes=0-9\r\n"),
+        ("if-range", "Range: bytes=0-9\r\nIf-Range: \"v1\"\r\n"),
+        ("if-none-match", "If-None-Match: \"v1\"\r\n"),
+        (
+            "if-modified-since",
+            "If-Modified-Since: Sat, 01 Jan 2000 00:00:00 GMT\r\n",
+        ),
+        ("if-match", "If-Match: \"v1\"\r\n"),
+        (
+            "if-unmodified-since",
+            "If-Unmodified-Since: Sat, 01 Jan 2000 00:00:00 GMT\r\n",
+        ),
+    ];
+    let heads: Vec<(String, String)> = variants
+        .iter()
+        .flat_map(|(label, extra)| {
+            (0..2).map(move |_| {
+                (
+                    format!(
+                        "GET /slow/users/1?delay_ms={DELAY_MS} HTTP/1.1\r\nHost: gw\r\n{extra}"
+                    ),
+                    (*label).to_owned(),
+                )
+            })
+        })
+        .collect();
+    let answers = concurrent_raw(gw, &heads).await?;
+
+    // The mock echoes the headers of the request it answered: each answer
+    // must come from a request asking exactly what its caller asked.
+    let asked = [
+        "range",
+        "if-range",
+        "if-none-match",
+        "if-modified-since",
+        "if-match",
+        "if-unmodified-since",
+    ];
+    for (label, status, seen) in &answers {
+        ensure!(*status == 200, "{label}: status {status}");
+        let (_, extra) = variants
+            .iter()
+            .find(|(l, _)| l == label)
+            .context("a variant")?;
+        for name in asked {
+            let mine = extra
+                .split("\r\n")
+                .find_map(|l| {
+                    l.split_once(": ")
+                        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                })
+                .map(|(_, v)| v);
+            ensure!(
+                seen.get(name).and_then(Value::as_str) == mine,
+                "a {label} caller got an answer built for {name}: {:?}: {seen}",
+                seen.get(name)
+            );
+        }
+    }
+    ensure!(
+        mock_requests(stack.ports().users_1).await? - before == variants.len() as u64,
+        "one upstream call per variant"
+    );
+    ensure!(coalesced_total(&stack, "slow-users").await? == variants.len() as f64);
     stack.shutdown().await;
     Ok(())
 }

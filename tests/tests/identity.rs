@@ -10,14 +10,14 @@
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{
-    AuthMode, ConfigSnapshot, CreateApiKeyResponse, GetConfigRequest, GetUpstreamRequest,
-    ListConfigVersionsRequest, RevokeApiKeyRequest, Route,
+    Aggregate, AggregatePart, AuthMode, ConfigSnapshot, CreateApiKeyResponse, GetConfigRequest,
+    GetUpstreamRequest, ListConfigVersionsRequest, RevokeApiKeyRequest, Route,
 };
 use gateway_tests::{
     client, create_api_key_synced, header, metric_sample, open_route, secrets_in_logs,
     upsert_route_synced, upsert_upstream_synced,
 };
-use mock_service::identity::{IdentityVerifier, unix_now};
+use mock_service::identity::{IdentityVerifier, SignedRequest, unix_now};
 use prost::Message as _;
 use serde_json::Value;
 
@@ -206,7 +206,7 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
         .context("no signature forwarded")?
         .to_owned();
     assert!(
-        signature.starts_with("t=") && signature.contains(",v1="),
+        signature.starts_with("t=") && signature.contains(",id=") && signature.contains(",v2="),
         "{signature}"
     );
     // Anonymous requests are signed too (empty identity).
@@ -270,12 +270,359 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
     .await?;
     assert_eq!(status, 200, "{body}");
 
+    // v2 straight to the mock: host and query are covered, a request id is accepted once.
+    let port = stack.ports().users_1;
+    let host = format!("127.0.0.1:{port}");
+    let t = unix_now().to_string();
+    let v2 = |id: &'static str, target: &'static str| {
+        let request = SignedRequest {
+            t: &t,
+            id,
+            method: "GET",
+            host: host.as_bytes(),
+            target,
+            user_id: b"svc-signer",
+            user_role: b"service",
+            api_key_name: b"",
+        };
+        format!("t={t},id={id},v2={}", verifier.v2_hex(&request))
+    };
+    let signed = v2("replay-1", "/users/7?x=1");
+    let send = |target: &'static str, host: String, signature: String| {
+        let url = format!("{mock}{target}");
+        async move {
+            get(
+                &url,
+                &[
+                    identity[0],
+                    identity[1],
+                    ("host", &host),
+                    ("x-gateway-signature", &signature),
+                ],
+            )
+            .await
+        }
+    };
+    // Another query, another host: the MAC does not match (and burns no id).
+    let (status, body) = send("/users/7?x=2", host.clone(), signed.clone()).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    let (status, body) = send("/users/7?x=1", "evil.example".into(), signed.clone()).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    // The genuine request passes once; the same request id again is a replay.
+    let (status, body) = send("/users/7?x=1", host.clone(), signed.clone()).await?;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = send("/users/7?x=1", host.clone(), signed).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature replayed: request id already seen"
+    );
+    let (status, body) = send("/users/7?x=1", host.clone(), v2("replay-2", "/users/7?x=1")).await?;
+    assert_eq!(status, 200, "{body}");
+
     // The secret never reached a log (the mock got it through its environment).
     let (_, leaks) = secrets_in_logs(
         &stack.log_dir(),
         &[("the signing secret".to_owned(), SECRET.to_owned())],
     )?;
     assert!(leaks.is_empty(), "{leaks:?}");
+    Ok(())
+}
+
+/// The request the mock answered, rebuilt from its echo: the headers a
+/// signature covers (as received), method and raw target.
+struct Echoed {
+    headers: Vec<(String, String)>,
+    method: String,
+    target: String,
+}
+
+impl Echoed {
+    fn of(body: &Value) -> Result<Self> {
+        let seen = &body["headers"];
+        let mut headers = Vec::new();
+        for name in [
+            "host",
+            "x-user-id",
+            "x-user-role",
+            "x-api-key-name",
+            "x-gateway-signature",
+        ] {
+            if let Some(v) = seen[name].as_str() {
+                headers.push((name.to_owned(), v.to_owned()));
+            }
+        }
+        let path = body["path"].as_str().context("the mock echoes its path")?;
+        let target = match body["query"].as_str() {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_owned(),
+        };
+        Ok(Self {
+            headers,
+            method: body["method"].as_str().unwrap_or("GET").to_owned(),
+            target,
+        })
+    }
+
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    /// The same request sent straight to `mock`, with `change` applied to its headers.
+    async fn replay(
+        &self,
+        mock: &str,
+        target: &str,
+        change: &[(&str, &str)],
+    ) -> Result<(u16, Value)> {
+        let mut headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .filter(|(n, _)| !change.iter().any(|(c, _)| c == n))
+            .collect();
+        headers.extend_from_slice(change);
+        get(&format!("{mock}{target}"), &headers).await
+    }
+}
+
+/// Runs the README's Python verifier (the first `python` block of "Route
+/// policies: signed identity", verbatim) once per case, in order, in one
+/// process (so its replay cache carries over); returns its answers.
+fn readme_python_verifier(secret: &str, cases: &[(&Echoed, &str)]) -> Result<Vec<bool>> {
+    use std::io::Write as _;
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
+    let section = readme
+        .find("### Route policies: signed identity")
+        .context("README: no signed identity section")?;
+    let start = readme[section..]
+        .find("```python\n")
+        .context("README: no python verifier")?
+        + section
+        + "```python\n".len();
+    let end = start
+        + readme[start..]
+            .find("```")
+            .context("README: unterminated block")?;
+    let cases: Vec<Value> = cases
+        .iter()
+        .map(|(e, target)| {
+            let headers: serde_json::Map<String, Value> = e
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone(), Value::String(v.clone())))
+                .collect();
+            serde_json::json!({"headers": headers, "method": e.method, "target": target})
+        })
+        .collect();
+    let input = serde_json::json!({"secret": secret, "cases": cases});
+    let script = format!(
+        "{}\nimport json, sys\nreq = json.load(sys.stdin)\nsecret = req[\"secret\"].encode()\n\
+         print(json.dumps([gateway_signed(secret, c[\"headers\"], c[\"method\"], c[\"target\"]) for c in req[\"cases\"]]))\n",
+        &readme[start..end]
+    );
+    let mut child = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("python3")?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(input.to_string().as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "python3 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signed_identity_v2_covers_host_and_query_is_unambiguous_and_refuses_replays() -> Result<()>
+{
+    let stack = Stack::new()
+        .data_planes(1)
+        .auth(false)
+        .env("users-1", "MOCK_IDENTITY_SECRET", SECRET)
+        .start()
+        .await?;
+    let gw = &stack.gateways()[0];
+    let mock = format!("http://127.0.0.1:{}", stack.ports().users_1);
+    let mut admin = stack.admin_client().await;
+    let mut users = admin
+        .get_upstream(GetUpstreamRequest {
+            name: "users".into(),
+        })
+        .await?
+        .into_inner();
+    users.identity_signing_secret = SECRET.into();
+    upsert_upstream_synced(&stack, users).await?;
+    upsert_route_synced(&stack, keyed_route()).await?;
+    // Two callers whose v1 signatures collide: "john.smith" on /users/1 and "smith" on /users/1.john.
+    let john = create_api_key_synced(&stack, "john", "john.smith", "service").await?;
+    let smith = create_api_key_synced(&stack, "smith", "smith", "service").await?;
+
+    let (status, body) = get(
+        &format!("{gw}/keyed/users/1?x=1"),
+        &[("x-api-key", &john.key)],
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    let johns = Echoed::of(&body)?;
+    assert_eq!(johns.target, "/users/1?x=1");
+    assert_eq!(johns.header("x-user-id"), "john.smith");
+    let (status, body) = get(
+        &format!("{gw}/keyed/users/1.john"),
+        &[("x-api-key", &smith.key)],
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    let smiths = Echoed::of(&body)?;
+    // Each request has its own id.
+    let id = |e: &Echoed| {
+        e.header("x-gateway-signature")
+            .split(',')
+            .find_map(|p| p.strip_prefix("id="))
+            .map(str::to_owned)
+    };
+    assert!(
+        id(&johns).is_some_and(|i| i.len() == 32),
+        "{}",
+        johns.header("x-gateway-signature")
+    );
+    assert_ne!(id(&johns), id(&smiths));
+
+    // John's signature presented as Smith's request (what v1 accepted): refused.
+    let (status, body) = johns
+        .replay(
+            &mock,
+            "/users/1.john",
+            &[("x-user-id", "smith"), ("x-api-key-name", "smith")],
+        )
+        .await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    // The query and Host are covered.
+    let (status, body) = johns.replay(&mock, "/users/1?x=2", &[]).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    let (status, body) = johns
+        .replay(&mock, "/users/1?x=1", &[("host", "evil.example")])
+        .await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    // The gateway's request replayed exactly: its id was used.
+    let (status, body) = johns.replay(&mock, "/users/1?x=1", &[]).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature replayed: request id already seen"
+    );
+
+    // The README's Python verifier agrees on requests the gateway signed:
+    // genuine once, then a replay; another query or the other caller's target refused.
+    let (status, body) = get(
+        &format!("{gw}/keyed/users/7?q=a%20b&r"),
+        &[("x-api-key", &john.key)],
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    let fresh = Echoed::of(&body)?;
+    let verdicts = readme_python_verifier(
+        SECRET,
+        &[
+            (&fresh, "/users/7?q=a%20b&r"),
+            (&fresh, "/users/7?q=a%20b&r"),
+            (&fresh, "/users/7?q=a%20c&r"),
+            (&smiths, "/users/1"),
+            (&smiths, "/users/1.john"),
+        ],
+    )?;
+    assert_eq!(verdicts, [true, false, false, false, true]);
+    // A v1 header of the previous release still verifies, in the mock and in the README's Python.
+    let verifier = IdentityVerifier::new(SECRET).context("a valid secret")?;
+    let t = unix_now();
+    let v1 = format!(
+        "t={t},v1={}",
+        verifier.mac_hex(t, "GET", "/users/7", b"john.smith", b"service")
+    );
+    let old = Echoed {
+        headers: vec![
+            ("x-user-id".into(), "john.smith".into()),
+            ("x-user-role".into(), "service".into()),
+            ("x-gateway-signature".into(), v1.clone()),
+        ],
+        method: "GET".into(),
+        target: "/users/7?any".into(),
+    };
+    let (status, body) = old.replay(&mock, "/users/7?any", &[]).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        readme_python_verifier(SECRET, &[(&old, "/users/7?any")])?,
+        [true]
+    );
+
+    // Aggregate parts are signed v2 too, over the part's target with the query.
+    upsert_route_synced(
+        &stack,
+        Route {
+            name: "agg".into(),
+            path_prefix: "/agg".into(),
+            auth: AuthMode::AuthNone as i32,
+            aggregate: Some(Aggregate {
+                parts: vec![AggregatePart {
+                    name: "user".into(),
+                    upstream: "users".into(),
+                    path: "/users/{rest}".into(),
+                    required: true,
+                    timeout_ms: 0,
+                }],
+            }),
+            ..Route::default()
+        },
+    )
+    .await?;
+    let (status, body) = get(&format!("{gw}/agg/7?x=1"), &[]).await?;
+    assert_eq!(status, 200, "{body}");
+    let part = Echoed::of(&body["user"])?;
+    assert_eq!(part.target, "/users/7?x=1");
+    assert!(
+        part.header("x-gateway-signature").contains(",v2="),
+        "{body}"
+    );
+    let (status, body) = part.replay(&mock, "/users/7?x=1", &[]).await?;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature replayed: request id already seen"
+    );
+    stack.shutdown().await;
     Ok(())
 }
 

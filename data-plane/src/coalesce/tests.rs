@@ -130,6 +130,69 @@ fn method_path_query_identity_and_representation_are_in_the_key() {
 }
 
 #[test]
+fn authority_range_and_conditional_headers_are_in_the_key() {
+    let base = get("/users/1", &[("host", "a.example")]);
+    // The same request again shares the key.
+    assert_eq!(base, get("/users/1", &[("host", "a.example")]));
+    let different = [
+        get("/users/1", &[("host", "b.example")]),
+        get("/users/1", &[]),
+        get("http://a.example/users/1", &[("host", "a.example")]),
+        get("http://b.example/users/1", &[("host", "a.example")]),
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("accept-language", "fr")],
+        ),
+        get("/users/1", &[("host", "a.example"), ("range", "bytes=0-9")]),
+        get(
+            "/users/1",
+            &[
+                ("host", "a.example"),
+                ("range", "bytes=0-9"),
+                ("if-range", "\"v1\""),
+            ],
+        ),
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("if-none-match", "\"v1\"")],
+        ),
+        get(
+            "/users/1",
+            &[
+                ("host", "a.example"),
+                ("if-modified-since", "Sat, 01 Jan 2000 00:00:00 GMT"),
+            ],
+        ),
+        get("/users/1", &[("host", "a.example"), ("if-match", "\"v1\"")]),
+        get(
+            "/users/1",
+            &[
+                ("host", "a.example"),
+                ("if-unmodified-since", "Sat, 01 Jan 2000 00:00:00 GMT"),
+            ],
+        ),
+    ];
+    for (i, k) in different.iter().enumerate() {
+        assert_ne!(*k, base, "variant {i} must not share the key");
+    }
+    // Identical conditional requests still share one call.
+    assert_eq!(
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("if-none-match", "\"v1\"")]
+        ),
+        different[7]
+    );
+    assert_ne!(
+        get(
+            "/users/1",
+            &[("host", "a.example"), ("if-none-match", "\"v2\"")]
+        ),
+        different[7]
+    );
+}
+
+#[test]
 fn an_empty_query_is_not_no_query_and_fields_cannot_run_into_each_other() {
     assert_ne!(get("/a?", &[]), get("/a", &[]));
     // The same bytes split differently between path and query, or between headers.
