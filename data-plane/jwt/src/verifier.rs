@@ -499,5 +499,8 @@ async fn background_refresh(inner: Weak<Inner>) {
     }
 }
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 #[cfg(test)]
 mod tests;
