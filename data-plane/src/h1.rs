@@ -95,9 +95,9 @@ pub enum SendFailure {
 /// response body that owns it stays small to move.
 #[derive(Debug)]
 pub struct Conn {
-    io: TcpStream,
+    pub(crate) io: TcpStream,
     /// Bytes read and not yet consumed (empty while idle).
-    buf: BytesMut,
+    pub(crate) buf: BytesMut,
     /// The request head being written (kept for its allocation).
     head: Vec<u8>,
 }
@@ -327,18 +327,18 @@ pub(crate) fn chunk_line(out: &mut Vec<u8>, len: usize) {
 
 /// A parsed response head: its fields as bytes, or (when they cannot stay
 /// bytes, [`crate::response_head`]) as a map.
-struct Head {
-    status: StatusCode,
-    version: Version,
-    headers: HeaderMap,
-    fields: Option<Box<RawFields>>,
-    framing: RespFraming,
-    keep_alive: bool,
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) version: Version,
+    pub(crate) headers: HeaderMap,
+    pub(crate) fields: Option<Box<RawFields>>,
+    pub(crate) framing: RespFraming,
+    pub(crate) keep_alive: bool,
 }
 
 /// How the response body is framed.
 #[derive(Debug, Clone, Copy)]
-enum RespFraming {
+pub(crate) enum RespFraming {
     Length(u64),
     Chunked,
     UntilClose,
@@ -369,7 +369,10 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
 
 /// Parses a response head at the start of `buf` and consumes it; interim
 /// (1xx) heads are consumed and skipped. `None`: more bytes are needed.
-fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, ExchangeError> {
+pub(crate) fn parse_head(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<Head>, ExchangeError> {
     loop {
         // Uninitialised: a response head is parsed per exchange, and zeroing
         // room for 100 fields cost more than parsing a short head.
@@ -648,7 +651,7 @@ enum State {
 /// the connection can be taken back ([`H1Body::take_conn`]) for the pool.
 #[derive(Debug)]
 pub struct H1Body {
-    conn: Box<Conn>,
+    pub(crate) conn: Box<Conn>,
     state: State,
     keep_alive: bool,
     /// The response's header fields, when they were kept as bytes (the
@@ -657,7 +660,7 @@ pub struct H1Body {
 }
 
 impl H1Body {
-    fn new(conn: Box<Conn>, framing: RespFraming, keep_alive: bool) -> Self {
+    pub(crate) fn new(conn: Box<Conn>, framing: RespFraming, keep_alive: bool) -> Self {
         let state = match framing {
             RespFraming::Length(0) => State::Done,
             RespFraming::Length(n) => State::Length(n),

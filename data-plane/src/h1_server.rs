@@ -77,7 +77,7 @@ pub enum Ended {
 }
 
 /// What the head at the front of the buffer is.
-enum Parsed {
+pub(crate) enum Parsed {
     /// Not complete yet.
     Partial,
     /// A request served here; the head is consumed from the buffer. Boxed
@@ -94,9 +94,9 @@ enum Parsed {
 
 /// What the connection needs to know about a request to answer it.
 #[derive(Debug, Clone, Copy)]
-struct Exchange {
-    head: bool,
-    close: bool,
+pub(crate) struct Exchange {
+    pub(crate) head: bool,
+    pub(crate) close: bool,
 }
 
 /// Serves HTTP/1.1 requests on `io` with `handler` until the connection
@@ -198,7 +198,7 @@ const REQUEST_TIMEOUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
 /// Parses the request head at the front of `buf`.
-fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
+pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     if buf.is_empty() {
         return Parsed::Partial;
     }

@@ -45,6 +45,8 @@ pub mod cors;
 pub mod deadline;
 pub mod dns;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod h1;
 pub mod h1_server;
 pub mod health;

@@ -23,6 +23,8 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod log_writer;
 pub mod logging;

@@ -39,4 +39,6 @@ mod verifier;
 pub use bearer::{bearer_candidate, bearer_token, is_b64token};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{JwtConfigError, JwtError};
+#[doc(hidden)]
+pub use verifier::fuzzing;
 pub use verifier::{Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES};

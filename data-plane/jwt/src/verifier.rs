@@ -522,5 +522,8 @@ async fn background_refresh(inner: Weak<Inner>) {
     }
 }
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 #[cfg(test)]
 mod tests;
