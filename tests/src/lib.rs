@@ -10,6 +10,8 @@
 //!   would normalise (`%2e%2e` paths, hop-by-hop headers);
 //! * [`open_route`]: an `AUTH_NONE` route for tests that are not about auth;
 //! * [`rss_kib`]: a process's resident memory, from `/proc`;
+//! * [`cpu_seconds`]: a process's CPU time (user + system), from `/proc`;
+//! * [`h2_frames`]: raw HTTP/2 frames (an h2c client that writes what it is told);
 //! * [`metric_sum`]: one metric from a data plane's `/metrics`;
 //! * [`secrets_in_logs`]: the log-hygiene scan (no secret in any log line).
 #![forbid(unsafe_code)]
@@ -22,6 +24,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use gateway_proto::v1::{AuthMode, Route};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub mod h2_frames;
 
 /// A client for the stack's loopback addresses: never uses a proxy from the
 /// environment, 30 s overall timeout per request.
@@ -309,6 +313,28 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("no VmRSS in /proc/{pid}/status"))
 }
 
+/// CPU time process `pid` has used so far, user and system, in seconds
+/// (fields 14 and 15 of `/proc/PID/stat`, in ticks of 1/100 s: Linux reports
+/// them in `USER_HZ`, which is 100 on every architecture's user ABI).
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("no command name in /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // after_name starts at field 3 (state), so field N is fields[N - 3].
+    let ticks = |n: usize| -> anyhow::Result<u64> {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse().ok())
+            .with_context(|| format!("no field {n} in /proc/{pid}/stat"))
+    };
+    Ok((ticks(14)? + ticks(15)?) as f64 / 100.0)
+}
+
 /// Sum of every sample of metric `name` (any labels) in the Prometheus text
 /// at `{ops}/metrics` (a data plane's ops URL).
 pub async fn metric_sum(ops: &str, name: &str) -> anyhow::Result<f64> {
@@ -392,6 +418,25 @@ mod tests {
         assert_eq!(scanned, 2);
         assert_eq!(leaks.len(), 1, "{leaks:?}");
         assert!(leaks[0].starts_with("a token in ") && leaks[0].contains("a.log"));
+    }
+
+    #[test]
+    fn reads_own_cpu_time_as_it_grows() {
+        // Spin until the reading has grown by 0.2 s: a reader stuck at one value
+        // (or reading the wrong fields) fails at the deadline.
+        let pid = std::process::id();
+        let before = cpu_seconds(pid).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut x = 0u64;
+        while cpu_seconds(pid).unwrap() < before + 0.2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "CPU time stuck at {before}"
+            );
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
     }
 
     #[test]
