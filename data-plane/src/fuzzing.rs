@@ -80,6 +80,16 @@ fn requests(data: &[u8], max: usize) -> Served {
                     handed_over: false,
                 };
             }
+            Parsed::Refused(_) => {
+                assert_eq!(
+                    buf, before,
+                    "a refused head is answered 400, nothing consumed"
+                );
+                return Served {
+                    served,
+                    handed_over: true,
+                };
+            }
             Parsed::Hyper => {
                 assert_eq!(buf, before, "hyper gets every byte back, in order");
                 return Served {
@@ -529,7 +539,13 @@ pub fn config(data: &[u8]) {
             assert!(!e.problems.is_empty(), "a refusal says why");
         }
     }
-    let hash = gateway_proto::config_hash(&snapshot.routes, &snapshot.upstreams);
+    let key = gateway_proto::hash::HashKey::from_bytes([7; gateway_proto::hash::HASH_KEY_LEN]);
+    let hash = gateway_proto::config_hash(
+        &snapshot.routes,
+        &snapshot.upstreams,
+        &snapshot.api_keys,
+        &key,
+    );
     assert!(!hash.is_empty());
     let compiled = crate::config::compile(
         &snapshot,
