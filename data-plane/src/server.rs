@@ -394,20 +394,31 @@ async fn connection<F, Fut>(
     };
     let write_timeout = settings.write_timeout;
     let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match (protocol, prefix) {
-        (Protocol::Http1, None) => {
-            let served = Box::pin(h1_server::serve(
-                stream,
-                peer,
-                header_read_timeout,
-                write_timeout,
-                builders.max_head,
-                &*handler,
-                &stop,
-            ))
-            .await;
-            match served {
-                Ended::Closed => Ok(()),
-                Ended::Handover(io) => {
+        (Protocol::Http1, prefix) => {
+            // What is left for hyper: the rest after h1_server's handover, or
+            // the whole connection with the bytes read to decide in front.
+            let rest = match prefix {
+                Some(prefix) => Some(Rewind::new(prefix, stream)),
+                None => {
+                    let served = Box::pin(h1_server::serve(
+                        stream,
+                        peer,
+                        header_read_timeout,
+                        write_timeout,
+                        builders.max_head,
+                        &*handler,
+                        &stop,
+                    ))
+                    .await;
+                    match served {
+                        Ended::Closed => None,
+                        Ended::Handover(io) => Some(io),
+                    }
+                }
+            };
+            match rest {
+                None => Ok(()),
+                Some(io) => {
                     let io = WriteTimeout::new(io, write_timeout);
                     let conn = builders
                         .http1_connection()
@@ -424,23 +435,6 @@ async fn connection<F, Fut>(
                     .map_err(Into::into)
                 }
             }
-        }
-        // Bytes that were read to decide go back in front for hyper.
-        (Protocol::Http1, Some(prefix)) => {
-            let io = WriteTimeout::new(Rewind::new(prefix, stream), write_timeout);
-            let conn = builders
-                .http1_connection()
-                .serve_connection(TokioIo::new(io), service)
-                .with_upgrades();
-            drop(builders);
-            Box::pin(drive(
-                conn,
-                stop,
-                |c| c.graceful_shutdown(),
-                std::future::pending(),
-            ))
-            .await
-            .map_err(Into::into)
         }
         (_, prefix) => {
             let idle = settings.h2_idle_timeout;
