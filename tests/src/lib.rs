@@ -184,6 +184,19 @@ fn dechunk(mut data: &[u8]) -> anyhow::Result<Vec<u8>> {
     }
 }
 
+/// A stack with one data plane started with `data_plane_args`, and no auth
+/// service; panics (failing the test) when it does not start.
+pub async fn one_data_plane(data_plane_args: &[&str]) -> devstack::Stack {
+    data_plane_args
+        .iter()
+        .fold(devstack::Stack::new().data_planes(1).auth(false), |b, a| {
+            b.data_plane_arg(*a)
+        })
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("stack did not start: {e}"))
+}
+
 /// A route without authentication or rate limit, for tests that are not
 /// about auth: `prefix` → `upstream`, the prefix replaced by `rewrite`
 /// (empty for none).

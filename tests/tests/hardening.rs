@@ -14,7 +14,8 @@ use anyhow::{Context as _, Result, bail, ensure};
 use devstack::Stack;
 use gateway_proto::v1::{Retry, RetryOn, Route};
 use gateway_tests::{
-    RawResponse, metric_sample, mock_requests, open_route, poll, raw_request, upsert_route_synced,
+    RawResponse, metric_sample, mock_requests, one_data_plane, open_route, poll, raw_request,
+    upsert_route_synced,
 };
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -28,23 +29,12 @@ const SLACK: Duration = Duration::from_secs(4);
 /// The address the tests' "proxy" connects from: the only trusted proxy.
 const PROXY: &str = "127.0.0.2";
 
-async fn start(extra: &[&str]) -> Stack {
-    extra
-        .iter()
-        .fold(Stack::new().data_planes(1).auth(false), |b, a| {
-            b.data_plane_arg(*a)
-        })
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("stack did not start: {e}"))
-}
-
 /// A stack whose data plane has every deadline at [`SHORT`], 127.0.0.2 as a
 /// trusted proxy, at most one WebSocket tunnel, and the open route `/open`
 /// → `users` plus the retrying route `/retry` → `orders`.
 async fn hardened() -> Result<Stack> {
     let ms = SHORT.as_millis().to_string();
-    let stack = start(&[
+    let stack = one_data_plane(&[
         &format!("--header-read-timeout-ms={ms}"),
         &format!("--body-read-timeout-ms={ms}"),
         &format!("--write-timeout-ms={ms}"),
@@ -533,7 +523,7 @@ async fn read_head(s: &mut TcpStream) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn past_max_connections_new_connections_are_closed_at_once() -> Result<()> {
-    let stack = start(&["--max-connections=3"]).await;
+    let stack = one_data_plane(&["--max-connections=3"]).await;
     upsert_route_synced(&stack, open_route("open", "/open/users", "users", "/users")).await?;
     let gw = addr(&stack.gateways()[0]);
     let ops = &stack.gateway_admins()[0];

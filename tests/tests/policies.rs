@@ -8,14 +8,13 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use devstack::Stack;
 use gateway_proto::v1::{
     AuthMode, Cors, HeaderTransform, RateLimit, RateLimitAlgorithm, RateLimitKey, Route,
     UpsertRouteRequest,
 };
 use gateway_tests::{
-    client, create_api_key_synced, header, metric_sample, mock_requests, open_route,
-    upsert_route_synced,
+    client, create_api_key_synced, header, metric_sample, mock_requests, one_data_plane,
+    open_route, upsert_route_synced,
 };
 use serde_json::Value;
 
@@ -24,17 +23,6 @@ use serde_json::Value;
 /// 127.0.0.2 reaches the data plane on 127.0.0.1 while an ordinary client
 /// (127.0.0.1) is an untrusted peer whose `X-Forwarded-For` is ignored.
 const PROXY: &str = "127.0.0.2";
-
-async fn start(data_plane_args: &[&str]) -> Stack {
-    data_plane_args
-        .iter()
-        .fold(Stack::new().data_planes(1).auth(false), |b, a| {
-            b.data_plane_arg(*a)
-        })
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("stack did not start: {e}"))
-}
 
 /// A client connecting from `local` (an address of the loopback network).
 fn client_from(local: &str) -> reqwest::Client {
@@ -78,7 +66,7 @@ async fn status(http: &reqwest::Client, url: &str, xff: Option<&str>) -> Result<
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ip_rules_allow_and_deny_ipv4_and_ipv6_behind_a_trusted_proxy() -> Result<()> {
-    let stack = start(&["--trusted-proxies=127.0.0.2/32"]).await;
+    let stack = one_data_plane(&["--trusted-proxies=127.0.0.2/32"]).await;
     let gw = &stack.gateways()[0];
     upsert_route_synced(
         &stack,
@@ -168,7 +156,7 @@ fn transform(set: &[(&str, &str)], add: &[(&str, &str)], remove: &[&str]) -> Hea
 
 #[tokio::test(flavor = "multi_thread")]
 async fn header_transforms_set_add_and_remove_both_ways() -> Result<()> {
-    let stack = start(&[]).await;
+    let stack = one_data_plane(&[]).await;
     let gw = &stack.gateways()[0];
     upsert_route_synced(
         &stack,
@@ -215,7 +203,7 @@ async fn header_transforms_set_add_and_remove_both_ways() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn header_transforms_touching_protected_headers_are_refused() -> Result<()> {
-    let stack = start(&[]).await;
+    let stack = one_data_plane(&[]).await;
     let mut admin = stack.admin_client().await;
     let before = stack.seeded_version();
     for (request, response) in [
@@ -254,7 +242,7 @@ async fn header_transforms_touching_protected_headers_are_refused() -> Result<()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn header_transforms_may_change_identity_and_host_when_explicitly_allowed() -> Result<()> {
-    let stack = start(&[]).await;
+    let stack = one_data_plane(&[]).await;
     let gw = &stack.gateways()[0];
     let created = create_api_key_synced(&stack, "partner", "svc-partner", "admin").await?;
     upsert_route_synced(
@@ -293,7 +281,7 @@ const APP: &str = "https://app.example";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cors_preflights_are_answered_at_the_gateway_and_actual_requests_decorated() -> Result<()> {
-    let stack = start(&[]).await;
+    let stack = one_data_plane(&[]).await;
     let gw = &stack.gateways()[0];
     upsert_route_synced(
         &stack,
