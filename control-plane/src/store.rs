@@ -38,7 +38,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
+use sqlx::{AssertSqlSafe, Connection as _, Row, SqlSafeStr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -258,7 +258,27 @@ impl Store {
         options: &MutateOptions,
     ) -> Result<Outcome, StoreError> {
         let _writer = self.writer.lock().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.pool.acquire().await?;
+        let outcome = self.commit_on(&mut conn, pending, options).await;
+        if let Err(StoreError::Database(e)) = &outcome {
+            // SQLite may have ended the transaction itself (a full disk, an
+            // I/O error); sqlx's ROLLBACK on drop then finds none and the
+            // connection stays "in a transaction" for sqlx, refusing every
+            // later BEGIN. It is not given back to the pool.
+            tracing::warn!(error = %e, "a configuration write failed; closing its database connection");
+            conn.close_on_drop();
+        }
+        outcome
+    }
+
+    /// [`Store::commit`]'s transaction, on `conn`.
+    async fn commit_on(
+        &self,
+        conn: &mut SqliteConnection,
+        pending: Pending,
+        options: &MutateOptions,
+    ) -> Result<Outcome, StoreError> {
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let current = self.latest_in(&mut tx).await?;
         check_expected(options.expected_version, current.version)?;
         let mutation = match pending {

@@ -693,3 +693,63 @@ async fn a_corrupt_row_stops_the_hash_key_migration() {
         "{e}"
     );
 }
+
+/// Arms (or disarms) a trigger that fails the next version's INSERT with
+/// `RAISE(ROLLBACK)`: SQLite ends the whole transaction itself, as it does
+/// when a write or a commit fails for a full disk or an I/O error.
+async fn fail_inserts(store: &Store, armed: bool) {
+    for sql in [
+        "CREATE TABLE IF NOT EXISTS test_fault (armed INTEGER NOT NULL)",
+        "CREATE TRIGGER IF NOT EXISTS test_fault_insert BEFORE INSERT ON config_versions \
+         WHEN (SELECT armed FROM test_fault) \
+         BEGIN SELECT RAISE(ROLLBACK, 'injected: disk full'); END",
+        "DELETE FROM test_fault",
+    ] {
+        sqlx::query(sql).execute(&store.pool).await.unwrap();
+    }
+    sqlx::query("INSERT INTO test_fault (armed) VALUES (?)")
+        .bind(armed)
+        .execute(&store.pool)
+        .await
+        .unwrap();
+}
+
+/// A write that SQLite rolls back by itself (a full disk, an I/O error)
+/// leaves no connection half inside a transaction: once the fault is gone,
+/// every following mutation commits. Before, the failed connection went back
+/// to the pool still counted "in a transaction" by sqlx (its ROLLBACK found
+/// none), and every `BEGIN IMMEDIATE` on it failed with "attempted to call
+/// begin_with at non-zero transaction depth".
+#[tokio::test]
+async fn a_write_that_sqlite_rolls_back_leaves_the_store_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    store
+        .mutate(Mutation::UpsertUpstream(upstream("u")), &none())
+        .await
+        .unwrap();
+    fail_inserts(&store, true).await;
+    for attempt in 0..3 {
+        let e = store
+            .mutate(Mutation::UpsertRoute(route("a", "u")), &none())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, StoreError::Database(_)) && e.to_string().contains("injected: disk full"),
+            "attempt {attempt}: {e}"
+        );
+    }
+    assert_eq!(store.current().version, 1, "nothing was half-applied");
+    assert_eq!(store.versions(0).await.unwrap().len(), 1);
+
+    fail_inserts(&store, false).await;
+    // More commits than the pool has connections: every one is used again.
+    let n = store.pool.options().get_max_connections() + 1;
+    for i in 0..n {
+        store
+            .mutate(Mutation::UpsertRoute(route(&format!("r{i}"), "u")), &none())
+            .await
+            .unwrap_or_else(|e| panic!("commit {i} after the fault: {e}"));
+    }
+    assert_eq!(store.current().version, 1 + u64::from(n));
+}
