@@ -66,6 +66,7 @@ pub mod retry;
 pub mod router;
 pub mod runtime;
 pub mod sanitize;
+pub mod send_progress;
 pub mod server;
 pub mod signature;
 pub mod transform;

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use bytes::BytesMut;
 use http::{Request, Response};
 use hyper::server::conn::{http1, http2};
-use hyper::service::service_fn;
+use hyper::service::{Service as _, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpListener, TcpStream};
@@ -51,6 +51,7 @@ use crate::conn_timer::ConnTimer;
 use crate::h1_server::{self, Ended, Rewind};
 use crate::io_timeout::WriteTimeout;
 use crate::response_head;
+use crate::send_progress::SendProgress;
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -225,25 +226,42 @@ impl Drop for ActivityGuard {
 
 /// Drives `conn` to its end; once `stop` fires (or its sender is gone) it first
 /// calls `graceful` on it, which lets in-flight requests finish and then closes.
-/// `idle` resolving asks for the same graceful close.
+/// `idle` resolving asks for the same graceful close; `stalled` resolving
+/// closes the connection at once, whatever is in flight.
 async fn drive<C, E>(
     conn: C,
     mut stop: watch::Receiver<()>,
     graceful: fn(Pin<&mut C>),
     idle: impl Future<Output = ()>,
+    stalled: impl Future<Output = ()>,
 ) -> Result<(), E>
 where
     C: Future<Output = Result<(), E>>,
 {
     let mut conn = pin!(conn);
+    let mut stalled = pin!(stalled);
     tokio::select! {
         biased;
         r = conn.as_mut() => return r,
+        () = stalled.as_mut() => return stalled_out(),
         _ = stop.changed() => {}
         () = idle => tracing::debug!("HTTP/2 connection idle; closing it"),
     }
     graceful(conn.as_mut());
-    conn.await
+    tokio::select! {
+        biased;
+        r = conn => r,
+        () = stalled => stalled_out(),
+    }
+}
+
+/// The end of a connection whose client took nothing of its answers for the
+/// write timeout (see [`crate::send_progress`]).
+fn stalled_out<E>() -> Result<(), E> {
+    tracing::debug!(
+        "HTTP/2 client took nothing of its answers within the write timeout; closing the connection"
+    );
+    Ok(())
 }
 
 /// Resolves once `rx` says stop (or its sender is gone).
@@ -374,18 +392,13 @@ async fn connection<F, Fut>(
     } else {
         protocol
     };
-    // HTTP/2 requests in flight, for the idle timeout.
-    let activity = (protocol == Protocol::Http2).then(Activity::new);
     // hyper's view of the handler, for the connections (or the rest of one) it serves.
     let service = {
         let handler = handler.clone();
-        let activity = activity.clone();
         service_fn(move |req: Request<hyper::body::Incoming>| {
-            let guard = activity.as_ref().map(Activity::begin);
             let fut = handler(Box::new(req.map(ClientBody::hyper)), peer);
             async move {
                 let mut resp = fut.await;
-                drop(guard);
                 // hyper writes the answer from its map alone.
                 response_head::materialize(&mut resp);
                 Ok::<_, Infallible>(resp)
@@ -430,6 +443,7 @@ async fn connection<F, Fut>(
                         stop,
                         |c| c.graceful_shutdown(),
                         std::future::pending(),
+                        std::future::pending(),
                     ))
                     .await
                     .map_err(Into::into)
@@ -437,8 +451,23 @@ async fn connection<F, Fut>(
             }
         }
         (_, prefix) => {
-            let idle = settings.h2_idle_timeout;
-            let activity = activity.expect("made for HTTP/2");
+            // Requests in flight, for the idle timeout; answers' send
+            // progress, for the write timeout of a client whose windows stay shut.
+            let activity = Activity::new();
+            let progress = SendProgress::new();
+            let service = {
+                let (activity, progress) = (activity.clone(), progress.clone());
+                service_fn(move |req| {
+                    let guard = activity.begin();
+                    let answer = service.call(req);
+                    let progress = progress.clone();
+                    async move {
+                        let Ok(resp) = answer.await;
+                        drop(guard);
+                        Ok::<_, Infallible>(resp.map(|body| progress.watch(body)))
+                    }
+                })
+            };
             let io = WriteTimeout::new(
                 Rewind::new(prefix.unwrap_or_default(), stream),
                 write_timeout,
@@ -449,7 +478,8 @@ async fn connection<F, Fut>(
                 conn,
                 stop,
                 |c| c.graceful_shutdown(),
-                activity.idle_for(idle),
+                activity.idle_for(settings.h2_idle_timeout),
+                progress.stalled_for(write_timeout),
             ))
             .await
             .map_err(Into::into)

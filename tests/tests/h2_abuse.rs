@@ -695,9 +695,9 @@ async fn window_stall(t: &Target, window: u32, trickle: bool) -> Result<Stall> {
 /// `max_concurrent_streams`), the replica's CPU and memory stay bounded,
 /// others are served, and everything held is given back once the client goes.
 ///
-/// Not (yet) asserted: that the server ends such a connection. The client
-/// answers PINGs, so keep-alive does not end it, and hyper's HTTP/2 server
-/// has no per-stream send deadline; see the data plane README (HTTP/2).
+/// A client that takes nothing (`trickle` false) is disconnected once it has
+/// taken nothing for the write timeout, although it answers PINGs; one that
+/// reads slowly but reads is served at its pace, like a slow HTTP/1.1 reader.
 async fn live_stall(name: &str, window: u32, trickle: bool) -> Result<()> {
     let t = target().await?;
     let good = GoodClient::start(&t.addr).await?;
@@ -715,6 +715,16 @@ async fn live_stall(name: &str, window: u32, trickle: bool) -> Result<()> {
         goaway: None,
     };
     check_bounded(name, before, after, &good, &[abuse])?;
+    if !trickle {
+        // No byte for the write timeout; noticed within as long again.
+        let ended = stall.ended_after.with_context(|| {
+            format!("{name}: the connection was not ended within {STALL_WATCH:?}")
+        })?;
+        ensure!(
+            ended >= WRITE_TIMEOUT && ended <= 2 * WRITE_TIMEOUT + Duration::from_secs(2),
+            "{name}: ended after {ended:?}, the write timeout is {WRITE_TIMEOUT:?}"
+        );
+    }
     // The ordinary client, still running when the gauge was read, has at most one in flight.
     ensure!(
         stall.in_flight <= f64::from(STALLED_STREAMS) + 1.0,
