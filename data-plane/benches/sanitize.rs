@@ -90,7 +90,7 @@ fn bench(c: &mut Criterion) {
                         },
                     );
                     let id = ensure_request_id(h);
-                    set_forwarded(h, peer, false);
+                    set_forwarded(h, None, peer, false);
                     black_box((size, id));
                 },
                 BatchSize::SmallInput,

@@ -332,7 +332,12 @@ impl Pipeline {
         let header_bytes = remove_hop_by_hop(&mut parts.headers, Strip::Request { trusted_peer });
         self.check_limits(parts, header_bytes)?;
         seen.request_id = Some(ensure_request_id(&mut parts.headers));
-        set_forwarded(&mut parts.headers, peer.ip(), trusted_peer);
+        set_forwarded(
+            &mut parts.headers,
+            parts.uri.authority(),
+            peer.ip(),
+            trusted_peer,
+        );
         Ok(normalize_path(uri.path())?)
     }
 

@@ -15,6 +15,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
+use http::uri::Authority;
 use rand::Rng as _;
 
 /// `Keep-Alive` (not in the `http` crate's constants).
@@ -307,9 +308,15 @@ pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
 
 /// Appends the peer address to `X-Forwarded-For` (joining repeated header
 /// lines), and sets `X-Forwarded-Proto: http` and `X-Forwarded-Host` (the
-/// request's `Host`). From a trusted proxy (`trusted_peer`) the proxy's own
+/// request's `Host`, else the request target's `authority`: an HTTP/2
+/// request's `:authority`). From a trusted proxy (`trusted_peer`) the proxy's own
 /// `X-Forwarded-Proto` / `X-Forwarded-Host` are kept when it sent them.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) {
+pub fn set_forwarded(
+    headers: &mut HeaderMap,
+    authority: Option<&Authority>,
+    peer: IpAddr,
+    trusted_peer: bool,
+) {
     let mut text = [0u8; 45];
     let len = write_ip(peer, &mut text);
     let peer = &text[..len];
@@ -334,7 +341,10 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) 
             }
         }
     }
-    let host = headers.get(header::HOST).cloned();
+    let host = headers
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
     if trusted_peer {
         if !headers.contains_key(&X_FORWARDED_PROTO) {
             headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
@@ -663,7 +673,7 @@ mod tests {
             ("x-forwarded-proto", "https"),
         ]);
         let before = h.clone();
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), false);
+        set_forwarded(&mut h, None, "10.0.0.1".parse().unwrap(), false);
         assert_eq!(
             h.get("x-forwarded-for").unwrap(),
             "1.2.3.4, 5.6.7.8, 10.0.0.1"
@@ -674,7 +684,7 @@ mod tests {
             "no Host, no X-Forwarded-Host"
         );
         let mut empty = HeaderMap::new();
-        set_forwarded(&mut empty, "::1".parse().unwrap(), false);
+        set_forwarded(&mut empty, None, "::1".parse().unwrap(), false);
         assert_eq!(empty.get("x-forwarded-for").unwrap(), "::1");
 
         // A trusted proxy's scheme and host are kept; anyone else's are replaced.
@@ -685,16 +695,39 @@ mod tests {
             HeaderValue::from_static("public.example"),
         );
         let mut from_client = from_proxy.clone();
-        set_forwarded(&mut from_proxy, "10.0.0.1".parse().unwrap(), true);
+        set_forwarded(&mut from_proxy, None, "10.0.0.1".parse().unwrap(), true);
         assert_eq!(from_proxy.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(
             from_proxy.get("x-forwarded-host").unwrap(),
             "public.example"
         );
-        set_forwarded(&mut from_client, "10.0.0.1".parse().unwrap(), false);
+        let mut h2_client = from_client.clone();
+        set_forwarded(&mut from_client, None, "10.0.0.1".parse().unwrap(), false);
         assert_eq!(from_client.get("x-forwarded-proto").unwrap(), "http");
         assert_eq!(from_client.get("x-forwarded-host").unwrap(), "gw.example");
         assert_eq!(from_client.get_all("x-forwarded-host").iter().count(), 1);
+
+        // An HTTP/2 request has no Host: its `:authority` is the host.
+        h2_client.remove("host");
+        let authority = Authority::from_static("h2.example:8080");
+        set_forwarded(
+            &mut h2_client,
+            Some(&authority),
+            "10.0.0.1".parse().unwrap(),
+            false,
+        );
+        assert_eq!(
+            h2_client.get("x-forwarded-host").unwrap(),
+            "h2.example:8080"
+        );
+        // Host wins when both are there.
+        set_forwarded(
+            &mut from_client,
+            Some(&authority),
+            "10.0.0.1".parse().unwrap(),
+            false,
+        );
+        assert_eq!(from_client.get("x-forwarded-host").unwrap(), "gw.example");
     }
 
     #[test]

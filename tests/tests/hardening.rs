@@ -358,7 +358,56 @@ async fn headers_the_gateway_relies_on_cannot_be_deleted_or_forged() -> Result<(
         headers["x-forwarded-for"] == "198.51.100.1, 127.0.0.2",
         "{headers}"
     );
+
+    // An HTTP/2 request has no Host: X-Forwarded-Host is its `:authority`.
+    let headers = h2c_seen_headers(
+        gw,
+        "app.example:8443",
+        "/open/users/1",
+        &[("x-forwarded-host", "evil.example")],
+    )
+    .await?;
+    ensure!(
+        headers["x-forwarded-host"] == "app.example:8443",
+        "{headers}"
+    );
+    ensure!(headers["x-forwarded-proto"] == "http", "{headers}");
     Ok(())
+}
+
+/// An h2c GET of `path` with `:authority` `authority` and `extra` fields; the
+/// headers the mock backend saw.
+async fn h2c_seen_headers(
+    gw: SocketAddr,
+    authority: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> Result<Value> {
+    let tcp = TcpStream::connect(gw).await?;
+    let (h2, connection) = h2::client::handshake(tcp).await?;
+    let connection = tokio::spawn(connection);
+    let mut request = http::Request::get(format!("http://{authority}{path}"));
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let (response, _) = h2.ready().await?.send_request(request.body(())?, true)?;
+    let response = response.await?;
+    let status = response.status();
+    let mut body = response.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        bytes.extend_from_slice(&chunk);
+    }
+    connection.abort();
+    ensure!(
+        status == 200,
+        "h2 status {status}: {:?}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let seen: Value = serde_json::from_slice(&bytes)?;
+    Ok(seen["headers"].clone())
 }
 
 #[tokio::test(flavor = "multi_thread")]
