@@ -40,6 +40,7 @@ use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::{PartMetrics, PartOutcome};
 use crate::proxy;
+use crate::workers::Worker;
 
 /// Largest part body accepted, in bytes (1 MiB). A larger one fails the part.
 pub const MAX_PART_BODY: usize = 1 << 20;
@@ -248,7 +249,9 @@ pub struct Balance<'r> {
 
 /// Answers an aggregation request: every part in parallel, then the JSON
 /// object (or 502 naming the first required part that failed).
-/// `parts` is the request head after authentication; `path` the normalised path.
+/// `parts` is the request head after authentication; `path` the normalised path;
+/// `worker` the proxy worker serving it.
+#[allow(clippy::too_many_arguments)]
 pub async fn respond(
     agg: &Aggregate,
     route: &RouteEntry,
@@ -257,6 +260,7 @@ pub async fn respond(
     balance: Balance<'_>,
     span: &ServerSpan,
     tracestate: Option<&HeaderValue>,
+    worker: Worker,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let rest = path
         .strip_prefix(&*route.prefix)
@@ -281,15 +285,15 @@ pub async fn respond(
         requests.push(req);
     }
 
-    let mut pending: FuturesUnordered<_> =
-        agg.parts
-            .iter()
-            .zip(requests)
-            .enumerate()
-            .map(|(i, (part, req))| async move {
-                (i, fetch(part, req, balance, span, tracestate).await)
-            })
-            .collect();
+    let mut pending: FuturesUnordered<_> = agg
+        .parts
+        .iter()
+        .zip(requests)
+        .enumerate()
+        .map(|(i, (part, req))| async move {
+            (i, fetch(part, req, balance, span, tracestate, worker).await)
+        })
+        .collect();
     let mut bodies: Vec<Option<Bytes>> = vec![None; agg.parts.len()];
     while let Some((i, result)) = pending.next().await {
         let part = &agg.parts[i];
@@ -329,6 +333,7 @@ async fn fetch(
     balance: Balance<'_>,
     span: &ServerSpan,
     tracestate: Option<&HeaderValue>,
+    worker: Worker,
 ) -> Result<Bytes, PartFailure> {
     let key = balancer::affinity(&part.upstream.policy, balance.user, req.headers(), || {
         balance.client
@@ -341,7 +346,7 @@ async fn fetch(
         tracestate,
         served_by: &mut served_by,
     };
-    let resp = proxy::forward(&part.upstream, pick, req, part.timeout, None, trace)
+    let resp = proxy::forward(&part.upstream, pick, req, part.timeout, None, trace, worker)
         .await
         .map_err(|e| match e {
             ProxyError::Timeout(_) => PartFailure::Timeout,

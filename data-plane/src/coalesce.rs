@@ -54,6 +54,7 @@ use crate::proxy::{self, upstream_request};
 use crate::response_head;
 use crate::retry::RetryPolicy;
 use crate::sanitize::{X_USER_ID, X_USER_ROLE};
+use crate::workers::Worker;
 
 /// Default [`CoalesceLimits::max_waiters`].
 pub const MAX_WAITERS: usize = 1024;
@@ -316,7 +317,8 @@ pub enum Coalesced<'s, 'a> {
 
 /// The coalescing stage of the pipeline, for a request of `route` (whose
 /// coalescer is `coalescer` and upstream `upstream`) after authentication and
-/// rate limiting. `affinity` is the request's balancing key.
+/// rate limiting. `affinity` is the request's balancing key; `worker` the
+/// proxy worker serving it.
 // The request's pieces travel separately because an uncoalesced request gets them back untouched.
 #[allow(clippy::too_many_arguments)]
 pub async fn stage<'s, 'a>(
@@ -328,6 +330,7 @@ pub async fn stage<'s, 'a>(
     path: &str,
     affinity: Affinity,
     trace: proxy::Trace<'s, 'a>,
+    worker: Worker,
 ) -> Coalesced<'s, 'a> {
     let key = if body.is_end_stream() {
         Key::of(&parts, path)
@@ -355,7 +358,11 @@ pub async fn stage<'s, 'a>(
         },
         Join::Leader(lead) => {
             let limits = coalescer.limits;
-            let call = CallOptions { limits, affinity };
+            let call = CallOptions {
+                limits,
+                affinity,
+                worker,
+            };
             Coalesced::Answered(lead_call(lead, route, upstream, parts, path, trace, call).await)
         }
     }
@@ -366,6 +373,8 @@ struct CallOptions {
     limits: CoalesceLimits,
     /// The balancing key (the same for every coalesced request: the identity is part of the coalescing key).
     affinity: Affinity,
+    /// The leader's proxy worker (the spawned call runs on it too).
+    worker: Worker,
 }
 
 /// The leader: the upstream call in a task of its own, then the leader's own answer.
@@ -376,7 +385,11 @@ async fn lead_call<'a>(
     parts: Parts,
     path: &str,
     trace: proxy::Trace<'_, 'a>,
-    CallOptions { limits, affinity }: CallOptions,
+    CallOptions {
+        limits,
+        affinity,
+        worker,
+    }: CallOptions,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let req = match upstream_request(parts, route, path, RequestBody::empty()) {
         Ok(req) => req,
@@ -393,6 +406,7 @@ async fn lead_call<'a>(
         tracestate: trace.tracestate.cloned(),
         max_body: limits.max_body,
         affinity,
+        worker,
     };
     let task = tokio::spawn(async move {
         let (mine, theirs, served) = call.run(req).await;
@@ -423,6 +437,8 @@ struct Call {
     /// The balancing key of the request (identical for every coalesced request:
     /// the identity is part of the coalescing key).
     affinity: Affinity,
+    /// The proxy worker the call runs on.
+    worker: Worker,
 }
 
 impl Call {
@@ -453,6 +469,7 @@ impl Call {
                     self.timeout,
                     self.retry.as_ref(),
                     trace,
+                    self.worker,
                 )
                 .await
             }

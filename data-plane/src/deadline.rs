@@ -22,6 +22,8 @@ use std::task::{Context, Poll, Waker};
 
 use tokio::time::{Instant, Sleep};
 
+use crate::workers::{OFF_WORKER, Worker};
+
 /// Most `Sleep`s a worker keeps for later attempts: more than the attempts a
 /// worker has in flight at once under a load test.
 pub const KEPT: usize = 128;
@@ -31,9 +33,10 @@ thread_local! {
 }
 
 /// `fut`'s output, or `None` when `deadline` passes first; `fut` is polled
-/// first, as by `tokio::time::timeout_at`.
-pub async fn within<F: Future>(deadline: Instant, fut: F) -> Option<F::Output> {
-    within_kept(deadline, fut, crate::workers::current() != 0).await
+/// first, as by `tokio::time::timeout_at`. On a proxy worker (`worker` ≠
+/// [`OFF_WORKER`]) the timer comes from and goes back to the thread's store.
+pub async fn within<F: Future>(deadline: Instant, fut: F, worker: Worker) -> Option<F::Output> {
+    within_kept(deadline, fut, worker != OFF_WORKER).await
 }
 
 /// [`within`], with the thread's store of `Sleep`s (`keep`) or without.
@@ -125,10 +128,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_future_wins_when_it_is_ready_first() {
-        let out = within(Instant::now() + Duration::from_secs(1), async { 7 }).await;
+        let out = within(
+            Instant::now() + Duration::from_secs(1),
+            async { 7 },
+            OFF_WORKER,
+        )
+        .await;
         assert_eq!(out, Some(7));
         // Polled first: ready at once beats a deadline already passed.
-        let out = within(Instant::now(), async { 8 }).await;
+        let out = within(Instant::now(), async { 8 }, OFF_WORKER).await;
         assert_eq!(out, Some(8));
     }
 
@@ -193,6 +201,7 @@ mod tests {
         let out = within(
             start + Duration::from_millis(250),
             std::future::pending::<()>(),
+            OFF_WORKER,
         )
         .await;
         assert_eq!(out, None);

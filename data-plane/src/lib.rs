@@ -245,6 +245,7 @@ impl DataPlane {
             authenticator: authenticator.clone(),
             rate_limiter: Some(rate_limiter.clone()),
             tracer: self.tracer.clone(),
+            worker: workers::OFF_WORKER,
         });
         let (stop, stopped) = watch::channel(false);
         let http = args.http();
@@ -255,19 +256,22 @@ impl DataPlane {
             proxy_listeners,
             http,
             connections.clone(),
-            move |req, peer| {
-                let pipeline = pipeline.clone();
-                // Boxed: a connection keeps one slot the size of this future for the
-                // connection's whole life; a pointer there instead of the whole request state
-                // keeps idle keep-alive connections small (the state is freed after each request).
-                // Allocated before the future is made, so it is built in its box: a
-                // `Box::pin(future)` copied all ~5 KB of it (mostly never-used state) into
-                // fresh memory, about 90 cache lines written per request (BENCHMARKS.md).
-                let slot = Box::new_uninit();
-                Box::into_pin(Box::write(
-                    slot,
-                    async move { pipeline.handle(req, peer).await },
-                ))
+            |worker| {
+                let pipeline = Arc::new(pipeline.for_worker(worker));
+                move |req, peer| {
+                    let pipeline = pipeline.clone();
+                    // Boxed: a connection keeps one slot the size of this future for the
+                    // connection's whole life; a pointer there instead of the whole request state
+                    // keeps idle keep-alive connections small (the state is freed after each request).
+                    // Allocated before the future is made, so it is built in its box: a
+                    // `Box::pin(future)` copied all ~5 KB of it (mostly never-used state) into
+                    // fresh memory, about 90 cache lines written per request (BENCHMARKS.md).
+                    let slot = Box::new_uninit();
+                    Box::into_pin(Box::write(
+                        slot,
+                        async move { pipeline.handle(req, peer).await },
+                    ))
+                }
             },
             &stopped,
         )

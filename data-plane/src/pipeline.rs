@@ -44,6 +44,7 @@ use crate::sanitize::{
     ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
 use crate::websocket;
+use crate::workers::Worker;
 
 /// Request limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +74,8 @@ impl Default for Limits {
     }
 }
 
-/// Everything the request path needs, shared by every connection.
+/// Everything the request path needs, shared by every connection of a worker.
+#[derive(Clone)]
 pub struct Pipeline {
     /// The current configuration.
     pub config: Arc<ConfigStore>,
@@ -90,6 +92,9 @@ pub struct Pipeline {
     pub rate_limiter: Option<Arc<dyn RateLimiter>>,
     /// Request spans (a disabled tracer still propagates trace context).
     pub tracer: Tracer,
+    /// The proxy worker this pipeline serves ([`Pipeline::for_worker`]);
+    /// [`crate::workers::OFF_WORKER`] for one made off the workers.
+    pub worker: Worker,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -119,6 +124,14 @@ struct Seen<'c> {
 }
 
 impl Pipeline {
+    /// This pipeline, for the proxy worker `worker` (everything else is shared).
+    pub fn for_worker(&self, worker: Worker) -> Self {
+        Self {
+            worker,
+            ..self.clone()
+        }
+    }
+
     /// Answers one request. Never fails: every error becomes a problem response.
     pub async fn handle(
         &self,
@@ -255,8 +268,17 @@ impl Pipeline {
                 let client = client_ip(&parts.headers, peer.ip(), &self.trusted_proxies);
                 let user = identity.as_ref().map(|id| id.subject.as_bytes());
                 let balance = aggregate::Balance { user, client };
-                return aggregate::respond(agg, route, &parts, &path, balance, span, tracestate)
-                    .await;
+                return aggregate::respond(
+                    agg,
+                    route,
+                    &parts,
+                    &path,
+                    balance,
+                    span,
+                    tracestate,
+                    self.worker,
+                )
+                .await;
             }
             Target::Upstream(upstream) => upstream,
         };
@@ -278,7 +300,19 @@ impl Pipeline {
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
             Some(c) => {
-                match coalesce::stage(c, route, upstream, parts, body, &path, key, trace).await {
+                match coalesce::stage(
+                    c,
+                    route,
+                    upstream,
+                    parts,
+                    body,
+                    &path,
+                    key,
+                    trace,
+                    self.worker,
+                )
+                .await
+                {
                     Coalesced::Answered(answer) => return answer,
                     Coalesced::Alone(parts, body, trace) => (parts, body, trace),
                 }
@@ -307,6 +341,7 @@ impl Pipeline {
             route.timeout,
             route.retry.as_ref(),
             trace,
+            self.worker,
         ));
         forward.await
     }

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use crate::body::RequestBody;
 use crate::h1::{Conn, ExchangeError, H1Body, SendFailure};
+use crate::workers::Worker;
 
 /// Pool limits, the same for every instance.
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +46,7 @@ pub struct PoolSettings {
     /// "never reached the instance", so the request is retried elsewhere.
     pub connect_timeout: Duration,
     /// Idle lists: one per proxy worker plus one for every other thread
-    /// ([`crate::workers::current`] picks the list).
+    /// (the [`Worker`] index of the exchange picks the list).
     pub slots: usize,
 }
 
@@ -139,9 +140,9 @@ struct Inner {
 struct Slot(Mutex<Vec<Idle>>);
 
 impl Inner {
-    /// This thread's idle list.
-    fn idle(&self) -> &Mutex<Vec<Idle>> {
-        &self.idle[crate::workers::current() % self.idle.len()].0
+    /// `worker`'s idle list.
+    fn idle(&self, worker: Worker) -> &Mutex<Vec<Idle>> {
+        &self.idle[worker % self.idle.len()].0
     }
 }
 
@@ -163,6 +164,8 @@ impl std::fmt::Debug for Pool {
 /// Returns a connection to its pool once its response body has been read to the end.
 pub struct Checkin {
     pool: Arc<Inner>,
+    /// The worker whose idle list takes the connection back.
+    worker: Worker,
 }
 
 impl std::fmt::Debug for Checkin {
@@ -182,7 +185,7 @@ impl Checkin {
             return;
         }
         let now = Instant::now();
-        let mut idle = pool.idle().lock().expect("pool lock");
+        let mut idle = pool.idle(self.worker).lock().expect("pool lock");
         // The oldest entries sit at the bottom: drop expired ones there.
         while idle
             .first()
@@ -225,8 +228,8 @@ impl Pool {
             .sum()
     }
 
-    fn take_idle(&self, now: Instant) -> Option<Box<Conn>> {
-        let mut idle = self.inner.idle().lock().expect("pool lock");
+    fn take_idle(&self, now: Instant, worker: Worker) -> Option<Box<Conn>> {
+        let mut idle = self.inner.idle(worker).lock().expect("pool lock");
         while let Some(i) = idle.pop() {
             if now - i.since <= self.inner.settings.idle_timeout && i.conn.is_reusable() {
                 return Some(i.conn);
@@ -314,13 +317,15 @@ impl Pool {
     /// [`Checkin`] that takes the connection back at the body's end. `now`
     /// (the caller's clock reading) is when the exchange starts: idle
     /// connections older than the idle timeout by then are dropped.
+    /// `worker`'s idle list is used, and takes the connection back.
     pub async fn send(
         &self,
         mut req: Box<Request<RequestBody>>,
         now: Instant,
+        worker: Worker,
     ) -> Result<(Response<H1Body>, Checkin), SendError> {
         loop {
-            let (conn, reused) = match self.take_idle(now) {
+            let (conn, reused) = match self.take_idle(now, worker) {
                 Some(c) => (c, true),
                 None => match self.connect_tcp().await {
                     Ok(s) => (Conn::new(s), false),
@@ -331,6 +336,7 @@ impl Pool {
                 Ok(resp) => {
                     let checkin = Checkin {
                         pool: self.inner.clone(),
+                        worker,
                     };
                     return Ok((resp, checkin));
                 }
@@ -343,5 +349,92 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpListener;
+
+    /// An upstream that answers every request on a connection with a small 200,
+    /// and counts the connections it accepted.
+    async fn upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut seen = Vec::new();
+                    loop {
+                        let n = match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if s.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    /// One GET through `pool` for `worker`, its body read to the end (which
+    /// checks the connection back in).
+    async fn get(pool: &Pool, authority: &str, worker: Worker) {
+        let req = Request::get(format!("http://{authority}/"))
+            .body(RequestBody::empty())
+            .unwrap();
+        let (resp, checkin) = pool
+            .send(Box::new(req), Instant::now(), worker)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut read = Vec::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                read.extend_from_slice(&data);
+            }
+        }
+        assert_eq!(read, b"ok");
+        checkin.checkin(body.take_conn().expect("a reusable connection"));
+    }
+
+    #[tokio::test]
+    async fn a_connection_goes_back_to_the_idle_list_of_the_worker_that_used_it() {
+        let (authority, accepted) = upstream().await;
+        let pool = Pool::new(
+            authority.clone(),
+            PoolSettings {
+                slots: 3,
+                ..PoolSettings::default()
+            },
+        );
+        get(&pool, &authority, 1).await;
+        assert_eq!(pool.idle_count(), 1);
+        assert_eq!(pool.inner.idle(1).lock().unwrap().len(), 1);
+        // Another worker does not take it: its own list is empty.
+        get(&pool, &authority, 2).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(pool.idle_count(), 2);
+        // The first worker reuses its own.
+        get(&pool, &authority, 1).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(pool.inner.idle(1).lock().unwrap().len(), 1);
+        assert_eq!(pool.inner.idle(2).lock().unwrap().len(), 1);
     }
 }

@@ -61,6 +61,7 @@ use crate::retry::{
 use crate::router::rewrite_path;
 use crate::sanitize::{Strip, remove_hop_by_hop};
 use crate::signature::unix_now;
+use crate::workers::Worker;
 
 /// Builds the request sent upstream: origin-form URI with the normalised (and
 /// rewritten) path and the original query, HTTP/1.1, and a `Host` header (an
@@ -271,11 +272,12 @@ pub async fn forward<'a>(
     timeout: Duration,
     retry: Option<&RetryPolicy>,
     trace: Trace<'_, 'a>,
+    worker: Worker,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     // One clock reading for the deadline, the retry budget and the pool's idle check.
     let started = Instant::now();
     let deadline = started + timeout;
-    upstream.retry.record_request(started);
+    upstream.retry.record_request(started, worker);
     // The default rules replay only a bodiless request, which the pool hands
     // back when its exchange fails ([`SendError::Failed`]): no copy up front.
     let (mut req, replay) = match retry {
@@ -322,8 +324,8 @@ pub async fn forward<'a>(
         let attempt_deadline = per_try.map_or(deadline, |t| deadline.min(now + t));
         // Pinned where it is made, so the timeout wraps a pointer instead of taking
         // (copying) the whole exchange future. `None`: the deadline passed.
-        let send = std::pin::pin!(instance.pool.send(req, now));
-        let sent = deadline::within(attempt_deadline, send).await;
+        let send = std::pin::pin!(instance.pool.send(req, now, worker));
+        let sent = deadline::within(attempt_deadline, send, worker).await;
         match &sent {
             None => client.set_status_error("timeout"),
             Some(Ok((resp, _))) => client.set_status_code(resp.status().as_u16()),
@@ -414,6 +416,7 @@ pub async fn forward<'a>(
                 reason,
                 replay.as_ref(),
                 failed,
+                worker,
             ),
             None => default_retry(upstream, key, index, retries, reused, failed),
         };
@@ -497,6 +500,7 @@ fn policy_retry<'a>(
     reason: RetryReason,
     replay: Option<&Replay>,
     failed: Failed,
+    worker: Worker,
 ) -> Next<'a> {
     let listed = policy.retries(reason) && retries < policy.attempts;
     let once = !policy.retries(reason) && retries == 0 && matches!(failed, Failed::NotReached(..));
@@ -510,7 +514,7 @@ fn policy_retry<'a>(
     let Some(pick) = balancer::pick_excluding(upstream, key, tried) else {
         return failed.stands();
     };
-    if listed && !upstream.retry.try_retry(reason) {
+    if listed && !upstream.retry.try_retry(reason, worker) {
         return failed.stands();
     }
     let req = match (failed, replay) {

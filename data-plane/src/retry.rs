@@ -25,6 +25,8 @@ use gateway_proto::v1::{Retry, RetryOn};
 use http::Method;
 use tokio::time::Instant;
 
+use crate::workers::Worker;
+
 /// Length of the budget's sliding window.
 pub const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 /// Retries allowed per hundred requests sent, over the window.
@@ -123,7 +125,7 @@ struct Bucket {
 }
 
 /// How many sets of buckets a budget keeps: one per proxy worker
-/// ([`crate::workers::current`], modulo this). Every first attempt counts
+/// (its [`Worker`] index, modulo this). Every first attempt counts
 /// itself, and with one set the workers took one lock on every request, its
 /// cache line moving between their cores; a retry (rare) sums all the sets.
 const STRIPES: usize = 4;
@@ -178,15 +180,16 @@ impl RetryBudget {
         t.saturating_duration_since(self.start).as_secs()
     }
 
-    /// The calling worker's buckets.
-    fn local(&self) -> &Mutex<[Bucket; 10]> {
-        &self.stripes[crate::workers::current() % STRIPES].0
+    /// `worker`'s buckets.
+    fn local(&self, worker: Worker) -> &Mutex<[Bucket; 10]> {
+        &self.stripes[worker % STRIPES].0
     }
 
     /// Counts one request sent to the upstream (a first attempt) at `now`
-    /// (the caller's clock reading, so the hot path reads the clock once).
-    pub fn record_request(&self, now: Instant) {
-        self.record_in(self.local(), now);
+    /// (the caller's clock reading, so the hot path reads the clock once)
+    /// by `worker`.
+    pub fn record_request(&self, now: Instant, worker: Worker) {
+        self.record_in(self.local(worker), now);
     }
 
     fn record_in(&self, buckets: &Mutex<[Bucket; 10]>, now: Instant) {
@@ -198,7 +201,7 @@ impl RetryBudget {
     /// Spends one retry if the budget allows it; counts the retry (by
     /// `reason`) or the refusal. Workers deciding at the same moment may
     /// together spend one retry more each than the budget has left.
-    pub fn try_retry(&self, reason: RetryReason) -> bool {
+    pub fn try_retry(&self, reason: RetryReason, worker: Worker) -> bool {
         let now = self.now_second();
         let (mut requests, mut retries) = (0, 0);
         for stripe in &self.stripes {
@@ -213,7 +216,7 @@ impl RetryBudget {
         }
         let allowed = retries < allowance(requests);
         if allowed {
-            let mut b = self.local().lock().expect("retry budget lock");
+            let mut b = self.local(worker).lock().expect("retry budget lock");
             current(&mut b, now).retries += 1;
         }
         if allowed {
@@ -255,6 +258,7 @@ fn current(b: &mut [Bucket; 10], now: u64) -> &mut Bucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workers::OFF_WORKER;
 
     fn policy(on: &[RetryOn], per_try: u32) -> RetryPolicy {
         RetryPolicy::from_proto(&Retry {
@@ -307,9 +311,9 @@ mod tests {
     async fn an_idle_upstream_gets_the_floor_only() {
         let b = RetryBudget::new();
         for _ in 0..BUDGET_FLOOR {
-            assert!(b.try_retry(RetryReason::Status5xx));
+            assert!(b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         }
-        assert!(!b.try_retry(RetryReason::Status5xx));
+        assert!(!b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         assert_eq!(b.retries(RetryReason::Status5xx), BUDGET_FLOOR);
         assert_eq!(b.refused(), 1);
     }
@@ -318,20 +322,23 @@ mod tests {
     async fn retries_are_a_fifth_of_requests_plus_the_floor() {
         let b = RetryBudget::new();
         for _ in 0..100 {
-            b.record_request(Instant::now());
+            b.record_request(Instant::now(), OFF_WORKER);
         }
         // 100 / 5 + 10 = 30 retries, the 31st is refused.
         for i in 0..30 {
-            assert!(b.try_retry(RetryReason::ConnectFailure), "retry {i}");
+            assert!(
+                b.try_retry(RetryReason::ConnectFailure, OFF_WORKER),
+                "retry {i}"
+            );
         }
-        assert!(!b.try_retry(RetryReason::Timeout));
+        assert!(!b.try_retry(RetryReason::Timeout, OFF_WORKER));
         // Four more requests are not yet a fifth of one more retry; five are.
         for _ in 0..4 {
-            b.record_request(Instant::now());
+            b.record_request(Instant::now(), OFF_WORKER);
         }
-        assert!(!b.try_retry(RetryReason::Timeout));
-        b.record_request(Instant::now());
-        assert!(b.try_retry(RetryReason::Timeout));
+        assert!(!b.try_retry(RetryReason::Timeout, OFF_WORKER));
+        b.record_request(Instant::now(), OFF_WORKER);
+        assert!(b.try_retry(RetryReason::Timeout, OFF_WORKER));
         assert_eq!(b.retries(RetryReason::ConnectFailure), 30);
         assert_eq!(b.retries(RetryReason::Timeout), 1);
         assert_eq!(b.refused(), 2);
@@ -341,36 +348,36 @@ mod tests {
     async fn the_window_slides_by_whole_seconds() {
         let b = RetryBudget::new();
         for _ in 0..BUDGET_FLOOR {
-            assert!(b.try_retry(RetryReason::Status5xx));
+            assert!(b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         }
-        assert!(!b.try_retry(RetryReason::Status5xx));
+        assert!(!b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         // Nine seconds later the spent retries are still in the window.
         tokio::time::advance(Duration::from_millis(9_999)).await;
-        assert!(!b.try_retry(RetryReason::Status5xx));
+        assert!(!b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         // At ten seconds the first second's bucket has left the window.
         tokio::time::advance(Duration::from_millis(1)).await;
         for _ in 0..BUDGET_FLOOR {
-            assert!(b.try_retry(RetryReason::Status5xx));
+            assert!(b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         }
-        assert!(!b.try_retry(RetryReason::Status5xx));
+        assert!(!b.try_retry(RetryReason::Status5xx, OFF_WORKER));
     }
 
     #[tokio::test(start_paused = true)]
     async fn requests_older_than_the_window_stop_paying_for_retries() {
         let b = RetryBudget::new();
         for _ in 0..50 {
-            b.record_request(Instant::now());
+            b.record_request(Instant::now(), OFF_WORKER);
         }
         tokio::time::advance(BUDGET_WINDOW).await;
         // The 50 requests are gone: the floor is all there is.
         for _ in 0..BUDGET_FLOOR {
-            assert!(b.try_retry(RetryReason::Status5xx));
+            assert!(b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         }
-        assert!(!b.try_retry(RetryReason::Status5xx));
+        assert!(!b.try_retry(RetryReason::Status5xx, OFF_WORKER));
         // A bucket reused for a later second starts empty.
         tokio::time::advance(Duration::from_secs(3)).await;
-        b.record_request(Instant::now());
-        let buckets = b.local().lock().unwrap();
+        b.record_request(Instant::now(), OFF_WORKER);
+        let buckets = b.local(OFF_WORKER).lock().unwrap();
         let now = buckets.iter().find(|k| k.second == 13).unwrap();
         assert_eq!((now.requests, now.retries), (1, 0));
     }
@@ -383,8 +390,8 @@ mod tests {
             b.record_in(&b.stripes[i % STRIPES].0, Instant::now());
         }
         for i in 0..(100 * BUDGET_PERCENT / 100 + BUDGET_FLOOR) {
-            assert!(b.try_retry(RetryReason::Status5xx), "retry {i}");
+            assert!(b.try_retry(RetryReason::Status5xx, OFF_WORKER), "retry {i}");
         }
-        assert!(!b.try_retry(RetryReason::Status5xx));
+        assert!(!b.try_retry(RetryReason::Status5xx, OFF_WORKER));
     }
 }

@@ -23,7 +23,6 @@
 //! Everything that is not request serving (the config stream, health checks,
 //! the ops listener, the Redis connection) stays on the process's main runtime.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -39,15 +38,14 @@ use crate::body::{ClientBody, ResponseBody};
 use crate::conn_limit::Connections;
 use crate::server::{self, HttpSettings};
 
-thread_local! {
-    static WORKER: Cell<usize> = const { Cell::new(0) };
-}
+/// A proxy worker's index: `1..=n` for the workers [`spawn`] starts; `0`
+/// stands for any other thread (the main runtime, tests). Passed down the
+/// request path explicitly (pool idle lists, kept timers, retry-budget
+/// stripes are per worker).
+pub type Worker = usize;
 
-/// The proxy worker running on this thread: `1..=n` on a worker, `0` on any
-/// other thread (the main runtime, tests).
-pub fn current() -> usize {
-    WORKER.with(Cell::get)
-}
+/// The index of calls made off the proxy workers.
+pub const OFF_WORKER: Worker = 0;
 
 /// The number of workers `requested` stands for: itself, or with `0` one per
 /// core the process may use.
@@ -83,23 +81,25 @@ pub fn bind(addr: SocketAddr, n: usize) -> io::Result<(Vec<std::net::TcpListener
 }
 
 /// Starts one worker thread per listener, each serving its listener with
-/// `handler` until `shutdown` turns true and then draining
-/// ([`server::serve`]). The returned task ends when every worker has stopped.
-pub fn spawn<F, Fut>(
+/// the handler `handler_for` makes for its [`Worker`] index until `shutdown`
+/// turns true and then draining ([`server::serve`]). The returned task ends
+/// when every worker has stopped.
+pub fn spawn<M, F, Fut>(
     listeners: Vec<std::net::TcpListener>,
     settings: HttpSettings,
     connections: Arc<Connections>,
-    handler: F,
+    handler_for: M,
     shutdown: &watch::Receiver<bool>,
 ) -> io::Result<JoinHandle<()>>
 where
-    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    M: Fn(Worker) -> F,
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let mut done = Vec::with_capacity(listeners.len());
     for (i, listener) in listeners.into_iter().enumerate() {
-        let index = i + 1;
-        let handler = handler.clone();
+        let index: Worker = i + 1;
+        let handler = handler_for(index);
         let shutdown = shutdown.clone();
         let connections = connections.clone();
         let (finished, stopped) = oneshot::channel::<()>();
@@ -111,7 +111,6 @@ where
             .spawn(move || {
                 // Dropped when this thread ends, however it ends.
                 let _finished = finished;
-                WORKER.with(|w| w.set(index));
                 runtime.block_on(async move {
                     match TcpListener::from_std(listener) {
                         Ok(listener) => server::serve(listener, settings, connections, handler, shutdown).await,
@@ -157,11 +156,6 @@ mod tests {
         assert!(count(0) >= 1);
     }
 
-    #[test]
-    fn only_worker_threads_have_an_index() {
-        assert_eq!(current(), 0);
-    }
-
     #[tokio::test]
     async fn every_worker_serves_and_all_stop() {
         let (sockets, addr) = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
@@ -178,9 +172,10 @@ mod tests {
             sockets,
             settings,
             Connections::new("proxy", 100),
-            |_req, _peer| async move {
-                let body = format!("worker {}", current());
-                Response::new(ResponseBody::full(body))
+            |worker| {
+                move |_req, _peer| async move {
+                    Response::new(ResponseBody::full(format!("worker {worker}")))
+                }
             },
             &stopped,
         )
