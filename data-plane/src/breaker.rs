@@ -20,6 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::time::Duration;
 
+use gateway_proto::defaults;
 use tokio::time::Instant;
 
 /// Breaker settings of an upstream (per instance state, shared settings).
@@ -37,9 +38,9 @@ impl Default for BreakerSettings {
     /// The defaults of an upstream without `circuit_breaker`: 5 failures, 10 s, 1 probe.
     fn default() -> Self {
         Self {
-            failure_threshold: 5,
-            reset_timeout: Duration::from_millis(10_000),
-            half_open_max_requests: 1,
+            failure_threshold: defaults::BREAKER_FAILURE_THRESHOLD,
+            reset_timeout: Duration::from_millis(defaults::BREAKER_RESET_TIMEOUT_MS.into()),
+            half_open_max_requests: defaults::BREAKER_HALF_OPEN_MAX_REQUESTS,
         }
     }
 }

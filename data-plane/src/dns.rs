@@ -45,8 +45,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
+use gateway_proto::defaults;
 use gateway_proto::v1::{DnsDiscovery, Upstream};
-use gateway_proto::validate::DEFAULT_DNS_REFRESH_MS;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -98,7 +98,7 @@ impl Target {
     /// From the (validated) protobuf message; `refresh_ms` 0 is the default.
     pub fn from_proto(d: &DnsDiscovery) -> Self {
         let ms = match d.refresh_ms {
-            0 => DEFAULT_DNS_REFRESH_MS,
+            0 => defaults::DNS_REFRESH_MS,
             ms => ms,
         };
         Self {

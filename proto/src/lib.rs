@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cidr;
+pub mod defaults;
 pub mod hash;
 pub mod validate;
 

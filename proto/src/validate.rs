@@ -18,8 +18,6 @@ pub const MAX_TIMEOUT_MS: u32 = 3_600_000;
 pub const MAX_WINDOW_SECONDS: u32 = 86_400;
 /// Longest accepted name (route, upstream, instance, policy).
 pub const MAX_NAME_LEN: usize = 63;
-/// DNS refresh interval of a `discovery` with `refresh_ms` 0.
-pub const DEFAULT_DNS_REFRESH_MS: u32 = 5_000;
 /// Shortest accepted `discovery.refresh_ms`.
 pub const MIN_DNS_REFRESH_MS: u32 = 100;
 /// Longest accepted `discovery.refresh_ms`: one hour.

@@ -12,10 +12,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gateway_proto::defaults;
 use gateway_proto::v1::{AuthMode, ConfigSnapshot, Route, Upstream};
-use gateway_proto::validate::{
-    DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS, parse_instance_url, validate_api_keys,
-};
+use gateway_proto::validate::{parse_instance_url, validate_api_keys};
 use gateway_proto::{ValidationError, validate_config};
 use http::Method;
 
@@ -245,7 +244,7 @@ pub fn compile_with_members(
             websocket: r.websocket.then(|| {
                 Duration::from_millis(
                     match r.websocket_idle_timeout_ms {
-                        0 => DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS,
+                        0 => defaults::WEBSOCKET_IDLE_TIMEOUT_MS,
                         ms => ms,
                     }
                     .into(),

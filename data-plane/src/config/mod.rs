@@ -36,7 +36,8 @@ use crate::transform::HeaderTransform;
 pub use compile::{CompileError, compile, compile_with_members};
 
 /// Upstream response timeout of a route with `timeout_ms` 0.
-pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_millis(15_000);
+pub const DEFAULT_ROUTE_TIMEOUT: Duration =
+    Duration::from_millis(gateway_proto::defaults::ROUTE_TIMEOUT_MS as u64);
 
 /// One immutable configuration version, ready for the request path.
 #[derive(Debug, Default)]

@@ -6,16 +6,10 @@ use std::collections::BTreeSet;
 use super::{MAX_TIMEOUT_MS, Validator};
 use crate::v1::{Retry, RetryOn, Route};
 
-/// Idle timeout of a WebSocket tunnel whose route sets
-/// `websocket_idle_timeout_ms` 0: five minutes.
-pub const DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS: u32 = 300_000;
 /// Largest accepted `websocket_idle_timeout_ms`: one day.
 pub const MAX_WEBSOCKET_IDLE_TIMEOUT_MS: u32 = 86_400_000;
 /// Most additional tries a route's `retry.attempts` may ask for.
 pub const MAX_RETRY_ATTEMPTS: u32 = 5;
-/// Route timeout of a route with `timeout_ms` 0 (the data plane's default),
-/// the bound of `retry.per_try_timeout_ms` there.
-const DEFAULT_ROUTE_TIMEOUT_MS: u32 = 15_000;
 
 impl Validator {
     /// The forwarding fields of route `r` (`who` names it in messages).
@@ -49,7 +43,8 @@ impl Validator {
                 ));
             }
             let route_timeout = match r.timeout_ms {
-                0 => DEFAULT_ROUTE_TIMEOUT_MS,
+                // The bound of `retry.per_try_timeout_ms` on such a route.
+                0 => crate::defaults::ROUTE_TIMEOUT_MS,
                 ms => ms.min(MAX_TIMEOUT_MS),
             };
             self.retry(who, retry, route_timeout);

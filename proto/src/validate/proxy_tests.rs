@@ -65,7 +65,7 @@ fn websocket_routes_with_and_without_an_idle_timeout_are_valid() {
     for idle in [
         0,
         1,
-        DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS,
+        crate::defaults::WEBSOCKET_IDLE_TIMEOUT_MS,
         MAX_WEBSOCKET_IDLE_TIMEOUT_MS,
     ] {
         let r = Route {
