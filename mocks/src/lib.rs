@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod args;
 pub mod body;
 pub mod config;
 pub mod handler;
