@@ -1,5 +1,5 @@
 //! `mock-service`: the demo backends (`users`, `orders`) that sit behind the
-//! gateway, with fault hooks for tests and demos (DESIGN §6, issue 3).
+//! gateway, with fault hooks for tests and demos (docs/devstack.md, issue 3).
 //!
 //! Endpoints (for `--service users`; `orders` is the same under `/orders`):
 //! * `GET /health` → 200 `{"status":"ok",...}` (never affected by `FAIL_RATE`).
