@@ -1,4 +1,4 @@
-//! HTTP API (DESIGN §5): routing, body limits, JSON in and out. Flows live in [`crate::service`].
+//! HTTP API (docs/auth-service.md): routing, body limits, JSON in and out. Flows live in [`crate::service`].
 
 use std::convert::Infallible;
 use std::future::Future;

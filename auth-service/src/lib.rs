@@ -1,6 +1,6 @@
 //! Auth service: logins against SQLite users (Argon2id), Ed25519 access JWTs published as JWKS
 //! with automatic key rotation, and opaque refresh tokens in Redis that rotate on every use and
-//! burn their whole family when a consumed one is replayed (DESIGN §5).
+//! burn their whole family when a consumed one is replayed (docs/auth-service.md).
 //!
 //! Modules, one concern each: [`args`] (CLI), [`users`], [`users_cli`] (the `users`
 //! subcommands), [`keys`] (signing keys and rotation), [`tokens`] (access JWTs), [`refresh`]

@@ -1,4 +1,4 @@
-//! Aggregation routes (`Route.aggregate`, DESIGN §7 "Composition"): one client
+//! Aggregation routes (`Route.aggregate`, docs/data-plane.md "Aggregate"): one client
 //! GET fans out to several upstream calls in parallel and the answer is a JSON
 //! object keyed by part name holding each part's JSON body.
 //!

@@ -1,4 +1,4 @@
-//! Instance selection (DESIGN §4, "Balance"): the upstream's `lb_policy`.
+//! Instance selection (docs/data-plane.md, "Balance → breaker"): the upstream's `lb_policy`.
 //!
 //! * **Round-robin** (default): the cursor advances once per request; from
 //!   there the first available instance is chosen.

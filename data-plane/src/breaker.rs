@@ -1,4 +1,4 @@
-//! Per-instance circuit breaker (DESIGN §4, "Breaker").
+//! Per-instance circuit breaker (docs/data-plane.md, "Balance → breaker").
 //!
 //! ```text
 //!   CLOSED --failure_threshold consecutive failures--> OPEN

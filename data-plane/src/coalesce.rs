@@ -1,4 +1,4 @@
-//! Request coalescing (`Route.coalesce`, DESIGN §7 "Composition"): identical
+//! Request coalescing (`Route.coalesce`, docs/data-plane.md "Coalesce"): identical
 //! concurrent GET/HEAD requests share one upstream call.
 //!
 //! * **Identical** ([`Key`]): same route (one [`Coalescer`] per route), method,

@@ -1,5 +1,5 @@
 //! The upstream side of a proxied exchange: an HTTP/1.1 client connection of
-//! our own (DESIGN §4, "Proxy"; issue 8).
+//! our own (docs/data-plane.md, "Proxy and retries"; issue 8).
 //!
 //! hyper's client runs each connection as a task of its own: the request is
 //! handed to it through a channel, the response head comes back through a

@@ -1,4 +1,4 @@
-//! Active health checks (DESIGN §3 `HealthCheck`).
+//! Active health checks (docs/grpc-api.md `HealthCheck`, docs/data-plane.md "Balance → breaker").
 //!
 //! Every instance of an upstream with `health_check` gets one task that sends
 //! `GET <path>` on a fresh connection every `interval` (±10 % jitter, first

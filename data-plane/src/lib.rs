@@ -1,5 +1,5 @@
 //! The gateway data plane: a stateless reverse proxy that takes its routes and
-//! upstreams from the control plane's config stream (DESIGN §3–§4).
+//! upstreams from the control plane's config stream (docs/grpc-api.md, docs/data-plane.md).
 //!
 //! Where things are:
 //! * [`pipeline`]: the request path, one stage per line

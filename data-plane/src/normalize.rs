@@ -1,4 +1,4 @@
-//! Request path normalisation (DESIGN §4, "Sanitise").
+//! Request path normalisation (docs/data-plane.md, "Sanitise").
 //!
 //! The gateway routes on, and forwards, one canonical form of the path, so the
 //! upstream can never see a path that the router did not see. The rules:

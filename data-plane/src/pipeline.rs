@@ -1,4 +1,4 @@
-//! The request pipeline, assembled in one place, top to bottom (DESIGN §4):
+//! The request pipeline, assembled in one place, top to bottom (docs/data-plane.md):
 //! sanitise → route → IP rules → WebSocket admission → CORS preflight →
 //! authenticate (JWT or API key) → rate-limit → request headers → [aggregate |
 //! websocket | coalesce →] balance → breaker → proxy (signing the identity for

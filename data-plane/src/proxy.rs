@@ -1,4 +1,4 @@
-//! Forwarding to an upstream instance (DESIGN §4, "Proxy").
+//! Forwarding to an upstream instance (docs/data-plane.md, "Proxy and retries").
 //!
 //! Bodies stream both ways. The route timeout bounds the time to the response
 //! head across every attempt (504 when it passes).

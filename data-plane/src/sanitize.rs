@@ -1,4 +1,4 @@
-//! Header hygiene at the trust boundary (DESIGN §4, "Sanitise").
+//! Header hygiene at the trust boundary (docs/data-plane.md, "Sanitise").
 //!
 //! Requests: hop-by-hop headers (the fixed RFC 9110 list plus every header the
 //! `Connection` header names) and client-supplied identity headers

@@ -1,4 +1,4 @@
-//! The configuration stream client (DESIGN §3, `ConfigDiscoveryService`).
+//! The configuration stream client (docs/grpc-api.md, `ConfigDiscoveryService`).
 //!
 //! One long-lived `StreamConfig` call: the first request names the node and
 //! the version already served (from the cache, or empty); every pushed

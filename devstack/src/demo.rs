@@ -1,4 +1,4 @@
-//! The demo configuration (DESIGN §6), kept as proto3 JSON of an
+//! The demo configuration (docs/devstack.md, "Demo data"), kept as proto3 JSON of an
 //! `ApplyConfigRequest` in `devstack/demo-config.json` so people can read
 //! and reuse it. Instance addresses are `{{name}}` placeholders filled with
 //! the stack's ports.

@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod args;
 pub mod binaries;
 mod boot;
 pub mod builder;

@@ -8,67 +8,9 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use clap::Parser;
+use devstack::args::Cli;
 use devstack::{Stack, StackError, prereq};
 use tokio::signal::unix::{SignalKind, signal};
-
-/// Runs the whole gateway system locally: Redis, control plane, auth
-/// service, mock backends and N data planes, with the demo configuration.
-#[derive(Debug, Parser)]
-#[command(name = "devstack", version, about)]
-struct Cli {
-    /// Number of data-plane replicas.
-    #[arg(long, env = "DEVSTACK_DATA_PLANES", default_value_t = 2,
-          value_parser = clap::value_parser!(u16).range(1..=64))]
-    data_planes: u16,
-
-    /// Use free ports and print one line of JSON describing the stack when it
-    /// is ready (for scripts). Without it: fixed ports (gateway 8080…,
-    /// control plane 50051, auth 4000, redis 6390, mocks 7001–7003) and
-    /// paste-ready examples.
-    #[arg(long, env = "DEVSTACK_JSON")]
-    json: bool,
-
-    /// OTLP endpoint passed to every process as OTEL_EXPORTER_OTLP_ENDPOINT.
-    #[arg(long, env = "DEVSTACK_OTLP_ENDPOINT")]
-    otlp_endpoint: Option<String>,
-
-    /// Persistent control-plane database (default: a temporary one). A
-    /// database that already holds a configuration keeps it; its instance
-    /// URLs name the fixed ports, so use it without --json.
-    #[arg(long, env = "DEVSTACK_DATABASE")]
-    database: Option<PathBuf>,
-
-    /// Directory holding the gateway binaries (default: next to devstack).
-    #[arg(long, env = "GATEWAY_BIN_DIR")]
-    bin_dir: Option<PathBuf>,
-
-    /// Do not run `cargo build` first, even under `cargo run`.
-    #[arg(long, env = "DEVSTACK_NO_BUILD")]
-    no_build: bool,
-
-    /// Keep the temporary directory (logs, databases, caches) on exit.
-    #[arg(long, env = "DEVSTACK_KEEP_TEMP")]
-    keep_temp: bool,
-
-    /// Serve the control plane over TLS with a throwaway CA; data planes
-    /// authenticate with a client certificate (mTLS). Adds "ca" to the JSON line.
-    #[arg(long, env = "DEVSTACK_TLS")]
-    tls: bool,
-
-    /// Protect Redis with a random password (redis-server reads it from
-    /// <stack dir>/redis/redis.conf; the services get it through the environment).
-    /// The JSON line's "redis" shows the URL redacted.
-    #[arg(long, env = "DEVSTACK_REDIS_PASSWORD")]
-    redis_password: bool,
-
-    /// Serve Redis over TLS only, with a throwaway CA (rediss:// and --redis-ca).
-    #[arg(long, env = "DEVSTACK_REDIS_TLS")]
-    redis_tls: bool,
-
-    /// Seconds to wait for every process to become ready.
-    #[arg(long, env = "DEVSTACK_STARTUP_TIMEOUT_SECS", default_value_t = 60)]
-    startup_timeout_secs: u64,
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -1,4 +1,4 @@
-//! Tools devstack needs from the machine, and how to get them (DESIGN §6:
+//! Tools devstack needs from the machine, and how to get them (docs/devstack.md:
 //! install on Debian/Ubuntu as root, otherwise print the exact command).
 
 use std::process::{Command, Stdio};

@@ -1,5 +1,5 @@
 //! What devstack tells people once the stack is up: the one-line JSON of
-//! `--json` (DESIGN §6) and the paste-ready examples shown otherwise.
+//! `--json` (docs/devstack.md) and the paste-ready examples shown otherwise.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
 //! `mock-service`: the demo backends (`users`, `orders`) that sit behind the
-//! gateway, with fault hooks for tests and demos (DESIGN §6, issue 3).
+//! gateway, with fault hooks for tests and demos (docs/devstack.md, issue 3).
 //!
 //! Endpoints (for `--service users`; `orders` is the same under `/orders`):
 //! * `GET /health` → 200 `{"status":"ok",...}` (never affected by `FAIL_RATE`).
@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod args;
 pub mod body;
 pub mod config;
 pub mod handler;

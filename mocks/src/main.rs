@@ -1,37 +1,13 @@
 //! `mock-service` binary: parses flags and runs the library's server.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use gateway_telemetry::{LogFormat, Tracer, init_logging};
+use gateway_telemetry::{Tracer, init_logging};
+use mock_service::MockConfig;
+use mock_service::args::Args;
 use mock_service::config::{parse_delay, parse_fail_rate, parse_fail_status};
-use mock_service::{MockConfig, Service};
-
-/// A demo backend (users or orders) with fault hooks.
-#[derive(Debug, Parser)]
-#[command(name = "mock-service", version)]
-struct Args {
-    /// Address to listen on.
-    #[arg(long, env = "MOCK_LISTEN", default_value = "127.0.0.1:7001")]
-    listen: SocketAddr,
-    /// Which service to play: users or orders.
-    #[arg(long, env = "MOCK_SERVICE", default_value = "users")]
-    service: Service,
-    /// Instance id, returned in X-Instance-Id and "instance" (default: SERVICE-PID).
-    #[arg(long, env = "MOCK_INSTANCE_ID")]
-    instance_id: Option<String>,
-    /// Log format: text or json.
-    #[arg(long, env = "MOCK_LOG_FORMAT", default_value = "text")]
-    log_format: LogFormat,
-    /// Require every request (but /health and /stats) to carry a valid
-    /// X-Gateway-Signature made with this secret (the upstream's
-    /// identity_signing_secret). Prefer the environment variable: a flag is
-    /// visible in `ps`.
-    #[arg(long, env = "MOCK_IDENTITY_SECRET", hide_env_values = true)]
-    identity_secret: Option<String>,
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -1,4 +1,4 @@
-//! Telemetry shared by every gateway binary (DESIGN §4 "Trace", issue 6).
+//! Telemetry shared by every gateway binary (docs/data-plane.md "Tracing", issue 6).
 //!
 //! * [`traceparent`] / [`tracestate`]: W3C Trace Context parsing and formatting.
 //! * [`propagation`]: reading and writing those headers on `http` messages.

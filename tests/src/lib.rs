@@ -11,6 +11,7 @@
 //! * [`open_route`]: an `AUTH_NONE` route for tests that are not about auth;
 //! * [`rss_kib`]: a process's resident memory, from `/proc`;
 //! * [`cpu_seconds`]: a process's CPU time (user + system), from `/proc`;
+//! * [`flags_reference`]: the generator of `docs/flags.md` (from the binaries' clap definitions);
 //! * [`h2_frames`]: raw HTTP/2 frames (an h2c client that writes what it is told);
 //! * [`metric_sum`]: one metric from a data plane's `/metrics`;
 //! * [`secrets_in_logs`]: the log-hygiene scan (no secret in any log line).
@@ -25,6 +26,7 @@ use anyhow::{Context, bail};
 use gateway_proto::v1::{AuthMode, Route};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod flags_reference;
 pub mod h2_frames;
 
 /// A client for the stack's loopback addresses: never uses a proxy from the

@@ -1,5 +1,5 @@
-//! Authentication as clients see it through the gateway (issue 4, DESIGN §4 "Authenticate" and
-//! §5): login, identity forwarding and spoofing, hostile tokens, refresh rotation with family
+//! Authentication as clients see it through the gateway (issue 4, docs/data-plane.md "Authenticate" and
+//! docs/auth-service.md): login, identity forwarding and spoofing, hostile tokens, refresh rotation with family
 //! revocation, logout, key rotation under traffic, auth-service restarts. Each scenario has its
 //! own stack started by devstack with the demo configuration (`/api/users` and `/api/orders`
 //! are `AUTH_JWT`; `/auth/login` is limited to 5 per 60 s per IP, so setup logins go to the

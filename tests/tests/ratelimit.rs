@@ -1,5 +1,5 @@
-//! Rate limits as clients see them (issue 5, DESIGN §3 RateLimit and §4
-//! Rate-limit), through 3 data planes started by devstack with the demo
+//! Rate limits as clients see them (issue 5, docs/grpc-api.md RateLimit and
+//! docs/data-plane.md "Rate-limit"), through 3 data planes started by devstack with the demo
 //! configuration: `api` = per-user token bucket, 20 per 60 s, shared by
 //! `/api/users` and `/api/orders`; `login` = per-IP fixed window, 5 per 60 s.
 //!

@@ -1,5 +1,5 @@
-//! Trace propagation as an operator sees it in a collector (issue 6, DESIGN §4
-//! Trace): a devstack run exports to an in-test OTLP/gRPC receiver, and the
+//! Trace propagation as an operator sees it in a collector (issue 6, docs/data-plane.md
+//! "Tracing"): a devstack run exports to an in-test OTLP/gRPC receiver, and the
 //! assertions read the spans it collected.
 //!
 //! The stack runs with `OTEL_TRACES_SAMPLER=parentbased_always_on` (every

@@ -1,4 +1,4 @@
-//! Edge JWT verification for the data plane (DESIGN §4, "Authenticate").
+//! Edge JWT verification for the data plane (docs/data-plane.md, "Authenticate").
 //!
 //! ```no_run
 //! # async fn demo(headers: http::HeaderMap) -> Result<(), Box<dyn std::error::Error>> {

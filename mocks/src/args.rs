@@ -1,0 +1,34 @@
+//! Command-line flags of the `mock-service` binary (clap with `env`). The
+//! fault hooks read from the environment outside clap (`FAIL_RATE`,
+//! `FAIL_STATUS`, `DELAY_MS`, `DRAIN_DELAY_MS`) are parsed by [`crate::config`].
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+use gateway_telemetry::LogFormat;
+
+use crate::config::Service;
+
+/// A demo backend (users or orders) with fault hooks.
+#[derive(Debug, Parser)]
+#[command(name = "mock-service", version)]
+pub struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "MOCK_LISTEN", default_value = "127.0.0.1:7001")]
+    pub listen: SocketAddr,
+    /// Which service to play: users or orders.
+    #[arg(long, env = "MOCK_SERVICE", default_value = "users")]
+    pub service: Service,
+    /// Instance id, returned in X-Instance-Id and "instance" (default: SERVICE-PID).
+    #[arg(long, env = "MOCK_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// Log format: text or json.
+    #[arg(long, env = "MOCK_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// Require every request (but /health and /stats) to carry a valid
+    /// X-Gateway-Signature made with this secret (the upstream's
+    /// identity_signing_secret). Prefer the environment variable: a flag is
+    /// visible in `ps`.
+    #[arg(long, env = "MOCK_IDENTITY_SECRET", hide_env_values = true)]
+    pub identity_secret: Option<String>,
+}
