@@ -1,5 +1,6 @@
 //! Command-line flags; every flag can also be set from an environment variable.
 
+use clap::builder::BoolishValueParser;
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,7 +61,7 @@ pub struct Args {
 
     /// Accept unauthenticated calls on a non-loopback --listen (no tokens file). Dangerous:
     /// anyone reaching the port can rewrite every route.
-    #[arg(long, env = "CONTROL_PLANE_INSECURE")]
+    #[arg(long, env = "CONTROL_PLANE_INSECURE", value_parser = BoolishValueParser::new())]
     pub insecure: bool,
 
     /// PEM certificate chain: serve gRPC over TLS (needs --tls-key).

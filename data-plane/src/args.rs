@@ -132,7 +132,9 @@ pub struct Args {
 
     /// Time a write to a client may wait for the client to take any byte, in
     /// milliseconds; then its connection is closed, so a client that never
-    /// reads cannot hold an upstream connection.
+    /// reads cannot hold an upstream connection. On HTTP/2 also the time an
+    /// answer may wait for the client to give flow-control window back while
+    /// no other answer on the connection moves.
     #[arg(long, env = "DP_WRITE_TIMEOUT_MS", default_value_t = 30_000)]
     pub write_timeout_ms: u64,
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use clap::builder::BoolishValueParser;
 
 /// Runs the whole gateway system locally: Redis, control plane, auth
 /// service, mock backends and N data planes, with the demo configuration.
@@ -20,7 +21,7 @@ pub struct Cli {
     /// is ready (for scripts). Without it: fixed ports (gateway 8080…,
     /// control plane 50051, auth 4000, redis 6390, mocks 7001–7003) and
     /// paste-ready examples.
-    #[arg(long, env = "DEVSTACK_JSON")]
+    #[arg(long, env = "DEVSTACK_JSON", value_parser = BoolishValueParser::new())]
     pub json: bool,
 
     /// OTLP endpoint passed to every process as OTEL_EXPORTER_OTLP_ENDPOINT.
@@ -38,26 +39,26 @@ pub struct Cli {
     pub bin_dir: Option<PathBuf>,
 
     /// Do not run `cargo build` first, even under `cargo run`.
-    #[arg(long, env = "DEVSTACK_NO_BUILD")]
+    #[arg(long, env = "DEVSTACK_NO_BUILD", value_parser = BoolishValueParser::new())]
     pub no_build: bool,
 
     /// Keep the temporary directory (logs, databases, caches) on exit.
-    #[arg(long, env = "DEVSTACK_KEEP_TEMP")]
+    #[arg(long, env = "DEVSTACK_KEEP_TEMP", value_parser = BoolishValueParser::new())]
     pub keep_temp: bool,
 
     /// Serve the control plane over TLS with a throwaway CA; data planes
     /// authenticate with a client certificate (mTLS). Adds "ca" to the JSON line.
-    #[arg(long, env = "DEVSTACK_TLS")]
+    #[arg(long, env = "DEVSTACK_TLS", value_parser = BoolishValueParser::new())]
     pub tls: bool,
 
     /// Protect Redis with a random password (redis-server reads it from
     /// <stack dir>/redis/redis.conf; the services get it through the environment).
     /// The JSON line's "redis" shows the URL redacted.
-    #[arg(long, env = "DEVSTACK_REDIS_PASSWORD")]
+    #[arg(long, env = "DEVSTACK_REDIS_PASSWORD", value_parser = BoolishValueParser::new())]
     pub redis_password: bool,
 
     /// Serve Redis over TLS only, with a throwaway CA (rediss:// and --redis-ca).
-    #[arg(long, env = "DEVSTACK_REDIS_TLS")]
+    #[arg(long, env = "DEVSTACK_REDIS_TLS", value_parser = BoolishValueParser::new())]
     pub redis_tls: bool,
 
     /// Seconds to wait for every process to become ready.

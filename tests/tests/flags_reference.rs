@@ -233,3 +233,55 @@ fn every_variable_the_code_reads_is_documented() {
          OTHER_ENVIRONMENT in tests/src/flags_reference.rs, then run {REGENERATE}"
     );
 }
+
+/// A switch that can be set from the environment (`--insecure`,
+/// `CONTROL_PLANE_INSECURE`) takes what people write there: `1`, `true`,
+/// `yes`, `on` and their opposites. clap's default for a switch takes only
+/// `true` and `false`, so `DEVSTACK_KEEP_TEMP=1` was refused. (What
+/// `BoolishValueParser` accepts is clap's own, tested there.)
+#[test]
+fn every_switch_set_from_the_environment_takes_1_yes_and_true() {
+    fn visit(c: &clap::Command, found: &mut Vec<String>) {
+        for arg in c.get_arguments() {
+            let switch = matches!(
+                arg.get_action(),
+                clap::ArgAction::SetTrue | clap::ArgAction::SetFalse
+            );
+            let Some(env) = arg.get_env() else { continue };
+            if !switch {
+                continue;
+            }
+            let env = env.to_string_lossy().into_owned();
+            // clap's own parser for a switch (`ValueParser::bool`) takes only
+            // `true` and `false`; `BoolishValueParser` takes the rest too. The
+            // parser itself is private to clap, so its kind is told by its name.
+            let parser = format!("{:?}", arg.get_value_parser());
+            assert_ne!(
+                parser, "ValueParser::bool",
+                "{env}: a switch set from the environment needs \
+                 `value_parser = BoolishValueParser::new()` so that {env}=1 works"
+            );
+            found.push(env);
+        }
+        for sub in c.get_subcommands() {
+            visit(sub, found);
+        }
+    }
+    let mut found = Vec::new();
+    for command in [
+        control_plane::Args::command(),
+        data_plane::args::Args::command(),
+        auth_service::args::Cli::command(),
+        mock_service::args::Args::command(),
+        devstack::args::Cli::command(),
+    ] {
+        let mut command = command;
+        command.build();
+        visit(&command, &mut found);
+    }
+    assert!(
+        found.iter().any(|e| e == "DEVSTACK_KEEP_TEMP")
+            && found.iter().any(|e| e == "CONTROL_PLANE_INSECURE"),
+        "the switches set from the environment: {found:?}"
+    );
+}
