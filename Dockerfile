@@ -8,11 +8,12 @@ FROM rust:1-bookworm AS builder
 WORKDIR /src
 # Protobuf is compiled by protox (pure Rust) and SQLite is bundled: nothing to apt-get here.
 COPY . .
-RUN cargo build --release --locked \
+# The `production` profile: whole-program optimisation, one code-generation unit (Cargo.toml).
+RUN cargo build --profile production --locked \
       --bin control-plane --bin data-plane --bin auth-service --bin mock-service \
  && mkdir -p /out \
- && cp target/release/control-plane target/release/data-plane \
-       target/release/auth-service target/release/mock-service /out/
+ && cp target/production/control-plane target/production/data-plane \
+       target/production/auth-service target/production/mock-service /out/
 
 # ---- runtime -------------------------------------------------------------------------------
 FROM debian:bookworm-slim

@@ -108,15 +108,28 @@ fn explain(e: StackError) -> anyhow::Error {
 /// workspace with the same profile as this one, so a fresh clone works with
 /// one command. Cargo's output goes to stderr: stdout is for `--json`.
 fn build_workspace_under_cargo_run() -> anyhow::Result<()> {
+    const SERVICES_AND_DEVSTACK: [&str; 5] = [
+        "control-plane",
+        "data-plane",
+        "auth-service",
+        "mock-service",
+        "devstack",
+    ];
     let Some(cargo) = std::env::var_os("CARGO") else {
         return Ok(());
     };
     let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     let mut command = Command::new(cargo);
+    // The five packages with binaries: devstack depends on the other four, so
+    // this build resolves the features `cargo run -p devstack` resolved and
+    // reuses everything it compiled (tests/tests/build_features.rs).
     command
-        .args(["build", "--bins", "--workspace", "--manifest-path"])
+        .args(["build", "--bins", "--manifest-path"])
         .arg(manifest_dir.join("Cargo.toml"));
+    for package in SERVICES_AND_DEVSTACK {
+        command.args(["-p", package]);
+    }
     if !cfg!(debug_assertions) {
         command.arg("--release");
     }
@@ -124,7 +137,7 @@ fn build_workspace_under_cargo_run() -> anyhow::Result<()> {
     eprintln!("devstack: building every binary of the workspace ({command:?})");
     let status = command.status()?;
     if !status.success() {
-        anyhow::bail!("`cargo build --bins --workspace` failed ({status})");
+        anyhow::bail!("building the binaries failed ({status}): {command:?}");
     }
     Ok(())
 }
