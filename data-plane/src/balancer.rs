@@ -257,6 +257,11 @@ fn rendezvous<'u>(
 
 /// FNV-1a, then a finaliser: stable across builds and replicas (unlike
 /// `DefaultHasher`), so every data plane maps a key to the same instance.
+///
+/// The workspace's one hash whose values must agree between processes; it is
+/// written out here rather than taken from foldhash (the in-process hasher),
+/// whose output may change with its version and would then move keys between
+/// instances during a rolling upgrade.
 fn hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {

@@ -19,47 +19,14 @@
 //! Methods match exactly (a route listing `GET` does not answer `HEAD`).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use http::Method;
 
-/// A multiply-rotate hasher (the FxHash construction) for the router's maps.
+/// The router's maps hash with foldhash (the workspace's one fast hasher).
 /// SipHash's flooding resistance buys nothing here: the keys (prefixes, hosts)
 /// come from the operator's configuration, and a client only ever looks keys
 /// up, so it cannot lengthen a probe sequence.
-#[derive(Debug, Default, Clone, Copy)]
-struct FastHasher(u64);
-
-impl Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0xf135_7aea_2e62_a9c5;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            self.0 = self.0.wrapping_add(v).wrapping_mul(K);
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut buf = [0u8; 8];
-            buf[..rest.len()].copy_from_slice(rest);
-            self.0 = self.0.wrapping_add(u64::from_le_bytes(buf)).wrapping_mul(K);
-        }
-    }
-
-    fn write_u8(&mut self, i: u8) {
-        self.0 = self
-            .0
-            .wrapping_add(u64::from(i))
-            .wrapping_mul(0xf135_7aea_2e62_a9c5);
-    }
-
-    fn finish(&self) -> u64 {
-        // The product's best bits are the high ones; hash tables index by the low ones.
-        self.0.rotate_left(26)
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 /// Why a route could not be added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,31 +11,12 @@
 //!   can be dropped at once.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 
 use crate::Identity;
 
 const SHARDS: usize = 16;
-
-/// The map key is already a keyed hash: hashing it again would only cost time.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are ever hashed; fold anything else defensively.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 struct Entry {
     token: Box<str>,
@@ -45,7 +26,9 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
+    /// Keyed by an already keyed hash, re-hashed with foldhash (the workspace's
+    /// one fast hasher, one multiply for a `u64`).
+    map: HashMap<u64, Entry, foldhash::fast::FixedState>,
     /// Earliest `exp` in the shard: purging before then finds nothing.
     min_exp: u64,
 }
@@ -165,6 +148,7 @@ impl<S: BuildHasher> TokenCache<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::Hasher;
 
     fn identity(sub: &str, exp: u64) -> Arc<Identity> {
         Arc::new(Identity::new(sub.into(), "user".into(), exp).unwrap())

@@ -7,7 +7,7 @@
 //! one bucket), and each slot keeps the full pair to confirm a hit.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::stacked::MAX_STACKED;
@@ -28,26 +28,9 @@ struct Slot<V> {
     value: V,
 }
 
-/// The keys are already SipHash outputs; hashing them again would only cost time.
-#[derive(Default)]
-struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are ever hashed; fold anything else defensively.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Shard<V> = HashMap<u64, Slot<V>, BuildHasherDefault<IdentityHasher>>;
+/// The keys are already keyed SipHash outputs; the map re-hashes them with
+/// foldhash (the workspace's one fast hasher, one multiply for a `u64`).
+type Shard<V> = HashMap<u64, Slot<V>, foldhash::fast::FixedState>;
 
 /// See the module documentation.
 pub(crate) struct ShardedMap<V> {
