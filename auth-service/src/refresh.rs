@@ -101,7 +101,7 @@ impl std::fmt::Debug for RefreshStore {
 
 /// Hex SHA-256 of a token: what Redis stores instead of the token.
 pub fn token_hash(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+    gateway_hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 fn new_token() -> (String, String) {
@@ -141,7 +141,7 @@ impl RefreshStore {
         role: &str,
         now: u64,
     ) -> Result<IssuedRefresh, RefreshError> {
-        let family = hex::encode(rand::random::<[u8; 16]>());
+        let family = gateway_hex::encode(rand::random::<[u8; 16]>());
         let (token, hash) = new_token();
         let expires_at = now + REFRESH_TOKEN_TTL_SECS;
         let _: i64 = self

@@ -205,7 +205,9 @@ impl Tokens {
             }
             let digest = match token.strip_prefix("sha256:") {
                 Some(hex_digest) => {
-                    let bytes = hex::decode(hex_digest).ok().filter(|b| b.len() == 32);
+                    let bytes = gateway_hex::decode(hex_digest)
+                        .ok()
+                        .filter(|b| b.len() == 32);
                     let bytes = bytes.ok_or_else(|| {
                         bad("sha256: must be followed by 64 hex digits".to_owned())
                     })?;
@@ -376,7 +378,7 @@ fn cert_caller<B>(request: &http::Request<B>) -> Option<Caller> {
         .get::<TlsConnectInfo<TcpConnectInfo>>()?;
     let certs = info.peer_certs()?;
     let leaf = certs.first()?;
-    let fingerprint = hex::encode(&sha256(leaf.as_ref())[..8]);
+    let fingerprint = gateway_hex::encode(&sha256(leaf.as_ref())[..8]);
     Some(Caller {
         name: format!("client-cert:{fingerprint}"),
         role: Role::DataPlane,
@@ -425,7 +427,7 @@ mod tests {
                         dp data-plane sha256:";
 
     fn tokens() -> Tokens {
-        let text = format!("{FILE}{}\n", hex::encode(sha256(b"dp-token")));
+        let text = format!("{FILE}{}\n", gateway_hex::encode(sha256(b"dp-token")));
         Tokens::parse(&text, Path::new("t")).unwrap()
     }
 
@@ -447,7 +449,7 @@ mod tests {
         assert_eq!(t.lookup("nope"), None);
         assert_eq!(t.lookup(""), None);
         // The hash itself is not a token.
-        assert_eq!(t.lookup(&hex::encode(sha256(b"dp-token"))), None);
+        assert_eq!(t.lookup(&gateway_hex::encode(sha256(b"dp-token"))), None);
         assert!(!format!("{t:?}").contains("s3cret"));
     }
 

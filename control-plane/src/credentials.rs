@@ -44,7 +44,7 @@ impl std::fmt::Debug for NewKey {
 pub fn generate_key() -> NewKey {
     let mut bytes = [0u8; KEY_BYTES];
     rand::rng().fill_bytes(&mut bytes);
-    let key = format!("{KEY_PREFIX}{}", hex::encode(bytes));
+    let key = format!("{KEY_PREFIX}{}", gateway_hex::encode(bytes));
     NewKey {
         sha256: key_sha256(&key),
         prefix: key[..KEY_PREFIX.len() + SHOWN_HEX_DIGITS].to_owned(),
@@ -54,7 +54,7 @@ pub fn generate_key() -> NewKey {
 
 /// Lowercase hex SHA-256 of a key, as stored and as data planes compute it.
 pub fn key_sha256(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
+    gateway_hex::encode(Sha256::digest(key.as_bytes()))
 }
 
 /// Resolves the write-only secret of `new` against the upstream of the same

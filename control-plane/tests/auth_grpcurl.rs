@@ -26,7 +26,7 @@ const ROUTE: &str =
 
 /// A tokens file: two admins, a viewer stored as a SHA-256, a data plane.
 fn tokens_file(dir: &Path) -> PathBuf {
-    let viewer_hash = hex::encode(Sha256::digest(VIEWER.as_bytes()));
+    let viewer_hash = gateway_hex::encode(Sha256::digest(VIEWER.as_bytes()));
     let path = dir.join("tokens");
     std::fs::write(
         &path,
@@ -114,7 +114,7 @@ async fn no_or_unknown_token_is_unauthenticated_but_health_and_reflection_stay_o
         assert!(e.contains("Code: Unauthenticated"), "{method}: {e}");
     }
     // The hash of a token is not the token.
-    let hash = hex::encode(Sha256::digest(VIEWER.as_bytes()));
+    let hash = gateway_hex::encode(Sha256::digest(VIEWER.as_bytes()));
     let e = err_as(&cp, Some(&hash), "ListRoutes", "{}").await;
     assert!(e.contains("Code: Unauthenticated"), "{e}");
 

@@ -24,7 +24,7 @@ fn table(n: usize) -> ApiKeys {
             name: format!("key-{i}"),
             subject: format!("svc-{i}"),
             role: "service".into(),
-            key_sha256: hex::encode(Sha256::digest(key(i).as_bytes())),
+            key_sha256: gateway_hex::encode(Sha256::digest(key(i).as_bytes())),
             ..Default::default()
         })
         .collect();

@@ -81,7 +81,7 @@ impl ApiKeys {
                 reason,
             };
             let mut hash = [0u8; 32];
-            hex::decode_to_slice(&k.key_sha256, &mut hash)
+            gateway_hex::decode_to_slice(&k.key_sha256, &mut hash)
                 .map_err(|_| bad("key_sha256 is not 64 hex digits"))?;
             let value = |s: &str| HeaderValue::from_str(s).map_err(|_| bad("not a header value"));
             let identity = Identity {
@@ -129,7 +129,7 @@ mod tests {
             name: name.into(),
             subject: format!("svc-{name}"),
             role: "service".into(),
-            key_sha256: hex::encode(Sha256::digest(key.as_bytes())),
+            key_sha256: gateway_hex::encode(Sha256::digest(key.as_bytes())),
             ..Default::default()
         }
     }

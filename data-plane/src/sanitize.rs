@@ -283,7 +283,7 @@ pub fn new_request_id() -> HeaderValue {
     let n: u128 = rand::rng().random();
     // Hex by hand: `format!` costs several times more on every request.
     let mut buf = [0u8; 32];
-    gateway_telemetry::encode_hex(&n.to_be_bytes(), &mut buf);
+    gateway_hex::encode_to_slice(&n.to_be_bytes(), &mut buf);
     HeaderValue::from_bytes(&buf).expect("hex is a valid header value")
 }
 

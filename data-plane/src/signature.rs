@@ -124,7 +124,7 @@ impl Signer {
         }
         let tag = mac.finalize().into_bytes();
         let mut hex = [0u8; 64];
-        hex::encode_to_slice(tag, &mut hex).expect("32 bytes are 64 hex digits");
+        gateway_hex::encode_to_slice(&tag, &mut hex);
         out.push_str(",id=");
         out.push_str(signed.id);
         out.push_str(",v2=");
@@ -159,7 +159,7 @@ fn new_id() -> [u8; 32] {
     use rand::Rng as _;
     let n: u128 = rand::rng().random();
     let mut out = [0u8; 32];
-    gateway_telemetry::encode_hex(&n.to_be_bytes(), &mut out);
+    gateway_hex::encode_to_slice(&n.to_be_bytes(), &mut out);
     out
 }
 
@@ -202,7 +202,7 @@ mod tests {
         let mut mac = HmacSha256::new_from_slice(b"Jefe").unwrap();
         mac.update(b"what do ya want for nothing?");
         assert_eq!(
-            hex::encode(mac.finalize().into_bytes()),
+            gateway_hex::encode(mac.finalize().into_bytes()),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

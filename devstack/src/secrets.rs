@@ -38,7 +38,7 @@ pub(crate) fn random_token() -> Result<String, StackError> {
         .map_err(StackError::io(
             "reading /dev/urandom for the stack's tokens",
         ))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(gateway_hex::encode(bytes))
 }
 
 impl Tokens {

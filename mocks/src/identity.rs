@@ -168,7 +168,7 @@ impl IdentityVerifier {
 
     /// The lowercase hex v2 MAC of one request (what `v2=` must hold).
     pub fn v2_hex(&self, request: &SignedRequest<'_>) -> String {
-        hex::encode(self.v2_mac(request).finalize().into_bytes())
+        gateway_hex::encode(self.v2_mac(request).finalize().into_bytes())
     }
 
     fn v2_mac(&self, r: &SignedRequest<'_>) -> HmacSha256 {
@@ -193,7 +193,7 @@ impl IdentityVerifier {
 
     /// The lowercase hex v1 MAC of one request (what `v1=` must hold).
     pub fn mac_hex(&self, t: u64, method: &str, path: &str, user: &[u8], role: &[u8]) -> String {
-        hex::encode(
+        gateway_hex::encode(
             self.v1_mac(t, method, path, user, role)
                 .finalize()
                 .into_bytes(),
@@ -338,7 +338,7 @@ fn mac(hex_digits: &str) -> Option<[u8; 32]> {
         return None;
     }
     let mut mac = [0u8; 32];
-    hex::decode_to_slice(hex_digits, &mut mac).ok()?;
+    gateway_hex::decode_to_slice(hex_digits, &mut mac).ok()?;
     Some(mac)
 }
 

@@ -59,7 +59,7 @@ impl HashKey {
         mac.update(field.as_bytes());
         mac.update(&[0]);
         mac.update(secret.as_bytes());
-        hex::encode(mac.finalize().into_bytes())
+        gateway_hex::encode(mac.finalize().into_bytes())
     }
 }
 
@@ -134,7 +134,7 @@ pub fn config_hash(
             masked_api_key(k, key).as_ref(),
         );
     }
-    hex::encode(digest.finalize())
+    gateway_hex::encode(digest.finalize())
 }
 
 /// Adds one field (`tag`, length, message) of the encoding to the digest.
@@ -148,7 +148,7 @@ fn feed<M: Message>(digest: &mut Sha256, scratch: &mut Vec<u8>, tag: u32, messag
 /// secrets were masked (databases written before the hash key existed are
 /// checked with it once, when their hashes are recomputed).
 pub fn plain_sha256(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    gateway_hex::encode(Sha256::digest(bytes))
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ pub use otel::{
 };
 pub use propagation::{Incoming, extract, inject, set_traceresponse};
 pub use sampler::Sampler;
-pub use traceparent::{SpanIdHex, TraceContext, TraceIdHex, TraceparentError, encode_hex};
+pub use traceparent::{SpanIdHex, TraceContext, TraceIdHex, TraceparentError};
 pub use tracestate::{TraceState, TracestateError};
 
 #[doc(hidden)]

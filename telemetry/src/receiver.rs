@@ -33,8 +33,6 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::traceparent::encode_hex;
-
 /// Span kind as in OTLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -349,9 +347,7 @@ fn hex(bytes: &[u8]) -> String {
     if bytes.iter().all(|b| *b == 0) {
         return String::new();
     }
-    let mut out = vec![0u8; bytes.len() * 2];
-    encode_hex(bytes, &mut out);
-    String::from_utf8(out).unwrap_or_default()
+    gateway_hex::encode(bytes)
 }
 
 fn attributes(kvs: &[KeyValue]) -> BTreeMap<String, String> {

@@ -164,9 +164,9 @@ impl TraceContext {
         let mut out = [b'-'; TRACEPARENT_LEN];
         out[0] = b'0';
         out[1] = b'0';
-        encode_hex(&self.trace_id, &mut out[3..35]);
-        encode_hex(&self.span_id, &mut out[36..52]);
-        encode_hex(&[self.flags], &mut out[53..55]);
+        gateway_hex::encode_to_slice(&self.trace_id, &mut out[3..35]);
+        gateway_hex::encode_to_slice(&self.span_id, &mut out[36..52]);
+        gateway_hex::encode_to_slice(&[self.flags], &mut out[53..55]);
         out
     }
 
@@ -218,7 +218,7 @@ pub struct TraceIdHex(pub [u8; 16]);
 impl fmt::Display for TraceIdHex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut buf = [0u8; 32];
-        encode_hex(&self.0, &mut buf);
+        gateway_hex::encode_to_slice(&self.0, &mut buf);
         f.write_str(ascii(&buf))
     }
 }
@@ -236,7 +236,7 @@ pub struct SpanIdHex(pub [u8; 8]);
 impl fmt::Display for SpanIdHex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut buf = [0u8; 16];
-        encode_hex(&self.0, &mut buf);
+        gateway_hex::encode_to_slice(&self.0, &mut buf);
         f.write_str(ascii(&buf))
     }
 }
@@ -271,41 +271,8 @@ fn with_rng<T>(f: impl FnOnce(&mut SmallRng) -> T) -> T {
     RNG.with(|rng| f(&mut rng.borrow_mut()))
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// Writes `bytes` as lowercase hex into `out` (`out.len() == 2 * bytes.len()`),
-/// four bytes at a time ([`hex_u32`]); a digit at a time cost about 200
-/// instructions per `traceparent`, two of which every proxied request makes
-/// (callgrind, BENCHMARKS.md).
-pub fn encode_hex(bytes: &[u8], out: &mut [u8]) {
-    let mut quads = bytes.chunks_exact(4);
-    let mut octets = out.chunks_exact_mut(8);
-    for (quad, octet) in (&mut quads).zip(&mut octets) {
-        octet.copy_from_slice(&hex_u32(u32::from_be_bytes([
-            quad[0], quad[1], quad[2], quad[3],
-        ])));
-    }
-    let rest = octets.into_remainder().chunks_exact_mut(2);
-    for (byte, pair) in quads.remainder().iter().zip(rest) {
-        pair[0] = HEX[usize::from(byte >> 4)];
-        pair[1] = HEX[usize::from(byte & 0x0f)];
-    }
-}
-
-/// `x` as 8 lowercase hex digits, computed in one 64-bit word: each nibble is
-/// spread into a byte of its own (most significant first), then `'0'` is added
-/// to every byte, and `'a' - '0' - 10` more to those above 9 (a nibble plus 6
-/// carries into bit 4 exactly when it is above 9; no byte overflows).
-fn hex_u32(x: u32) -> [u8; 8] {
-    let mut x = u64::from(x);
-    x = (x | x << 16) & 0x0000_ffff_0000_ffff;
-    x = (x | x << 8) & 0x00ff_00ff_00ff_00ff;
-    x = (x | x << 4) & 0x0f0f_0f0f_0f0f_0f0f;
-    let above_nine = ((x + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
-    (x + 0x3030_3030_3030_3030 + above_nine * u64::from(b'a' - b'0' - 10)).to_be_bytes()
-}
-
-/// Decodes lowercase hex into `out`; `None` on any other byte.
+/// Decodes lowercase hex into `out`; `None` on any other byte (W3C trace
+/// context allows no upper case, so this is not `gateway_hex::decode_to_slice`).
 fn decode_hex(hex: &[u8], out: &mut [u8]) -> Option<()> {
     for (pair, byte) in hex.chunks_exact(2).zip(out.iter_mut()) {
         *byte = hex_u8(pair[0], pair[1])?;
@@ -334,35 +301,6 @@ fn ascii(buf: &[u8]) -> &str {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    /// What `encode_hex` must write: `{:02x}` of every byte.
-    fn formatted(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    #[test]
-    fn hex_of_every_byte_value_in_every_position() {
-        for b in 0..=u8::MAX {
-            for len in 0..=9 {
-                for at in 0..len {
-                    let mut bytes = vec![0x5a; len];
-                    bytes[at] = b;
-                    let mut out = vec![0; 2 * len];
-                    encode_hex(&bytes, &mut out);
-                    assert_eq!(out, formatted(&bytes).into_bytes(), "{bytes:?}");
-                }
-            }
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn hex_matches_format(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
-            let mut out = vec![0; 2 * bytes.len()];
-            encode_hex(&bytes, &mut out);
-            prop_assert_eq!(out, formatted(&bytes).into_bytes());
-        }
-    }
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

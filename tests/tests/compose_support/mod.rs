@@ -57,7 +57,7 @@ fn random_token() -> Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(gateway_hex::encode(bytes))
 }
 
 /// `.env.example` with its secret lines set: the env file a user makes by following its
