@@ -6,14 +6,13 @@
 //! subcommands), [`keys`] (signing keys and rotation), [`tokens`] (access JWTs), [`refresh`]
 //! (refresh families), [`throttle`] (failed-login limits), [`client_addr`] (whose address a
 //! login is counted against), [`service`] (the flows), [`http`] (the API), [`problem`]
-//! (error → HTTP mapping), [`clock`].
+//! (error → HTTP mapping). Time comes from the workspace's injectable clock (`gateway_clock`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod args;
 pub mod client_addr;
-pub mod clock;
 pub mod http;
 pub mod keys;
 pub mod problem;
@@ -36,13 +35,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::net::TcpListener;
 
 use crate::args::ServerConfig;
-use crate::clock::{Clock, SystemClock};
 use crate::keys::KeyRing;
 use crate::refresh::RefreshStore;
 use crate::service::AuthService;
 use crate::throttle::LoginThrottle;
 use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
+use gateway_clock::{Clock, SystemClock};
 
 /// Startup failure.
 #[derive(Debug, thiserror::Error)]
@@ -125,10 +124,10 @@ pub async fn run_with_listener(
 ) -> Result<(), RunError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let users = UserStore::open(&config.database).await?;
-    let ring = KeyRing::load_or_init(&config.key_dir, config.rotation, clock.now())?;
+    let ring = KeyRing::load_or_init(&config.key_dir, config.rotation, clock.unix_secs())?;
     tracing::info!(
         keys = ring.len(),
-        signing_kid = %ring.signing_key(clock.now()).kid(),
+        signing_kid = %ring.signing_key(clock.unix_secs()).kid(),
         rotation_interval_secs = config.rotation.interval,
         publish_lead_secs = config.rotation.publish_lead,
         "signing keys loaded"
@@ -181,11 +180,11 @@ pub async fn run_with_listener(
 /// Applies the rotation schedule whenever it has work to do.
 async fn rotate_keys(keys: Arc<RwLock<KeyRing>>, clock: Arc<dyn Clock>) {
     loop {
-        let now = clock.now();
+        let now = clock.unix_secs();
         let next = keys.read().expect("key ring lock").next_maintenance(now);
         let wait = Duration::from_secs(next.saturating_sub(now)).min(Duration::from_secs(60));
         tokio::time::sleep(wait).await;
-        let now = clock.now();
+        let now = clock.unix_secs();
         let result = keys.write().expect("key ring lock").maintain(now);
         match result {
             Ok(m) => {

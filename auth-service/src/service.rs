@@ -6,13 +6,13 @@ use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
 
-use crate::clock::Clock;
 use crate::keys::KeyRing;
 use crate::problem::ApiError;
 use crate::refresh::{RefreshStore, Rejection, RotateOutcome};
 use crate::throttle::{Admission, LoginThrottle};
 use crate::tokens::{ACCESS_TOKEN_TTL_SECS, TokenIssuer};
 use crate::users::UserStore;
+use gateway_clock::Clock;
 
 /// Response body of login and refresh.
 #[derive(Debug, Clone, Serialize)]
@@ -90,7 +90,7 @@ impl AuthService {
             }
         }
         let user = verified?.ok_or(ApiError::InvalidCredentials)?;
-        let now = self.clock.now();
+        let now = self.clock.unix_secs();
         let access_token = self.access_token(&user.username, &user.role, now)?;
         let refresh = self.refresh.create(&user.username, &user.role, now).await?;
         Ok(TokenPair {
@@ -104,7 +104,7 @@ impl AuthService {
 
     /// Consumes a refresh token and issues a new pair in the same family.
     pub async fn refresh(&self, refresh_token: &str) -> Result<TokenPair, ApiError> {
-        let now = self.clock.now();
+        let now = self.clock.unix_secs();
         let issued = match self.refresh.rotate(refresh_token, now).await? {
             RotateOutcome::Rotated(issued) => issued,
             RotateOutcome::Rejected(rejection) => {
@@ -147,7 +147,7 @@ impl AuthService {
     pub fn jwks(&self) -> (String, u64) {
         let ring = self.keys.read().expect("key ring lock");
         (
-            ring.jwks_json(self.clock.now()),
+            ring.jwks_json(self.clock.unix_secs()),
             ring.policy().jwks_max_age(),
         )
     }

@@ -3,9 +3,10 @@
 //! Kept in memory only: after a control-plane restart the list starts empty and
 //! fills again as data planes reconnect (they do within their backoff, ≤ 30 s).
 
-use crate::clock::{Clock, rfc3339};
+use crate::clock::{now_utc, rfc3339};
 use crate::metrics::Metrics;
 use chrono::{DateTime, Utc};
+use gateway_clock::Clock;
 use gateway_proto::v1::{DataPlaneState, DataPlaneStatus, Node};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +35,7 @@ struct Entry {
 pub struct NodeRegistry {
     entries: Mutex<BTreeMap<String, Entry>>,
     next_stream: AtomicU64,
-    clock: Clock,
+    clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
 }
 
@@ -48,7 +49,7 @@ impl std::fmt::Debug for NodeRegistry {
 
 impl NodeRegistry {
     /// An empty registry that records ACK/NACK counts and latencies in `metrics`.
-    pub fn new(clock: Clock, metrics: Arc<Metrics>) -> Self {
+    pub fn new(clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Self {
         NodeRegistry {
             entries: Mutex::new(BTreeMap::new()),
             next_stream: AtomicU64::new(1),
@@ -71,7 +72,7 @@ impl NodeRegistry {
     /// Its NACK history is kept: a version it rejected before is not resent.
     pub fn connect(&self, node: &Node, serving: Option<u64>) -> StreamId {
         let id = StreamId(self.next_stream.fetch_add(1, Ordering::Relaxed));
-        let now = (self.clock)();
+        let now = now_utc(&*self.clock);
         let mut entries = self.lock();
         let e = entries.entry(node.id.clone()).or_insert_with(|| Entry {
             hostname: String::new(),
@@ -92,7 +93,7 @@ impl NodeRegistry {
 
     /// Applies `f` to the node's entry if `stream` is still its current stream.
     fn update(&self, node_id: &str, stream: StreamId, f: impl FnOnce(&mut Entry)) {
-        let now = (self.clock)();
+        let now = now_utc(&*self.clock);
         let mut entries = self.lock();
         if let Some(e) = entries.get_mut(node_id)
             && e.stream == Some(stream)
@@ -174,7 +175,8 @@ mod tests {
 
     fn registry() -> NodeRegistry {
         let t = Utc.with_ymd_and_hms(2025, 1, 2, 3, 4, 5).unwrap();
-        NodeRegistry::new(Arc::new(move || t), Arc::new(Metrics::default()))
+        let clock = gateway_clock::ManualClock::new(Duration::from_secs(t.timestamp() as u64));
+        NodeRegistry::new(Arc::new(clock), Arc::new(Metrics::default()))
     }
 
     fn node(id: &str) -> Node {

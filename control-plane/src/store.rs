@@ -27,9 +27,10 @@
 //! all its hashes recomputed, in one transaction, the first time it is opened.
 
 use crate::changes::{self, Change};
-use crate::clock::{Clock, rfc3339, system_clock};
+use crate::clock::{now_utc, rfc3339, system_clock};
 use crate::config::{Config, ConfigRef, Mutation};
 use crate::error::StoreError;
+use gateway_clock::Clock;
 use gateway_proto::hash::{HASH_KEY_LEN, HashKey, plain_sha256};
 use gateway_proto::v1::{ConfigSnapshot, ConfigVersion};
 use rand::RngCore as _;
@@ -84,7 +85,7 @@ pub struct Store {
     /// version order. `BEGIN IMMEDIATE` still guards against other processes.
     writer: Mutex<()>,
     current: watch::Sender<Arc<ConfigSnapshot>>,
-    clock: Clock,
+    clock: Arc<dyn Clock>,
     /// Key of the digests that stand in for secrets in content hashes.
     hash_key: HashKey,
 }
@@ -104,7 +105,7 @@ impl Store {
     }
 
     /// [`Store::open`] with an injected clock for `created_at`.
-    pub async fn open_with_clock(path: &Path, clock: Clock) -> Result<Self, StoreError> {
+    pub async fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -305,7 +306,7 @@ impl Store {
             });
         }
         let version = current.version + 1;
-        let created_at = rfc3339((self.clock)());
+        let created_at = rfc3339(now_utc(&*self.clock));
         let author = options.author.as_deref().unwrap_or(ANONYMOUS);
         sqlx::query(
             "INSERT INTO config_versions (version, snapshot, hash, created_at, summary, author) \

@@ -2,13 +2,13 @@
 
 use super::*;
 use crate::client_addr::TrustedProxies;
-use crate::clock::SystemClock;
 use crate::keys::{KeyRing, RotationPolicy};
 use crate::refresh::RefreshStore;
 use crate::testutil::RedisServer;
 use crate::throttle::{LoginThrottle, ThrottleConfig};
 use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
+use gateway_clock::SystemClock;
 use std::sync::RwLock;
 
 struct Fixture {
@@ -25,7 +25,7 @@ async fn fixture() -> Fixture {
         .add_user("alice", "user", "wonderland".into(), false)
         .await
         .unwrap();
-    let now = SystemClock.now();
+    let now = SystemClock.unix_secs();
     let ring = KeyRing::load_or_init(
         &dir.path().join("keys"),
         RotationPolicy::new(Duration::from_secs(3600), Duration::from_secs(120)),
@@ -57,7 +57,7 @@ async fn fixture() -> Fixture {
     }
 }
 
-use crate::clock::Clock as _;
+use gateway_clock::Clock as _;
 
 fn post(path: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
     Request::post(path)

@@ -24,9 +24,11 @@ fn upstream(name: &str) -> Upstream {
     }
 }
 
-fn fixed_clock() -> Clock {
+fn fixed_clock() -> Arc<dyn Clock> {
     let t = Utc.with_ymd_and_hms(2025, 3, 4, 5, 6, 7).unwrap();
-    Arc::new(move || t)
+    Arc::new(gateway_clock::ManualClock::new(
+        std::time::Duration::from_secs(t.timestamp() as u64),
+    ))
 }
 
 async fn open(dir: &tempfile::TempDir) -> Store {

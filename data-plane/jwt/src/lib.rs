@@ -30,15 +30,14 @@
 
 mod bearer;
 mod cache;
-mod clock;
 mod error;
 mod jwks;
 mod tls;
 mod verifier;
 
 pub use bearer::{bearer_candidate, bearer_token, is_b64token};
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{JwtConfigError, JwtError};
+pub use gateway_clock::{Clock, ManualClock, SystemClock};
 #[doc(hidden)]
 pub use verifier::fuzzing;
 pub use verifier::{Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES};

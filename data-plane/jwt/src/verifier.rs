@@ -20,9 +20,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
 use crate::cache::TokenCache;
-use crate::clock::{Clock, SystemClock};
 use crate::error::{JwtConfigError, JwtError};
 use crate::jwks::{JwksClient, KeySet};
+use gateway_clock::{Clock, SystemClock};
 
 /// Longest token considered at all; anything longer is refused before any work.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;

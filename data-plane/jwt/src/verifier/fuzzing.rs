@@ -11,8 +11,8 @@ use http::header::AUTHORIZATION;
 use jsonwebtoken::EncodingKey;
 
 use super::*;
-use crate::clock::ManualClock;
 use crate::{bearer_candidate, bearer_token, is_b64token};
+use gateway_clock::ManualClock;
 
 /// The verifier's clock (2027-01-15): seeds' tokens expire after it.
 const NOW: u64 = 1_800_000_000;

@@ -1,7 +1,7 @@
 //! Verifier tests against an in-test hyper JWKS server that counts fetches.
 
 use super::*;
-use crate::clock::ManualClock;
+use gateway_clock::ManualClock;
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
