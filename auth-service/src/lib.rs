@@ -26,8 +26,9 @@ pub mod users_cli;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+use parking_lot::RwLock;
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_redis::{RedisTarget, RedisTargetError};
@@ -181,11 +182,11 @@ pub async fn run_with_listener(
 async fn rotate_keys(keys: Arc<RwLock<KeyRing>>, clock: Arc<dyn Clock>) {
     loop {
         let now = clock.unix_secs();
-        let next = keys.read().expect("key ring lock").next_maintenance(now);
+        let next = keys.read().next_maintenance(now);
         let wait = Duration::from_secs(next.saturating_sub(now)).min(Duration::from_secs(60));
         tokio::time::sleep(wait).await;
         let now = clock.unix_secs();
-        let result = keys.write().expect("key ring lock").maintain(now);
+        let result = keys.write().maintain(now);
         match result {
             Ok(m) => {
                 if let Some((kid, activates_at)) = m.generated {

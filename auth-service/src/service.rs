@@ -1,8 +1,9 @@
 //! The auth flows (login, refresh, logout, JWKS) over users, keys and refresh families,
 //! independent of HTTP.
 
+use parking_lot::RwLock;
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -62,7 +63,7 @@ impl AuthService {
 
     fn access_token(&self, sub: &str, role: &str, now: u64) -> Result<String, ApiError> {
         // Clone the Arc out so the lock is not held while signing.
-        let key = self.keys.read().expect("key ring lock").signing_key(now);
+        let key = self.keys.read().signing_key(now);
         Ok(self.issuer.issue(&key, sub, role, now)?)
     }
 
@@ -145,7 +146,7 @@ impl AuthService {
 
     /// The JWKS document and its `max-age`.
     pub fn jwks(&self) -> (String, u64) {
-        let ring = self.keys.read().expect("key ring lock");
+        let ring = self.keys.read();
         (
             ring.jwks_json(self.clock.unix_secs()),
             ring.policy().jwks_max_age(),

@@ -8,9 +8,10 @@ use crate::metrics::Metrics;
 use chrono::{DateTime, Utc};
 use gateway_clock::Clock;
 use gateway_proto::v1::{DataPlaneState, DataPlaneStatus, Node};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Identifies one config stream, so a stale stream of a node that has since
@@ -65,7 +66,7 @@ impl NodeRegistry {
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Entry>> {
         // The map holds plain data that no panic can leave half-updated.
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.entries.lock()
     }
 
     /// A node opened a stream, announcing the version it already serves (if any).

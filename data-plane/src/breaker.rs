@@ -16,7 +16,7 @@
 //! no lock; the mutex is taken only on transitions and while not CLOSED.
 //! Time comes from `tokio::time::Instant`, so tests drive it with `tokio::time::pause`.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -148,9 +148,9 @@ impl Breaker {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
         // A panic while holding this lock leaves a consistent state (plain fields).
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     fn set(&self, inner: &mut Inner, state: BreakerState) {

@@ -30,9 +30,10 @@
 //!
 //! The flight map's lock is held only to look up, insert or remove a key.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
@@ -249,7 +250,7 @@ impl Lead {
 
 impl Drop for Lead {
     fn drop(&mut self) {
-        let mut flights = self.coalescer.flights.lock().expect("coalesce lock");
+        let mut flights = self.coalescer.flights.lock();
         flights.remove(&self.key);
     }
 }
@@ -270,12 +271,12 @@ impl Coalescer {
 
     /// Calls in flight now (tests and diagnostics).
     pub fn in_flight(&self) -> usize {
-        self.flights.lock().map_or(0, |f| f.len())
+        self.flights.lock().len()
     }
 
     /// Joins the flight of `key`, starting it if there is none.
     pub fn join(self: &Arc<Self>, key: Key) -> Join {
-        let mut flights = self.flights.lock().expect("coalesce lock");
+        let mut flights = self.flights.lock();
         if let Some(flight) = flights.get_mut(&key) {
             if flight.waiters >= self.limits.max_waiters {
                 return Join::Full;

@@ -14,9 +14,10 @@
 //! a wheel insertion or a wake-up. Behaviour is unchanged: the deadline is
 //! exactly the one hyper asks for.
 
+use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,7 @@ impl ConnTimer {
 
     fn armed(&self, deadline: Instant) -> RecycledSleep {
         let deadline = tokio::time::Instant::from_std(deadline);
-        let spare = self.spare.lock().ok().and_then(|mut s| s.take());
+        let spare = self.spare.lock().take();
         RecycledSleep {
             inner: Some(crate::deadline::rearm(spare, deadline)),
             home: self.spare.clone(),
@@ -93,10 +94,8 @@ impl hyper::rt::Sleep for RecycledSleep {}
 
 impl Drop for RecycledSleep {
     fn drop(&mut self) {
-        if let Some(inner) = self.inner.take()
-            && let Ok(mut spare) = self.home.lock()
-        {
-            *spare = Some(inner);
+        if let Some(inner) = self.inner.take() {
+            *self.home.lock() = Some(inner);
         }
     }
 }
@@ -113,17 +112,11 @@ mod tests {
         // Paused time advances exactly to the next timer.
         let first = tokio::time::Instant::now();
         let mut s = timer.sleep(Duration::from_millis(500));
-        assert!(
-            timer.spare.lock().unwrap().is_none(),
-            "the spare is on loan"
-        );
+        assert!(timer.spare.lock().is_none(), "the spare is on loan");
         s.as_mut().await;
         assert!(tokio::time::Instant::now() - first >= Duration::from_millis(500));
         drop(s);
-        assert!(
-            timer.spare.lock().unwrap().is_some(),
-            "given back when dropped"
-        );
+        assert!(timer.spare.lock().is_some(), "given back when dropped");
     }
 
     #[tokio::test(start_paused = true)]

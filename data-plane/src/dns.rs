@@ -38,10 +38,11 @@
 //! [`SystemResolver`], is `tokio::net::lookup_host` (the system resolver,
 //! which is what Docker's embedded DNS needs).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
@@ -190,7 +191,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+        self.entries.lock()
     }
 }
 

@@ -14,8 +14,9 @@
 //! The health state lives in [`InstanceState`] and survives config changes; a
 //! change of the check settings restarts the task with the state kept.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -177,7 +178,7 @@ pub struct HealthSupervisor {
 
 impl std::fmt::Debug for HealthSupervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.tasks.lock().map_or(0, |t| t.len());
+        let n = self.tasks.lock().len();
         f.debug_struct("HealthSupervisor")
             .field("tasks", &n)
             .finish()
@@ -187,7 +188,7 @@ impl std::fmt::Debug for HealthSupervisor {
 impl HealthSupervisor {
     /// Starts, restarts or stops tasks to match `cfg`. Must run inside a Tokio runtime.
     pub fn reconcile(&self, cfg: &Compiled) {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tasks = self.tasks.lock();
         let mut wanted: HashMap<&InstanceKey, (&Arc<InstanceState>, &HealthSettings)> =
             HashMap::new();
         for u in &cfg.upstreams {
@@ -226,12 +227,12 @@ impl HealthSupervisor {
 
     /// Number of running check tasks.
     pub fn task_count(&self) -> usize {
-        self.tasks.lock().map_or(0, |t| t.len())
+        self.tasks.lock().len()
     }
 
     /// Stops every task.
     pub fn stop(&self) {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tasks = self.tasks.lock();
         for (_, t) in tasks.drain() {
             t.handle.abort();
         }

@@ -19,8 +19,9 @@
 //! reuses the connections whose tasks run on its own thread and an exchange
 //! never hops threads; `max_idle` applies per list.
 
+use parking_lot::Mutex;
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -185,7 +186,7 @@ impl Checkin {
             return;
         }
         let now = Instant::now();
-        let mut idle = pool.idle(self.worker).lock().expect("pool lock");
+        let mut idle = pool.idle(self.worker).lock();
         // The oldest entries sit at the bottom: drop expired ones there.
         while idle
             .first()
@@ -221,15 +222,11 @@ impl Pool {
     /// Idle connections now held (ones the upstream closed are counted until
     /// they are next taken).
     pub fn idle_count(&self) -> usize {
-        self.inner
-            .idle
-            .iter()
-            .map(|slot| slot.0.lock().map_or(0, |i| i.len()))
-            .sum()
+        self.inner.idle.iter().map(|slot| slot.0.lock().len()).sum()
     }
 
     fn take_idle(&self, now: Instant, worker: Worker) -> Option<Box<Conn>> {
-        let mut idle = self.inner.idle(worker).lock().expect("pool lock");
+        let mut idle = self.inner.idle(worker).lock();
         while let Some(i) = idle.pop() {
             if now - i.since <= self.inner.settings.idle_timeout && i.conn.is_reusable() {
                 return Some(i.conn);
@@ -426,7 +423,7 @@ mod tests {
         );
         get(&pool, &authority, 1).await;
         assert_eq!(pool.idle_count(), 1);
-        assert_eq!(pool.inner.idle(1).lock().unwrap().len(), 1);
+        assert_eq!(pool.inner.idle(1).lock().len(), 1);
         // Another worker does not take it: its own list is empty.
         get(&pool, &authority, 2).await;
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
@@ -434,7 +431,7 @@ mod tests {
         // The first worker reuses its own.
         get(&pool, &authority, 1).await;
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
-        assert_eq!(pool.inner.idle(1).lock().unwrap().len(), 1);
-        assert_eq!(pool.inner.idle(2).lock().unwrap().len(), 1);
+        assert_eq!(pool.inner.idle(1).lock().len(), 1);
+        assert_eq!(pool.inner.idle(2).lock().len(), 1);
     }
 }

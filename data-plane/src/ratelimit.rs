@@ -16,8 +16,8 @@
 //! settings on every hit, is all the caching needed. Lookups take a read lock
 //! for a hash probe and never hold it across `.await`.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::sync::RwLock;
 
 use futures::future::BoxFuture;
 use gateway_proto::v1::{RateLimit, RateLimitAlgorithm};
@@ -77,7 +77,7 @@ impl RouteLimiter {
     /// The compiled policy of `limit`, built on first use and whenever its settings change.
     fn policy(&self, limit: &RateLimit) -> Option<Policy> {
         {
-            let map = self.policies.read().unwrap_or_else(|e| e.into_inner());
+            let map = self.policies.read();
             match map.get(limit.policy.as_str()) {
                 Some(Some(p)) if same_settings(p, limit) => return Some(p.clone()),
                 Some(None) => return None,
@@ -98,7 +98,6 @@ impl RouteLimiter {
         };
         self.policies
             .write()
-            .unwrap_or_else(|e| e.into_inner())
             .insert(limit.policy.as_str().into(), compiled.clone());
         compiled
     }
@@ -263,7 +262,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert_eq!(l.policies.read().unwrap().len(), 1);
+        assert_eq!(l.policies.read().len(), 1);
         // A new configuration changes the policy's limit: the new one applies.
         let h = l
             .check(&[limit("api", 50, 60)], &[LimitKey::Ip(ip)])
@@ -271,7 +270,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(h["x-ratelimit-limit"], "50");
-        assert_eq!(l.policies.read().unwrap().len(), 1);
+        assert_eq!(l.policies.read().len(), 1);
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@
 //!
 //! Time is tokio's clock, so tests drive the window with `tokio::time::pause`.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -194,7 +194,7 @@ impl RetryBudget {
 
     fn record_in(&self, buckets: &Mutex<[Bucket; 10]>, now: Instant) {
         let now = self.second_of(now);
-        let mut b = buckets.lock().expect("retry budget lock");
+        let mut b = buckets.lock();
         current(&mut b, now).requests += 1;
     }
 
@@ -205,7 +205,7 @@ impl RetryBudget {
         let now = self.now_second();
         let (mut requests, mut retries) = (0, 0);
         for stripe in &self.stripes {
-            let b = stripe.0.lock().expect("retry budget lock");
+            let b = stripe.0.lock();
             for k in b
                 .iter()
                 .filter(|k| k.second != u64::MAX && k.second + BUCKETS > now)
@@ -216,7 +216,7 @@ impl RetryBudget {
         }
         let allowed = retries < allowance(requests);
         if allowed {
-            let mut b = self.local(worker).lock().expect("retry budget lock");
+            let mut b = self.local(worker).lock();
             current(&mut b, now).retries += 1;
         }
         if allowed {
@@ -377,7 +377,7 @@ mod tests {
         // A bucket reused for a later second starts empty.
         tokio::time::advance(Duration::from_secs(3)).await;
         b.record_request(Instant::now(), OFF_WORKER);
-        let buckets = b.local(OFF_WORKER).lock().unwrap();
+        let buckets = b.local(OFF_WORKER).lock();
         let now = buckets.iter().find(|k| k.second == 13).unwrap();
         assert_eq!((now.requests, now.retries), (1, 0));
     }

@@ -46,7 +46,7 @@ impl Authenticator for TestAuth {
 /// Allows `limit` requests in total per key kind, records the last key.
 struct TestLimiter {
     used: AtomicU32,
-    last_key: std::sync::Mutex<String>,
+    last_key: parking_lot::Mutex<String>,
 }
 
 impl RateLimiter for TestLimiter {
@@ -57,7 +57,7 @@ impl RateLimiter for TestLimiter {
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>> {
         async move {
             let limit = &limits[0];
-            *self.last_key.lock().unwrap() = keys
+            *self.last_key.lock() = keys
                 .iter()
                 .map(|key| match *key {
                     LimitKey::User(u) => format!("user:{}", String::from_utf8_lossy(u)),
@@ -229,7 +229,7 @@ async fn plugged_stages_authenticate_forward_identity_and_limit() {
         "{body}"
     );
     assert_eq!(headers["x-ratelimit-remaining"], "1");
-    assert_eq!(*limiter.last_key.lock().unwrap(), "user:alice");
+    assert_eq!(*limiter.last_key.lock(), "user:alice");
 
     // Over the limit: 429 with back-off fields, the upstream is not called.
     let (status, _, _) = send(addr, get_with(addr, "/api/x", Some("Bearer good-alice"))).await;
@@ -249,7 +249,7 @@ async fn plugged_stages_authenticate_forward_identity_and_limit() {
     limiter.used.store(0, Ordering::SeqCst);
     let (status, _, _) = send(addr, get_with(addr, "/open/x", None)).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(*limiter.last_key.lock().unwrap(), "ip:127.0.0.1");
+    assert_eq!(*limiter.last_key.lock(), "ip:127.0.0.1");
 
     // Stacked limits get one key each, in order; a missing header counts as empty.
     let mut req = get_with(addr, "/stacked/x", None);
@@ -258,13 +258,13 @@ async fn plugged_stages_authenticate_forward_identity_and_limit() {
     let (status, _, _) = send(addr, req).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
-        *limiter.last_key.lock().unwrap(),
+        *limiter.last_key.lock(),
         "ip:127.0.0.1,route:stacked,header:zed"
     );
     let (status, _, _) = send(addr, get_with(addr, "/stacked/x", None)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
-        *limiter.last_key.lock().unwrap(),
+        *limiter.last_key.lock(),
         "ip:127.0.0.1,route:stacked,header:"
     );
 

@@ -1,8 +1,8 @@
 //! [`StackBuilder`]: the options of a stack and the start sequence's entry point.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::binaries::{find_binary, search_dirs, which};

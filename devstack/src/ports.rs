@@ -120,9 +120,10 @@ const DRAW_FROM: u16 = 15_000;
 /// process. `None` when there is no such room (an unusual
 /// `ip_local_port_range`) or too few free ports were found.
 fn below_kernel_range(count: usize) -> Option<Vec<TcpListener>> {
+    use parking_lot::Mutex;
     use std::collections::HashSet;
     use std::hash::{BuildHasher, RandomState};
-    use std::sync::{Mutex, OnceLock};
+    use std::sync::OnceLock;
 
     static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
 
@@ -132,10 +133,7 @@ fn below_kernel_range(count: usize) -> Option<Vec<TcpListener>> {
     if usize::from(room) < count * 16 {
         return None;
     }
-    let mut handed_out = HANDED_OUT
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut handed_out = HANDED_OUT.get_or_init(Mutex::default).lock();
     // std's RandomState is randomly keyed: hashing a counter gives random draws without a crate.
     let random = RandomState::new();
     let mut listeners = Vec::with_capacity(count);

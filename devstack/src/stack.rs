@@ -1,9 +1,9 @@
 //! [`Stack`]: the running processes, their addresses, and process control
 //! (kill, stop, restart, wait for sync). Dropping it kills everything.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use gateway_proto::v1::admin_service_client::AdminServiceClient;
@@ -476,8 +476,8 @@ impl Stack {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Slot>> {
         // A panic while holding the lock leaves the map consistent (every
-        // update is a single assignment), so a poisoned lock is still usable.
-        self.procs.lock().unwrap_or_else(|e| e.into_inner())
+        // update is a single assignment), so it stays usable after one.
+        self.procs.lock()
     }
 
     fn take_child(&self, name: &str) -> Result<Option<Child>, StackError> {

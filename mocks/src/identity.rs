@@ -30,8 +30,8 @@
 //! constant time), `t` is more than [`MAX_SKEW_SECONDS`] away from the mock's
 //! clock, or the id was seen before.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use http::HeaderMap;
@@ -116,7 +116,7 @@ impl ReplayCache {
     /// Records `id` (valid until `until`, Unix seconds); false when it is
     /// already recorded and still valid at `now` (a replay).
     pub fn insert(&self, id: &str, until: u64, now: u64) -> bool {
-        let mut seen = self.inner.lock().expect("replay cache lock");
+        let mut seen = self.inner.lock();
         if seen.until.get(id).is_some_and(|&u| u >= now) {
             return false;
         }
@@ -130,7 +130,7 @@ impl ReplayCache {
 
     /// Ids remembered now (tests).
     pub fn len(&self) -> usize {
-        self.inner.lock().map_or(0, |s| s.until.len())
+        self.inner.lock().until.len()
     }
 
     /// True when no id is remembered.

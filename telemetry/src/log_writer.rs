@@ -10,9 +10,10 @@
 //! then collects for [`FLUSH_INTERVAL`] (or until [`HIGH_WATER`] bytes wait)
 //! before writing, so a busy request thread makes no syscall per line.
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::{self, Write};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -43,9 +44,7 @@ struct State {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding this lock cannot leave the buffer inconsistent
-        // (it is only appended to or swapped), so poisoning is ignored.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 }
 
@@ -92,16 +91,15 @@ impl NonBlocking {
                         while state.buf.is_empty() && !state.closed {
                             // Asleep for good: the next line wakes it (see `write`).
                             state.idle = true;
-                            state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                            shared.wake.wait(&mut state);
                         }
                         // Awake: collect for FLUSH_INTERVAL, unless a high-water
                         // wake-up or shutdown says to write now.
-                        let (mut state, _) = shared
-                            .wake
-                            .wait_timeout_while(state, FLUSH_INTERVAL, |s| {
-                                !s.closed && s.buf.len() < HIGH_WATER
-                            })
-                            .unwrap_or_else(|e| e.into_inner());
+                        shared.wake.wait_while_for(
+                            &mut state,
+                            |s| !s.closed && s.buf.len() < HIGH_WATER,
+                            FLUSH_INTERVAL,
+                        );
                         state.urged = false;
                         std::mem::swap(&mut state.buf, &mut batch);
                         state.closed
@@ -201,7 +199,7 @@ mod tests {
     struct Capture(Arc<Mutex<Vec<u8>>>);
     impl Write for Capture {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            self.0.lock().extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {
@@ -217,7 +215,7 @@ mod tests {
             w.write_all(format!("line {i}\n").as_bytes()).unwrap();
         }
         drop(guard);
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = String::from_utf8(out.0.lock().clone()).unwrap();
         let lines: Vec<_> = text.lines().collect();
         assert_eq!(lines.len(), 1000);
         assert_eq!(lines[999], "line 999");
@@ -235,7 +233,7 @@ mod tests {
             let line = format!("round {round}\n");
             w.write_all(line.as_bytes()).unwrap();
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while !String::from_utf8_lossy(&out.0.lock().unwrap()).contains(&line) {
+            while !String::from_utf8_lossy(&out.0.lock()).contains(&line) {
                 assert!(
                     std::time::Instant::now() < deadline,
                     "{line:?} not written within 5 s"
@@ -250,9 +248,9 @@ mod tests {
     impl Write for Stuck {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
             let (lock, cv) = &*self.0;
-            let mut open = lock.lock().unwrap();
+            let mut open = lock.lock();
             while !*open {
-                open = cv.wait(open).unwrap();
+                cv.wait(&mut open);
             }
             Ok(buf.len())
         }
@@ -272,7 +270,7 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
         // At most one batch is stuck in the writer and 10 lines fit the buffer.
         assert!(w.dropped_lines() >= 10_000 - 20, "{}", w.dropped_lines());
-        *gate.0.lock().unwrap() = true;
+        *gate.0.lock() = true;
         gate.1.notify_all();
         drop(guard);
     }

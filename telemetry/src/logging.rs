@@ -212,14 +212,15 @@ pub fn access_log(entry: &AccessLog<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parking_lot::Mutex;
     use std::io::Write;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     #[derive(Clone, Default)]
     struct Capture(Arc<Mutex<Vec<u8>>>);
     impl Write for Capture {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            self.0.lock().extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -234,7 +235,7 @@ mod tests {
     }
     impl Capture {
         fn lines(&self) -> Vec<serde_json::Value> {
-            String::from_utf8(self.0.lock().unwrap().clone())
+            String::from_utf8(self.0.lock().clone())
                 .unwrap()
                 .lines()
                 .map(|l| serde_json::from_str(l).unwrap())
@@ -328,7 +329,7 @@ mod tests {
         tracing::subscriber::with_default(sub, || {
             crate::req_error!(ctx(), "boom");
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = String::from_utf8(out.0.lock().clone()).unwrap();
         assert!(text.contains("ERROR"), "{text}");
         assert!(
             text.contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736"),

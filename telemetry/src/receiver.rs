@@ -17,10 +17,11 @@
 //! # Ok(()) }
 //! ```
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -215,11 +216,7 @@ impl Receiver {
 
     /// Every span received so far, in arrival order.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
-        self.store
-            .spans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.store.spans.lock().clone()
     }
 
     /// Waits until `condition` holds over the spans received so far (checked
@@ -331,11 +328,7 @@ impl TraceService for Collector {
                 }
             }
         }
-        self.store
-            .spans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(received);
+        self.store.spans.lock().extend(received);
         self.store.changed.notify_waiters();
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,

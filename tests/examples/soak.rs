@@ -30,8 +30,9 @@
 //! (`SOAK_SECONDS` in the environment too). Needs the binaries built
 //! (`cargo build --workspace --bins`, same profile) and `redis-server` on PATH.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -136,18 +137,12 @@ struct DownState {
 
 impl Shared {
     fn unexpected(&self, what: String) {
-        *self
-            .tally
-            .lock()
-            .unwrap()
-            .unexpected
-            .entry(what)
-            .or_default() += 1;
+        *self.tally.lock().unexpected.entry(what).or_default() += 1;
     }
 
     /// Whether a request that started at `started` overlapped the victim's down time.
     fn victim_was_down(&self, started: Instant) -> bool {
-        let d = *self.down.lock().unwrap();
+        let d = *self.down.lock();
         match (d.killed, d.back) {
             (Some(_), None) => true,
             (Some(_), Some(back)) => started <= back + DOWN_GRACE,
@@ -186,7 +181,7 @@ impl Kind {
 
 async fn one_request(http: &reqwest::Client, shared: &Shared, gateway: &str, kind: Kind, n: u64) {
     let user = (n / 4 % 2) as usize;
-    let token = shared.access.lock().unwrap()[user].clone();
+    let token = shared.access.lock()[user].clone();
     let started = Instant::now();
     let mut request = http.get(format!("{gateway}{}", kind.path(n)));
     if !matches!(kind, Kind::Churn) {
@@ -203,7 +198,7 @@ async fn one_request(http: &reqwest::Client, shared: &Shared, gateway: &str, kin
         }
         Err(e) => Err(error_kind(&e)),
     };
-    let mut tally = shared.tally.lock().unwrap();
+    let mut tally = shared.tally.lock();
     tally.requests += 1;
     match outcome {
         Ok(200) => tally.ok += 1,
@@ -300,9 +295,9 @@ async fn refresher(gateway: String, shared: Arc<Shared>, mut refresh: Vec<String
                 Ok((access, next))
             }) {
                 Ok((access, next)) => {
-                    shared.access.lock().unwrap()[user] = access;
+                    shared.access.lock()[user] = access;
                     *token = next;
-                    shared.tally.lock().unwrap().refreshes += 1;
+                    shared.tally.lock().refreshes += 1;
                 }
                 Err(e) => shared.unexpected(format!("refresh: {e}")),
             }
@@ -342,7 +337,7 @@ async fn config_changer(stack: &Stack, shared: Arc<Shared>, until: Instant) {
                 .context("data planes syncing")
         };
         match tokio::time::timeout(Duration::from_secs(10), change).await {
-            Ok(Ok(())) => shared.tally.lock().unwrap().config_changes += 1,
+            Ok(Ok(())) => shared.tally.lock().config_changes += 1,
             Ok(Err(e)) => shared.unexpected(format!("config change: {e:#}")),
             Err(_) => {
                 shared.unexpected("config change: not on every data plane within 10 s".into())
@@ -363,7 +358,7 @@ async fn chaos(
     let mut next = started + every;
     while next + DOWN_FOR + DOWN_GRACE < until {
         tokio::time::sleep_until(next.into()).await;
-        *shared.down.lock().unwrap() = DownState {
+        *shared.down.lock() = DownState {
             killed: Some(Instant::now()),
             back: None,
         };
@@ -372,10 +367,10 @@ async fn chaos(
         }
         tokio::time::sleep(DOWN_FOR).await;
         match stack.start_process(VICTIM).await {
-            Ok(()) => shared.tally.lock().unwrap().restarts += 1,
+            Ok(()) => shared.tally.lock().restarts += 1,
             Err(e) => shared.unexpected(format!("restarting {VICTIM}: {e}")),
         }
-        shared.down.lock().unwrap().back = Some(Instant::now());
+        shared.down.lock().back = Some(Instant::now());
         next += every;
     }
 }
@@ -389,7 +384,6 @@ async fn sampler(stack: &Stack, samples: Arc<Mutex<Samples>>, started: Instant, 
             if let Some(kib) = stack.pid(&name).and_then(|pid| rss_kib(pid).ok()) {
                 samples
                     .lock()
-                    .unwrap()
                     .entry(name)
                     .or_default()
                     .push((started.elapsed().as_secs_f64(), kib));
@@ -472,8 +466,8 @@ async fn main() -> Result<()> {
     for exited in stack.reap_exited() {
         shared.unexpected(format!("process exited: {exited:?}"));
     }
-    let tally = std::mem::take(&mut *shared.tally.lock().unwrap());
-    let samples = std::mem::take(&mut *samples.lock().unwrap());
+    let tally = std::mem::take(&mut *shared.tally.lock());
+    let samples = std::mem::take(&mut *samples.lock());
     let failed = report(&o, &tally, &samples, warmup.as_secs_f64());
     stack.shutdown().await;
     if failed {

@@ -9,7 +9,7 @@ use crate::throttle::{LoginThrottle, ThrottleConfig};
 use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
 use gateway_clock::SystemClock;
-use std::sync::RwLock;
+use parking_lot::RwLock;
 
 struct Fixture {
     _dir: tempfile::TempDir,

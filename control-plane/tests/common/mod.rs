@@ -7,11 +7,12 @@ use gateway_proto::v1::config_discovery_service_client::ConfigDiscoveryServiceCl
 use gateway_proto::v1::{
     ConfigRequest, ConfigResponse, DataPlaneState, DataPlaneStatus, ListDataPlanesRequest, Node,
 };
+use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -81,7 +82,7 @@ impl CpProcess {
                 {
                     let _ = tx.send(addr.parse::<SocketAddr>().unwrap());
                 }
-                sink.lock().unwrap().push(line);
+                sink.lock().push(line);
             }
         });
         let addr = match tokio::time::timeout(DEADLINE, rx).await {
@@ -90,7 +91,7 @@ impl CpProcess {
                 let status = child.try_wait().ok().flatten();
                 panic!(
                     "control-plane did not start (exit: {status:?}); stderr:\n{}",
-                    logs.lock().unwrap().join("\n")
+                    logs.lock().join("\n")
                 )
             }
         };
@@ -127,7 +128,7 @@ impl CpProcess {
 
     /// Everything the process logged so far.
     pub fn logs(&self) -> String {
-        self.logs.lock().unwrap().join("\n")
+        self.logs.lock().join("\n")
     }
 
     /// An AdminService client.

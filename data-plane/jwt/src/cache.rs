@@ -10,9 +10,10 @@
 //! * Each entry remembers its `kid`, so entries signed by a key that disappeared from the JWKS
 //!   can be dropped at once.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::Identity;
 
@@ -73,7 +74,7 @@ impl<S: BuildHasher> TokenCache<S> {
             return None;
         }
         let (h, shard) = self.locate(token);
-        let mut shard = shard.lock().expect("token cache lock");
+        let mut shard = shard.lock();
         let entry = shard.map.get(&h)?;
         if &*entry.token != token {
             return None;
@@ -91,7 +92,7 @@ impl<S: BuildHasher> TokenCache<S> {
             return;
         }
         let (h, shard) = self.locate(token);
-        let mut shard = shard.lock().expect("token cache lock");
+        let mut shard = shard.lock();
         if shard.map.len() >= self.per_shard && !shard.map.contains_key(&h) {
             if now >= shard.min_exp {
                 shard.map.retain(|_, e| now < e.identity.exp);
@@ -128,20 +129,13 @@ impl<S: BuildHasher> TokenCache<S> {
     /// Drops every entry whose signing key is no longer published.
     pub(crate) fn retain_kids(&self, keep: impl Fn(&str) -> bool) {
         for shard in self.shards.iter() {
-            shard
-                .lock()
-                .expect("token cache lock")
-                .map
-                .retain(|_, e| keep(&e.kid));
+            shard.lock().map.retain(|_, e| keep(&e.kid));
         }
     }
 
     /// Number of cached tokens.
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().expect("token cache lock").map.len())
-            .sum()
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
 }
 

@@ -6,10 +6,11 @@
 //! an unknown `kid`, single-flight, with a cooldown) → signature and `iss`/`aud`/required claims
 //! (jsonwebtoken, algorithm pinned) → `exp`/`nbf` with leeway against the injectable clock.
 
+use parking_lot::RwLock;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -319,7 +320,7 @@ impl JwtVerifier {
         JwtStats {
             jwks_fetches: self.inner.fetches.load(Ordering::Relaxed),
             jwks_fetch_failures: self.inner.fetch_failures.load(Ordering::Relaxed),
-            keys: self.inner.keys.read().expect("key set lock").len(),
+            keys: self.inner.keys.read().len(),
             cached_tokens: self.inner.cache.len(),
         }
     }
@@ -431,7 +432,7 @@ impl Inner {
     }
 
     fn lookup(&self, kid: &str) -> Option<(Arc<str>, Arc<DecodingKey>)> {
-        let keys = self.keys.read().expect("key set lock");
+        let keys = self.keys.read();
         keys.get_key_value(kid).map(|(k, v)| (k.clone(), v.clone()))
     }
 
@@ -462,9 +463,7 @@ impl Inner {
         match self.lookup(&kid) {
             Some(found) => Ok(found),
             None => match last_error {
-                Some(e) if self.keys.read().expect("key set lock").is_empty() => {
-                    Err(JwtError::KeysUnavailable(e))
-                }
+                Some(e) if self.keys.read().is_empty() => Err(JwtError::KeysUnavailable(e)),
                 _ => Err(JwtError::UnknownKid(kid)),
             },
         }
@@ -482,14 +481,14 @@ impl Inner {
                 self.max_age_ms.store(max_age_ms, Ordering::Relaxed);
                 let count = keys.len();
                 let changed = {
-                    let mut current = self.keys.write().expect("key set lock");
+                    let mut current = self.keys.write();
                     let changed = current.len() != keys.len()
                         || current.keys().any(|k| !keys.contains_key(k));
                     *current = Arc::new(keys);
                     changed
                 };
                 if changed {
-                    let current = self.keys.read().expect("key set lock").clone();
+                    let current = self.keys.read().clone();
                     // Tokens signed by a key that is no longer published are no longer trusted.
                     self.cache.retain_kids(|kid| current.contains_key(kid));
                     tracing::info!(keys = count, "JWKS updated");

@@ -24,8 +24,9 @@
 //! leader that is cancelled mid-run (its client went away) still hands the
 //! key on, through [`Lead`]'s `Drop`.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
@@ -220,7 +221,7 @@ type Queues = HashMap<Vec<u8>, Vec<oneshot::Sender<Turn>>>;
 impl Merger {
     /// Enters a request of budget `key`.
     pub(crate) fn join(&self, key: &[u8]) -> Role {
-        let mut keys = self.keys.lock().expect("merge lock");
+        let mut keys = self.keys.lock();
         match keys.get_mut(key) {
             Some(queue) if queue.len() >= MAX_QUEUED => Role::Alone,
             Some(queue) => {
@@ -270,7 +271,7 @@ impl Merger {
     fn hand_on(&self, key: &[u8]) {
         loop {
             let queue = {
-                let mut keys = self.keys.lock().expect("merge lock");
+                let mut keys = self.keys.lock();
                 match keys.get_mut(key) {
                     None => return,
                     Some(queue) if queue.is_empty() => {
@@ -297,7 +298,7 @@ impl Merger {
     /// Keys with a run in flight (for tests).
     #[cfg(test)]
     fn in_flight(&self) -> usize {
-        self.keys.lock().expect("merge lock").len()
+        self.keys.lock().len()
     }
 }
 

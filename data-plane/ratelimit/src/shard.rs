@@ -1,14 +1,15 @@
 //! A bounded, sharded map from `(policy, subject)` to a small value.
 //!
 //! Used by the local fallback limiter and the "denied until" cache. Each shard
-//! is a `std::sync::Mutex` held only for a hash lookup and a few arithmetic
+//! is a `parking_lot::Mutex` held only for a hash lookup and a few arithmetic
 //! operations, never across an `.await`. Lookups do not allocate: the map is
 //! keyed by a keyed SipHash of the pair (so clients cannot aim collisions at
 //! one bucket), and each slot keeps the full pair to confirm a hit.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::stacked::MAX_STACKED;
 
@@ -66,10 +67,8 @@ impl<V> ShardedMap<V> {
 
     fn lock(&self, index: usize) -> MutexGuard<'_, Shard<V>> {
         // A panic while holding the lock cannot leave a slot half-written (each
-        // write is one insert or remove), so a poisoned shard is still consistent.
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        // write is one insert or remove), so the shard stays usable after one.
+        self.shards[index].lock()
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
@@ -184,10 +183,7 @@ impl<V> ShardedMap<V> {
 
     /// Number of keys held (sums every shard; for tests and metrics).
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
+        self.shards.iter().map(|s| s.lock().len()).sum()
     }
 }
 

@@ -16,16 +16,12 @@ struct FakeResolver {
 impl FakeResolver {
     fn set(&self, host: &str, addrs: &[&str]) {
         let addrs = addrs.iter().map(|a| a.parse().unwrap()).collect();
-        self.answers
-            .lock()
-            .unwrap()
-            .insert(host.to_owned(), Ok(addrs));
+        self.answers.lock().insert(host.to_owned(), Ok(addrs));
     }
 
     fn fail(&self, host: &str) {
         self.answers
             .lock()
-            .unwrap()
             .insert(host.to_owned(), Err("SERVFAIL".into()));
     }
 
@@ -37,7 +33,7 @@ impl FakeResolver {
 impl Resolver for FakeResolver {
     fn resolve(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<Vec<SocketAddr>>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        let answer = self.answers.lock().unwrap().get(host).cloned();
+        let answer = self.answers.lock().get(host).cloned();
         Box::pin(async move {
             match answer {
                 Some(Ok(addrs)) => Ok(addrs

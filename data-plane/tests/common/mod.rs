@@ -3,11 +3,12 @@
 //! plane started in-process through the library, and small HTTP helpers.
 #![allow(dead_code, unreachable_pub)]
 
+use parking_lot::Mutex;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -85,7 +86,7 @@ impl ConfigDiscoveryService for CpService {
             }
         });
         let later = BroadcastStream::new(self.pushes.subscribe()).filter_map(|r| async { r.ok() });
-        let first = self.last.lock().unwrap().clone();
+        let first = self.last.lock().clone();
         let stream = futures::stream::iter(first).chain(later).map(Ok);
         Ok(tonic::Response::new(Box::pin(stream)))
     }
@@ -142,7 +143,7 @@ impl FakeControlPlane {
             upstreams: snapshot.upstreams.clone(),
             api_keys: snapshot.api_keys.clone(),
         };
-        *self.last.lock().unwrap() = Some(resp.clone());
+        *self.last.lock() = Some(resp.clone());
         let _ = self.pushes.send(resp);
     }
 

@@ -1,4 +1,4 @@
-use std::sync::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex};
 use std::time::Instant;
 
 use opentelemetry::trace::Status;
@@ -20,11 +20,11 @@ impl SpanExporter for Collect {
                 "collector down".into(),
             ));
         }
-        self.spans.lock().unwrap().extend(batch);
+        self.spans.lock().extend(batch);
         Ok(())
     }
     fn set_resource(&mut self, resource: &Resource) {
-        *self.resource.lock().unwrap() = Some(resource.clone());
+        *self.resource.lock() = Some(resource.clone());
     }
 }
 
@@ -36,7 +36,7 @@ struct Hang {
 
 impl Hang {
     fn open(&self) {
-        *self.gate.0.lock().unwrap() = true;
+        *self.gate.0.lock() = true;
         self.gate.1.notify_all();
     }
 }
@@ -44,9 +44,9 @@ impl Hang {
 impl SpanExporter for Hang {
     async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
         let (lock, cv) = &*self.gate;
-        let mut open = lock.lock().unwrap();
+        let mut open = lock.lock();
         while !*open {
-            open = cv.wait(open).unwrap();
+            cv.wait(&mut open);
         }
         Ok(())
     }
@@ -125,7 +125,7 @@ fn exports_server_and_client_spans_with_parents_and_semconv_attributes() {
     drop(rejected);
 
     tracer.force_flush().unwrap();
-    let spans = collect.spans.lock().unwrap().clone();
+    let spans = collect.spans.lock().clone();
     assert_eq!(spans.len(), 3);
 
     let c = &spans[0];
@@ -181,7 +181,7 @@ fn exports_server_and_client_spans_with_parents_and_semconv_attributes() {
         Some(&Value::I64(429))
     );
 
-    let resource = collect.resource.lock().unwrap().clone().unwrap();
+    let resource = collect.resource.lock().clone().unwrap();
     assert_eq!(
         resource.get(&opentelemetry::Key::new("service.name")),
         Some(Value::from("data-plane"))
@@ -213,7 +213,7 @@ fn server_5xx_is_an_error_but_4xx_only_when_marked_and_client_4xx_is() {
     c.end();
     b.end();
     tracer.force_flush().unwrap();
-    let spans = collect.spans.lock().unwrap().clone();
+    let spans = collect.spans.lock().clone();
     assert_eq!(spans[0].status, Status::error(""));
     assert_eq!(
         attr_of(&spans[0], attr::ERROR_TYPE),
@@ -247,7 +247,7 @@ fn unsampled_traces_are_not_recorded_but_keep_their_ids() {
     drop(client);
     drop(span);
     tracer.force_flush().unwrap();
-    assert!(collect.spans.lock().unwrap().is_empty());
+    assert!(collect.spans.lock().is_empty());
 }
 
 #[test]
@@ -316,7 +316,7 @@ fn shutdown_stops_export() {
     tracer.shutdown(Duration::from_secs(5)).unwrap();
     tracer.shutdown(Duration::from_secs(5)).unwrap();
     tracer.server_span(None, &http::Method::GET, "/").end();
-    assert_eq!(collect.spans.lock().unwrap().len(), 1);
+    assert_eq!(collect.spans.lock().len(), 1);
 }
 
 #[test]
@@ -398,7 +398,7 @@ fn a_span_parent_starts_client_spans_after_its_server_span_ended() {
     .unwrap();
     assert_eq!(client.trace_id, server_ctx.trace_id);
     tracer.force_flush().unwrap();
-    let spans = collect.spans.lock().unwrap().clone();
+    let spans = collect.spans.lock().clone();
     let c = spans
         .iter()
         .find(|s| s.span_kind == SpanKind::Client)
@@ -432,7 +432,7 @@ fn http_helpers_continue_the_trace_and_set_traceresponse() {
     );
     span.end();
     tracer.force_flush().unwrap();
-    let spans = collect.spans.lock().unwrap();
+    let spans = collect.spans.lock();
     assert_eq!(
         attr_of(&spans[0], attr::HTTP_RESPONSE_STATUS_CODE),
         Some(&Value::I64(200))

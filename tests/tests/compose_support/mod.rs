@@ -6,12 +6,12 @@ mod spans;
 mod state;
 mod traffic;
 
+use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -519,11 +519,11 @@ impl Stack {
                 .map(|p| p.node_id.as_str())
                 .collect();
             let done = !hosts.is_empty() && hosts.iter().all(|h| synced.contains(h.as_str()));
-            *last.lock().expect("last planes") = planes;
+            *last.lock() = planes;
             Ok(done)
         })
         .await
-        .with_context(|| format!("ListDataPlanes: {:?}", last.lock().expect("last planes")))?;
+        .with_context(|| format!("ListDataPlanes: {:?}", last.lock()))?;
         self.data_plane_hostnames().await
     }
 
@@ -579,14 +579,14 @@ impl Stack {
                     .into_iter()
                     .find(|(_, addr)| addr.starts_with(&prefix))
                 {
-                    *slot.lock().expect("slot") = name;
+                    *slot.lock() = name;
                     return Ok(true);
                 }
                 Ok(false)
             },
         )
         .await?;
-        Ok(slot.into_inner().expect("slot"))
+        Ok(slot.into_inner())
     }
 
     /// A replica's `/config` ({version, hash}) from its ops listener, read inside the container.
@@ -674,7 +674,7 @@ impl Stack {
                 id,
             ])
             .await?;
-            let mut volumes = self.volumes.lock().expect("volumes");
+            let mut volumes = self.volumes.lock();
             // Named volumes carry the project prefix and go with `down -v`.
             volumes.extend(
                 names
@@ -815,7 +815,7 @@ impl Drop for Stack {
             Ok(s) if s.success() => eprintln!("compose project {} removed (down -v)", self.project),
             other => eprintln!("`down -v` of {} failed: {other:?}", self.project),
         }
-        let volumes = std::mem::take(&mut *self.volumes.lock().unwrap_or_else(|e| e.into_inner()));
+        let volumes = std::mem::take(&mut *self.volumes.lock());
         if !volumes.is_empty() {
             // Those of scaled-down replicas; the ones `down -v` already removed are just absent.
             let _ = std::process::Command::new("docker")

@@ -49,7 +49,7 @@ impl Source {
     /// Spans of `trace_id` once a data-plane span and an orders span are both in (or after 45 s,
     /// whatever arrived: the caller's checks then say what is missing).
     pub async fn collect(&self, http: &reqwest::Client, trace_id: &str) -> Result<Vec<SpanInfo>> {
-        let spans = std::sync::Mutex::new(Vec::new());
+        let spans = parking_lot::Mutex::new(Vec::new());
         let complete = wait_for(
             "the trace's spans to arrive",
             Duration::from_secs(45),
@@ -60,7 +60,7 @@ impl Source {
                 };
                 let done = found.iter().any(|s| s.service == "data-plane")
                     && found.iter().any(|s| s.service == "orders");
-                *spans.lock().expect("spans") = found;
+                *spans.lock() = found;
                 Ok(done)
             },
         )
@@ -68,7 +68,7 @@ impl Source {
         if let Err(e) = complete {
             eprintln!("{e:#}");
         }
-        Ok(spans.into_inner().expect("spans"))
+        Ok(spans.into_inner())
     }
 }
 

@@ -1,10 +1,11 @@
 //! Steady background traffic through the edge, recording every answer: which replica served it
 //! (X-Served-By), which backend instance (X-Instance-Id), and every failure.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -89,7 +90,7 @@ impl Traffic {
                             }
                             Err(e) => Err(format!("transport: {e:#}")),
                         };
-                        let mut log = log.lock().expect("traffic log");
+                        let mut log = log.lock();
                         match outcome {
                             Ok((served_by, instance)) => log.answers.push(Answer {
                                 at: Instant::now(),
@@ -118,7 +119,7 @@ impl Traffic {
     /// Waits until `n` requests have been answered (either way).
     pub async fn wait_requests(&self, n: u64, within: Duration) -> Result<()> {
         wait_for(&format!("{n} requests of traffic"), within, || async {
-            let log = self.log.lock().expect("traffic log");
+            let log = self.log.lock();
             Ok(log.answers.len() as u64 + log.failed >= n)
         })
         .await
@@ -132,7 +133,7 @@ impl Traffic {
         within: Duration,
     ) -> Result<()> {
         wait_for(&format!("{n} answered requests"), within, || async {
-            let log = self.log.lock().expect("traffic log");
+            let log = self.log.lock();
             Ok(log
                 .answers
                 .iter()
@@ -146,7 +147,7 @@ impl Traffic {
 
     /// Replica slots (X-Served-By) that answered 200 since `mark`.
     pub fn servers_since(&self, mark: Instant) -> BTreeSet<String> {
-        let log = self.log.lock().expect("traffic log");
+        let log = self.log.lock();
         log.answers
             .iter()
             .rev()
@@ -157,7 +158,7 @@ impl Traffic {
 
     /// Backend instances (X-Instance-Id) that answered 200 since `mark`.
     pub fn instances_since(&self, mark: Instant) -> BTreeSet<String> {
-        let log = self.log.lock().expect("traffic log");
+        let log = self.log.lock();
         log.answers
             .iter()
             .rev()
@@ -172,7 +173,7 @@ impl Traffic {
         for task in self.tasks {
             let _ = task.await;
         }
-        let log = std::mem::take(&mut *self.log.lock().expect("traffic log"));
+        let log = std::mem::take(&mut *self.log.lock());
         let mut per_server = BTreeMap::new();
         let mut per_instance = BTreeMap::new();
         for a in &log.answers {

@@ -3,7 +3,7 @@
 use super::*;
 use gateway_clock::ManualClock;
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::AtomicUsize;
 
 use bytes::Bytes;
@@ -74,13 +74,13 @@ async fn serve_jwks(
     state: Arc<ServerState>,
 ) -> Result<hyper::Response<Full<Bytes>>, std::convert::Infallible> {
     state.fetches.fetch_add(1, Ordering::SeqCst);
-    let delay = *state.delay.lock().unwrap();
+    let delay = *state.delay.lock();
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    let body = state.body.lock().unwrap().clone();
+    let body = state.body.lock().clone();
     let mut resp = hyper::Response::new(Full::new(Bytes::from(body)));
-    if let Some(cc) = *state.cache_control.lock().unwrap() {
+    if let Some(cc) = *state.cache_control.lock() {
         resp.headers_mut().insert(
             http::header::CACHE_CONTROL,
             http::HeaderValue::from_static(cc),
@@ -122,7 +122,7 @@ impl JwksServer {
 
     fn publish(&self, keys: &[&TestKey]) {
         let doc = json!({"keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()});
-        *self.state.body.lock().unwrap() = doc.to_string();
+        *self.state.body.lock() = doc.to_string();
     }
 
     /// Stops the server and waits until it is gone: `abort` alone only asks,
@@ -200,7 +200,7 @@ async fn claim_validation_table() {
     let other = TestKey::new("k1", 2); // same kid, different key material
     let server = JwksServer::start(&[&key]).await;
     let (v, _clock) = verifier(&server, config(&server.url)).await;
-    let jwks_text = server.state.body.lock().unwrap().clone();
+    let jwks_text = server.state.body.lock().clone();
 
     let good = key.sign(&claims());
     let [h, p, s]: [&str; 3] = good.split('.').collect::<Vec<_>>().try_into().unwrap();
@@ -432,7 +432,7 @@ async fn garbage_kids_cannot_hammer_the_auth_service() {
     let server = JwksServer::start(&[&k1]).await;
     let (v, clock) = verifier(&server, config(&server.url)).await;
     // Slow fetches make the concurrent callers overlap with the one in flight.
-    *server.state.delay.lock().unwrap() = Duration::from_millis(200);
+    *server.state.delay.lock() = Duration::from_millis(200);
 
     let flood = (0..50).map(|i| {
         let v = v.clone();
@@ -462,7 +462,7 @@ async fn garbage_kids_cannot_hammer_the_auth_service() {
     // After the cooldown one more fetch is allowed, and a genuinely new key is found.
     let k3 = TestKey::new("k3", 3);
     server.publish(&[&k1, &k3]);
-    *server.state.delay.lock().unwrap() = Duration::ZERO;
+    *server.state.delay.lock() = Duration::ZERO;
     clock.advance(Duration::from_secs(1));
     v.verify(&k3.sign(&claims())).await.unwrap();
     assert_eq!(server.fetches(), 3);
@@ -475,7 +475,7 @@ async fn concurrent_requests_with_a_new_kid_share_one_fetch() {
     let server = JwksServer::start(&[&k1]).await;
     let (v, _clock) = verifier(&server, config(&server.url)).await;
     server.publish(&[&k1, &k2]);
-    *server.state.delay.lock().unwrap() = Duration::from_millis(100);
+    *server.state.delay.lock() = Duration::from_millis(100);
     let calls = (0..20).map(|i| {
         let v = v.clone();
         let token = k2.sign(&with(claims(), "jti", json!(i)));
@@ -611,7 +611,7 @@ async fn background_refresh_follows_a_short_max_age() {
     let k1 = TestKey::new("k1", 1);
     let k2 = TestKey::new("k2", 2);
     let server = JwksServer::start(&[&k1]).await;
-    *server.state.cache_control.lock().unwrap() = Some("public, max-age=1");
+    *server.state.cache_control.lock() = Some("public, max-age=1");
     let cfg = JwtConfig {
         refresh_interval: Duration::from_secs(60),
         ..config(&server.url)
