@@ -244,11 +244,11 @@ impl RefreshStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::RedisServer;
+    use crate::testutil::{RedisServer, connection_manager, start_redis};
 
     async fn store() -> (RedisServer, RefreshStore) {
-        let redis = RedisServer::start().await;
-        let conn = redis.connection_manager().await;
+        let redis = start_redis().await;
+        let conn = connection_manager(&redis);
         (redis, RefreshStore::new(conn))
     }
 
@@ -288,7 +288,7 @@ mod tests {
     async fn redis_stores_only_hashes() {
         let (r, s) = store().await;
         let issued = s.create("alice", "user", 1_700_000_000).await.unwrap();
-        let mut conn = r.connection_manager().await;
+        let mut conn = connection_manager(&r);
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("*")
             .query_async(&mut conn)

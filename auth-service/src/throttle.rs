@@ -184,7 +184,7 @@ impl LoginThrottle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::RedisServer;
+    use crate::testutil::{connection_manager, start_redis};
 
     fn config(user: u32, ip: u32, window_ms: u64) -> ThrottleConfig {
         ThrottleConfig {
@@ -221,8 +221,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_name_is_refused_after_its_limit_with_the_window_left() {
-        let redis = RedisServer::start().await;
-        let t = LoginThrottle::new(redis.connection_manager().await, config(3, 0, 60_000));
+        let redis = start_redis().await;
+        let t = LoginThrottle::new(connection_manager(&redis), config(3, 0, 60_000));
         for i in 0..3 {
             assert!(
                 admitted(&t, "alice", &format!("192.0.2.{i}"))
@@ -249,8 +249,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_success_gives_back_only_its_own_unit() {
-        let redis = RedisServer::start().await;
-        let t = LoginThrottle::new(redis.connection_manager().await, config(0, 3, 60_000));
+        let redis = start_redis().await;
+        let t = LoginThrottle::new(connection_manager(&redis), config(0, 3, 60_000));
         // failure, failure, success, failure: three failures, so the next is refused.
         admitted(&t, "u1", "192.0.2.9").await.unwrap();
         admitted(&t, "u2", "192.0.2.9").await.unwrap();
@@ -269,9 +269,9 @@ mod tests {
     /// the limit together.
     #[tokio::test(flavor = "multi_thread")]
     async fn replicas_share_counters_and_concurrent_attempts_cannot_overshoot() {
-        let redis = RedisServer::start().await;
-        let a = LoginThrottle::new(redis.connection_manager().await, config(5, 0, 60_000));
-        let b = LoginThrottle::new(redis.connection_manager().await, config(5, 0, 60_000));
+        let redis = start_redis().await;
+        let a = LoginThrottle::new(connection_manager(&redis), config(5, 0, 60_000));
+        let b = LoginThrottle::new(connection_manager(&redis), config(5, 0, 60_000));
         let tries = (0..40).map(|i| {
             let t = if i % 2 == 0 { a.clone() } else { b.clone() };
             tokio::spawn(async move { t.admit("carol", ip("192.0.2.1")).await.unwrap() })
@@ -287,8 +287,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn the_window_ends_and_counting_starts_again() {
-        let redis = RedisServer::start().await;
-        let t = LoginThrottle::new(redis.connection_manager().await, config(1, 0, 300));
+        let redis = start_redis().await;
+        let t = LoginThrottle::new(connection_manager(&redis), config(1, 0, 300));
         admitted(&t, "dave", "192.0.2.1").await.unwrap();
         assert!(admitted(&t, "dave", "192.0.2.1").await.is_none());
         // Redis expires the counter on its own clock: wait for that, with a deadline.
@@ -304,8 +304,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn limits_off_never_ask_redis_and_redis_down_is_an_error() {
-        let mut redis = RedisServer::start().await;
-        let conn = redis.connection_manager().await;
+        let mut redis = start_redis().await;
+        let conn = connection_manager(&redis);
         redis.kill().await;
         let off = LoginThrottle::new(conn.clone(), config(0, 0, 1000));
         let attempt = admitted(&off, "erin", "192.0.2.1").await.unwrap();

@@ -12,7 +12,7 @@ use crate::demo::demo_config;
 use crate::error::StackError;
 use crate::process::{ProcessSpec, Readiness};
 use crate::stack::{Slot, Stack, try_join_all};
-use crate::{secrets, sys};
+use crate::sys;
 
 /// The demo users seeded into the auth service: (name, role, password).
 pub const DEMO_USERS: [(&str, &str, &str); 2] =
@@ -198,43 +198,18 @@ impl Stack {
         if let Some(bin) = redis_bin {
             let redis_dir = dir.join("redis");
             let _ = std::fs::create_dir_all(&redis_dir);
-            let mut args = Vec::new();
-            if let Some(password) = &self.redis_password {
-                // In a config file (mode 0600), not on the command line: `ps` shows that,
-                // and so does the "starting" line of the log.
-                let conf = redis_dir.join("redis.conf");
-                secrets::write_private(&conf, &format!("requirepass {password}\n"))?;
-                args.push(conf.display().to_string());
-            }
-            let port = p.redis.to_string();
-            match &self.redis_pki {
-                // TLS only: no plain-text port at all.
-                Some(pki) => args.extend([
-                    "--port".into(),
-                    "0".into(),
-                    "--tls-port".into(),
-                    port,
-                    "--tls-cert-file".into(),
-                    pki.server_cert.display().to_string(),
-                    "--tls-key-file".into(),
-                    pki.server_key.display().to_string(),
-                    "--tls-ca-cert-file".into(),
-                    pki.ca.display().to_string(),
-                    "--tls-auth-clients".into(),
-                    "no".into(),
-                ]),
-                None => args.extend(["--port".into(), port]),
-            }
-            args.extend([
-                "--bind".into(),
-                "127.0.0.1".into(),
-                "--save".into(),
-                String::new(),
-                "--appendonly".into(),
-                "no".into(),
-                "--dir".into(),
-                redis_dir.display().to_string(),
-            ]);
+            // The password in a config file (mode 0600), not on the command line:
+            // `ps` shows that, and so does the "starting" line of the log.
+            let conf = match &self.redis_password {
+                Some(password) => Some(crate::redis::password_conf(&redis_dir, password)?),
+                None => None,
+            };
+            let args = crate::redis::server_args(
+                p.redis,
+                &redis_dir,
+                conf.as_deref(),
+                self.redis_pki.as_ref(),
+            );
             self.register("redis", bin, args, Readiness::Redis(self.redis_target()));
         }
 

@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::binaries::{find_binary, search_dirs, which};
+use crate::binaries::{find_binary, search_dirs};
 use crate::error::StackError;
 use crate::pki::Pki;
 use crate::ports::Ports;
-use crate::prereq::redis_install_hint;
 use crate::readiness::http_client;
 use crate::secrets::{Tokens, random_token};
 use crate::stack::Stack;
@@ -204,12 +203,7 @@ impl StackBuilder {
             None
         };
         let redis_bin = if o.redis {
-            Some(
-                which("redis-server").ok_or_else(|| StackError::ToolMissing {
-                    tool: "redis-server".into(),
-                    install: redis_install_hint(),
-                })?,
-            )
+            Some(crate::redis::redis_server_binary()?)
         } else {
             None
         };

@@ -111,6 +111,19 @@ impl Ports {
     }
 }
 
+/// One free port, chosen as [`Ports::ephemeral`] chooses (for a single server).
+pub fn free_port() -> Result<u16, StackError> {
+    let listener = match below_kernel_range(1) {
+        Some(mut listeners) => listeners.remove(0),
+        None => TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(StackError::io("picking a free port"))?,
+    };
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(StackError::io("picking a free port"))
+}
+
 /// Lowest port [`Ports::ephemeral`] draws from (below it: well-known
 /// services people run by hand).
 const DRAW_FROM: u16 = 15_000;

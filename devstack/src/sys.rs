@@ -1,5 +1,5 @@
 //! The few operating-system calls `std` and tokio do not offer: a parent-death
-//! signal for children, SIGTERM to a pid, and the effective uid.
+//! signal for children, a signal to a pid, and the effective uid.
 //!
 //! This is the only module allowed `unsafe`; each block is one libc call
 //! with its contract written next to it.
@@ -30,11 +30,32 @@ pub(crate) fn kill_when_parent_dies(command: &mut Command) {
     }
 }
 
+/// A signal devstack sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// SIGTERM: stop cleanly.
+    Terminate,
+    /// SIGSTOP: freeze.
+    Stop,
+    /// SIGCONT: go on after SIGSTOP.
+    Continue,
+}
+
 /// Sends SIGTERM to process `pid`. A process that is already gone is not an error.
 pub(crate) fn send_sigterm(pid: u32) -> io::Result<()> {
+    send_signal(pid, Signal::Terminate)
+}
+
+/// Sends `signal` to process `pid`. A process that is already gone is not an error.
+pub(crate) fn send_signal(pid: u32, signal: Signal) -> io::Result<()> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
+    let signal = match signal {
+        Signal::Terminate => libc::SIGTERM,
+        Signal::Stop => libc::SIGSTOP,
+        Signal::Continue => libc::SIGCONT,
+    };
     // SAFETY: kill(2) takes plain integers and has no memory-safety preconditions.
-    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+    let rc = unsafe { libc::kill(pid, signal) };
     if rc == 0 {
         return Ok(());
     }

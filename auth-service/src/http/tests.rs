@@ -4,7 +4,7 @@ use super::*;
 use crate::client_addr::TrustedProxies;
 use crate::keys::{KeyRing, RotationPolicy};
 use crate::refresh::RefreshStore;
-use crate::testutil::RedisServer;
+use crate::testutil::{RedisServer, connection_manager, start_redis};
 use crate::throttle::{LoginThrottle, ThrottleConfig};
 use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
@@ -19,7 +19,7 @@ struct Fixture {
 
 async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start().await;
+    let redis = start_redis().await;
     let users = UserStore::open(&dir.path().join("auth.db")).await.unwrap();
     users
         .add_user("alice", "user", "wonderland".into(), false)
@@ -39,9 +39,9 @@ async fn fixture() -> Fixture {
             issuer: "gateway-auth".into(),
             audience: "gateway".into(),
         },
-        RefreshStore::new(redis.connection_manager().await),
+        RefreshStore::new(connection_manager(&redis)),
         LoginThrottle::new(
-            redis.connection_manager().await,
+            connection_manager(&redis),
             ThrottleConfig {
                 user_failures: 3,
                 ip_failures: 5,

@@ -4,9 +4,6 @@
 //!
 //! Run: `cargo bench -p gateway-ratelimit --bench decision`.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -26,7 +23,9 @@ fn redis(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let server = rt.block_on(support::RedisServer::start());
+    let server = rt
+        .block_on(devstack::RedisServer::start())
+        .expect("redis-server starts");
     let connect = |lease_max_tokens| {
         rt.block_on(async {
             let limiter = RateLimiter::new(

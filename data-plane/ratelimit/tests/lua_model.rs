@@ -8,12 +8,10 @@
 //! Rust model over long pseudo-random timelines (including the clock going
 //! backwards), comparing every outcome, the stored state's effect, and the expiry.
 
-mod support;
-
+use devstack::RedisServer;
 use gateway_ratelimit::algorithm::{self, FixedWindowState, Outcome, TokenBucketState};
 use gateway_ratelimit::stacked::{self, LimitOutcome, Shape, State};
 use gateway_ratelimit::{Algorithm, FIXED_WINDOW_LUA, STACKED_LUA, TOKEN_BUCKET_LUA};
-use support::RedisServer;
 
 const TIME_CALL: &str = "local t = redis.call('TIME')";
 const FAKE_TIME: &str =
@@ -123,8 +121,8 @@ const T0: u64 = 1_764_000_000_000;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn token_bucket_lua_matches_the_rust_model() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.connection().await;
+    let redis = RedisServer::start().await.unwrap();
+    let mut conn = redis.connection().await.unwrap();
     let script = with_fake_clock(TOKEN_BUCKET_LUA);
     let mut rng = Lcg(7);
     for (limit, window_ms) in SHAPES {
@@ -153,8 +151,8 @@ async fn token_bucket_lua_matches_the_rust_model() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fixed_window_lua_matches_the_rust_model() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.connection().await;
+    let redis = RedisServer::start().await.unwrap();
+    let mut conn = redis.connection().await.unwrap();
     let script = with_fake_clock(FIXED_WINDOW_LUA);
     let mut rng = Lcg(11);
     for (limit, window_ms) in SHAPES {
@@ -194,8 +192,8 @@ fn fold(outcomes: &[Outcome]) -> (u32, u64, u64, u64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_merged_run_decides_like_single_runs_at_the_same_instant() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.connection().await;
+    let redis = RedisServer::start().await.unwrap();
+    let mut conn = redis.connection().await.unwrap();
     let bucket = with_fake_clock(TOKEN_BUCKET_LUA);
     let window = with_fake_clock(FIXED_WINDOW_LUA);
     let mut rng = Lcg(5);
@@ -261,8 +259,8 @@ fn stacked_with_fake_clock() -> redis::Script {
 /// timelines: the admitted count, every limit's figures, and every expiry.
 #[tokio::test(flavor = "multi_thread")]
 async fn stacked_lua_matches_the_rust_model() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.connection().await;
+    let redis = RedisServer::start().await.unwrap();
+    let mut conn = redis.connection().await.unwrap();
     let script = stacked_with_fake_clock();
     let algorithms = [
         Algorithm::TokenBucket,

@@ -1,14 +1,12 @@
 //! The limiter against a real `redis-server` spawned per test.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use devstack::RedisServer;
 use gateway_ratelimit::{
     Algorithm, FIXED_WINDOW_LUA, Policy, RateLimiter, RateLimiterOptions, Source, TOKEN_BUCKET_LUA,
 };
-use support::RedisServer;
 
 /// Options for tests that need every decision to reach Redis: a deadline
 /// generous enough that a loaded CI machine cannot turn a slow answer into a
@@ -47,7 +45,7 @@ async fn sha_loaded(conn: &mut redis::aio::MultiplexedConnection, lua: &str) -> 
 /// 200 concurrent decisions on one key, spread over two limiters (two
 /// "replicas" with their own connections): exactly `limit` are admitted.
 async fn exactly_limit_admitted(algorithm: Algorithm) {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let a = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
     let b = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
     wait_shared(&a, Duration::from_secs(10)).await;
@@ -104,7 +102,7 @@ async fn exactly_limit_admitted(algorithm: Algorithm) {
     );
 
     // The budget lives under the hash-tagged key and expires by itself.
-    let mut conn = redis.connection().await;
+    let mut conn = redis.connection().await.unwrap();
     let pttl: i64 = redis::cmd("PTTL")
         .arg("rl:{burst:alice}")
         .query_async(&mut conn)
@@ -126,7 +124,7 @@ async fn sliding_window_admits_exactly_the_limit_under_200_concurrent_decisions(
 /// 37 are admitted, and the 163 refusals burn nothing: the bucket lost 37.
 #[tokio::test(flavor = "multi_thread")]
 async fn stacked_limits_are_all_or_nothing_under_200_concurrent_decisions() {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let a = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
     let b = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
     wait_shared(&a, Duration::from_secs(10)).await;
@@ -193,7 +191,7 @@ async fn fixed_window_admits_exactly_the_limit_under_200_concurrent_decisions() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_scripts_report_remaining_reset_and_retry_after_from_redis_time() {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let limiter = RateLimiter::new(Some(redis.url()), patient()).unwrap();
     wait_shared(&limiter, Duration::from_secs(10)).await;
 
@@ -248,10 +246,10 @@ async fn the_scripts_report_remaining_reset_and_retry_after_from_redis_time() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn flushed_scripts_are_reloaded_transparently() {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let limiter = RateLimiter::new(Some(redis.url()), patient()).unwrap();
     wait_shared(&limiter, Duration::from_secs(10)).await;
-    let mut conn = redis.connection().await;
+    let mut conn = redis.connection().await.unwrap();
 
     for (algorithm, lua) in [
         (Algorithm::TokenBucket, TOKEN_BUCKET_LUA),
@@ -289,7 +287,7 @@ async fn flushed_scripts_are_reloaded_transparently() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_killed_mid_traffic_stays_fast_falls_back_and_resumes_after_restart() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start().await.unwrap();
     let port = redis.port();
     // Production defaults: a 5 ms decision deadline, a 1 s breaker.
     let limiter =
@@ -354,9 +352,10 @@ async fn redis_killed_mid_traffic_stays_fast_falls_back_and_resumes_after_restar
     assert!(during.allowed_local > before.allowed_local, "{during:?}");
 
     // Restart Redis where the limiter expects it: shared limiting comes back by itself.
-    let redis = RedisServer::start_on(port).await;
+    redis.restart().await.unwrap();
+    assert_eq!(redis.port(), port);
     let deadline = Instant::now() + Duration::from_secs(15);
-    let mut conn = redis.connection().await;
+    let mut conn = redis.connection().await.unwrap();
     loop {
         let exists: i64 = redis::cmd("EXISTS")
             .arg("rl:{outage:user-0}")
@@ -400,7 +399,7 @@ async fn redis_killed_mid_traffic_stays_fast_falls_back_and_resumes_after_restar
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frozen_redis_costs_each_decision_at_most_the_deadline() {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     // Production defaults: a 5 ms decision deadline, a 1 s breaker.
     let limiter =
         Arc::new(RateLimiter::new(Some(redis.url()), RateLimiterOptions::default()).unwrap());
@@ -410,7 +409,7 @@ async fn a_frozen_redis_costs_each_decision_at_most_the_deadline() {
 
     // SIGSTOP: connections stay open but nothing answers, the worst case for
     // a client without deadlines (a killed Redis at least refuses at once).
-    redis.signal("-STOP");
+    redis.suspend().unwrap();
     let before = limiter.stats();
     let mut slowest = Duration::ZERO;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -444,7 +443,7 @@ async fn a_frozen_redis_costs_each_decision_at_most_the_deadline() {
     assert!(frozen.breaker_opened > before.breaker_opened, "{frozen:?}");
 
     // SIGCONT: the probe sees Redis again and decisions are shared once more.
-    redis.signal("-CONT");
+    redis.resume().unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let d = limiter.check(&policy, "client-0").await;
@@ -467,7 +466,7 @@ async fn a_frozen_redis_costs_each_decision_at_most_the_deadline() {
 #[tokio::test]
 async fn a_batch_outlives_its_leaders_deadline_and_answers_its_followers() {
     use futures::FutureExt;
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let deadline = Duration::from_millis(500);
     let limiter = RateLimiter::new(
         Some(redis.url()),
@@ -484,7 +483,7 @@ async fn a_batch_outlives_its_leaders_deadline_and_answers_its_followers() {
 
     // Redis stops answering. `a` leads a run alone; `b` queues behind it, and
     // so do `c` and `d` a little later, so their deadlines end after `b`'s.
-    redis.signal("-STOP");
+    redis.suspend().unwrap();
     let mut a = std::pin::pin!(limiter.check(&policy, "k"));
     let mut b = std::pin::pin!(limiter.check(&policy, "k"));
     assert!((&mut a).now_or_never().is_none());
@@ -501,7 +500,7 @@ async fn a_batch_outlives_its_leaders_deadline_and_answers_its_followers() {
     assert_eq!(b.await.source, Source::Local);
     // Redis answers again before `c` and `d` give up: the batch's run, which
     // went on without its leader, decides them.
-    redis.signal("-CONT");
+    redis.resume().unwrap();
     let (c, d) = (c.await, d.await);
     assert_eq!(
         (c.source, d.source),
@@ -550,7 +549,7 @@ async fn script_runs(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 /// and together the replicas still never admit more than the limit.
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_spare_redis_for_a_busy_key_and_never_over_admit_across_replicas() {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let a = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
     let b = Arc::new(RateLimiter::new(Some(redis.url()), patient()).unwrap());
     wait_shared(&a, Duration::from_secs(10)).await;
@@ -559,7 +558,7 @@ async fn leases_spare_redis_for_a_busy_key_and_never_over_admit_across_replicas(
     const LIMIT: u32 = 10_000;
     let policy = Policy::new("busy", Algorithm::TokenBucket, LIMIT, 10_000_000).unwrap();
     let started = Instant::now();
-    let mut conn = redis.connection().await;
+    let mut conn = redis.connection().await.unwrap();
     let runs_before = script_runs(&mut conn).await;
 
     // 30,000 requests, 32 at a time on each replica, three times the budget.
@@ -615,7 +614,7 @@ async fn leases_spare_redis_for_a_busy_key_and_never_over_admit_across_replicas(
 /// gone to Redis: the budget left falls by one per request.
 #[tokio::test(flavor = "multi_thread")]
 async fn leased_decisions_report_the_budget_left_one_by_one() {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let limiter = RateLimiter::new(Some(redis.url()), patient()).unwrap();
     wait_shared(&limiter, Duration::from_secs(10)).await;
     const LIMIT: u32 = 100_000;
@@ -649,7 +648,7 @@ async fn leased_decisions_report_the_budget_left_one_by_one() {
 /// `lease_max_tokens: 0` turns leasing off: every admission is a script run's.
 #[tokio::test(flavor = "multi_thread")]
 async fn leasing_can_be_turned_off() {
-    let redis = RedisServer::start().await;
+    let redis = RedisServer::start().await.unwrap();
     let options = RateLimiterOptions {
         lease_max_tokens: 0,
         ..patient()
@@ -657,7 +656,7 @@ async fn leasing_can_be_turned_off() {
     let limiter = RateLimiter::new(Some(redis.url()), options).unwrap();
     wait_shared(&limiter, Duration::from_secs(10)).await;
     let policy = Policy::new("off", Algorithm::TokenBucket, 100_000, 86_400).unwrap();
-    let mut conn = redis.connection().await;
+    let mut conn = redis.connection().await.unwrap();
     // The first decision loads the script (a refused EVALSHA, then a good one).
     assert!(limiter.check(&policy, "carol").await.allowed);
     let before = script_runs(&mut conn).await;
