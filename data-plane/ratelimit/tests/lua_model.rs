@@ -338,3 +338,89 @@ async fn stacked_lua_matches_the_rust_model() {
         }
     }
 }
+
+/// The fields a script left in a budget key, sorted (`HGETALL`).
+async fn stored(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    fields.sort();
+    fields
+}
+
+/// The single-limit scripts keep their own copy of the token-bucket and
+/// fixed-window arithmetic (one limit needs no loop or tables), so they are
+/// run beside `stacked.lua` with that one limit on the same timelines and
+/// batches: the same reply, the same expiry, the same stored fields (a
+/// policy that gains or loses a stacked limit keeps its budget).
+#[tokio::test(flavor = "multi_thread")]
+async fn single_limit_scripts_decide_like_stacked_lua_with_one_limit() {
+    let redis = RedisServer::start().await.unwrap();
+    let mut conn = redis.connection().await.unwrap();
+    let stacked = stacked_with_fake_clock();
+    let mut rng = Lcg(17);
+    for (code, lua) in [(0u8, TOKEN_BUCKET_LUA), (1, FIXED_WINDOW_LUA)] {
+        let single = with_fake_clock(lua);
+        for (limit, window_ms) in SHAPES {
+            let single_key = format!("rl:{{one-{code}-{limit}-{window_ms}:s}}");
+            let stacked_key = format!("rl:{{stk-{code}-{limit}-{window_ms}:s}}");
+            let mut now = T0;
+            for i in 0..200 {
+                now = step(&mut rng, now, window_ms);
+                let requests = 1 + rng.next(6) as u32;
+                let ctx = format!(
+                    "algorithm {code}, {limit}/{window_ms} step {i} at {now}, n={requests}"
+                );
+
+                let (expected, expected_ttl) = run_batch(
+                    &mut conn,
+                    &single,
+                    &single_key,
+                    (limit, window_ms),
+                    requests,
+                    now,
+                )
+                .await;
+
+                let ttl_key = format!("{stacked_key}:ttl");
+                let _: () = redis::cmd("DEL")
+                    .arg(&ttl_key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let reply: Vec<u64> = stacked
+                    .key(&stacked_key)
+                    .arg(requests)
+                    .arg(code)
+                    .arg(limit)
+                    .arg(window_ms)
+                    .arg(now)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                let ttl: Option<u64> = redis::cmd("GET")
+                    .arg(&ttl_key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+
+                assert_eq!(reply.len(), 4, "{ctx}");
+                // The one figure the two define differently: a single script's
+                // retry is the wait of its denied requests (0 when all were
+                // admitted), stacked.lua's the wait for one more whenever the
+                // limit is spent. They agree whenever a request was denied.
+                let admitted = reply[0] as u32;
+                let retry = if admitted < requests { reply[3] } else { 0 };
+                assert_eq!((admitted, reply[1], reply[2], retry), expected, "{ctx}");
+                assert_eq!(ttl, expected_ttl, "expiry: {ctx}");
+                assert_eq!(
+                    stored(&mut conn, &stacked_key).await,
+                    stored(&mut conn, &single_key).await,
+                    "stored fields: {ctx}"
+                );
+            }
+        }
+    }
+}
