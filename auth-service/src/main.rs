@@ -1,7 +1,5 @@
 //! `auth-service`: parses the command line, sets up logging, and hands over to the library.
 
-#![forbid(unsafe_code)]
-
 use anyhow::Context as _;
 use auth_service::args::{Cli, Command, LogFormat, UsersCommand};
 use auth_service::users_cli::{self, PasswordInput};

@@ -3,6 +3,11 @@
 //! the encoded snapshot, and compares the content hash (secrets as keyed
 //! digests) with a plain SHA-256 of the encoding.
 //! Run: `cargo bench -p control-plane --bench apply`.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use control_plane::config::{Config, Mutation};
 use control_plane::store::{MutateOptions, Store};

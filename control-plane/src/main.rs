@@ -1,5 +1,4 @@
 //! `control-plane` binary: parses flags, sets up logging, runs the server until SIGINT/SIGTERM.
-#![forbid(unsafe_code)]
 
 use anyhow::Context;
 use clap::Parser;

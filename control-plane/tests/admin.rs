@@ -1,4 +1,8 @@
 //! AdminService over gRPC against the real process: concurrent writers.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -1,6 +1,10 @@
 //! Authentication and roles with `--auth-tokens-file`, through the real
 //! `grpcurl` binary and tonic clients against the real control-plane process;
 //! the audit trail; and the refusal to start open on a non-loopback address.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -2,6 +2,10 @@
 //! certificates (`--client-ca`), with a throwaway CA made by rcgen: grpcurl
 //! over TLS with `-cacert`, a tonic client with and without a client
 //! certificate, and a data plane authenticated by its certificate alone.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -3,6 +3,10 @@
 //! revoke, errors) and the write-only upstream `identity_signing_secret`
 //! (never read back, carried over, cleared explicitly), and how both survive
 //! ApplyConfig and RollbackConfig.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -1,5 +1,9 @@
 //! The operator experience: the real `grpcurl` binary (reflection v1alpha)
 //! against the real control-plane process. A missing grpcurl fails these tests.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -1,5 +1,9 @@
 //! The library API: a control plane started in-process on an already bound
 //! listener, its metrics endpoint, and a graceful stop with open config streams.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use control_plane::{ControlPlane, Settings};
 use gateway_proto::v1::config_discovery_service_client::ConfigDiscoveryServiceClient;

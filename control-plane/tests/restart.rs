@@ -1,5 +1,9 @@
 //! Restarting the real process (gracefully or with kill -9) keeps every route,
 //! upstream and version; the seed file is applied only to an empty database.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

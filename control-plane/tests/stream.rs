@@ -1,5 +1,9 @@
 //! StreamConfig and ListDataPlanes against the real control-plane process,
 //! with tonic clients playing data planes.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -4,6 +4,11 @@
 //! from the key state precomputed per snapshot).
 //!
 //! Run: `cargo bench -p data-plane --bench identity`.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use std::hint::black_box;
 

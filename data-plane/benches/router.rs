@@ -2,6 +2,11 @@
 //! the table (the lookup probes one hash map per segment of the request path).
 //!
 //! Run: `cargo bench -p data-plane --bench router`.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use std::hint::black_box;
 

@@ -14,6 +14,11 @@
 //! Each iteration gets a fresh copy of the map (not timed).
 //!
 //! Run: `cargo bench -p data-plane --bench sanitize`.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};

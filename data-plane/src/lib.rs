@@ -27,8 +27,6 @@
 //!   (`gateway-jwt`, `gateway-ratelimit`); tracing comes from `gateway-telemetry`.
 //!
 //! [`DataPlane`] starts everything; `main.rs` only parses flags and logs.
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub)]
 
 pub mod aggregate;
 pub mod api_key;

@@ -1,7 +1,5 @@
 //! `data-plane`: parses the command line, sets up logging and tracing, and hands over to the library.
 
-#![forbid(unsafe_code)]
-
 use std::time::Duration;
 
 use anyhow::Context as _;

@@ -1,6 +1,10 @@
 //! Route forwarding settings against in-test upstreams: `retry` (per-try
 //! timeout, replayed bodies, non-idempotent methods) and `websocket` tunnels
 //! (bytes both ways, graceful shutdown waits for an open tunnel).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -2,6 +2,10 @@
 //! through the harness its target runs: the seeds (`fuzz/seeds/<target>/`)
 //! and each input that once failed (`fuzz/regressions/<target>/`). A harness
 //! panics when its parser breaks one of its invariants.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::path::PathBuf;
 

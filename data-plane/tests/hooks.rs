@@ -2,6 +2,10 @@
 //! through `DataPlane::authenticator` / `DataPlane::rate_limiter`: identity
 //! forwarding, 401 with `WWW-Authenticate`, 429 with back-off fields, and fail
 //! closed when no verifier is configured.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -1,6 +1,10 @@
 //! The proxy listener against in-test upstreams: forwarding and header hygiene,
 //! streaming both ways, timeouts, connect failures and retries, size limits,
 //! path normalisation, problem+json errors, h2c, graceful shutdown.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -2,6 +2,10 @@
 //! library) against an in-test control plane. ACK of a good snapshot, NACK of a
 //! bad one while the good one stays in service, and a restart from the disk
 //! cache while the control plane is gone.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

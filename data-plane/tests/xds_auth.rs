@@ -1,6 +1,10 @@
 //! The config stream against the real control plane with authentication:
 //! a token (`--control-plane-token`) and client certificates (mTLS). A data
 //! plane that is refused keeps serving its cached configuration.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod common;
 

@@ -583,6 +583,11 @@ impl Drop for Stack {
                 .iter_mut()
                 .any(|c| matches!(c.try_wait(), Ok(None)))
         {
+            // Drop cannot await: this polls the reaping, bounded by the deadline above.
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "a synchronous Drop polling with a deadline"
+            )]
             std::thread::sleep(Duration::from_millis(10));
         }
         drop(procs);

@@ -4,6 +4,10 @@
 //!
 //! Needs every gateway binary built next to the test executable's target
 //! directory (`cargo build --workspace --bins`) and `redis-server` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::Duration;
 

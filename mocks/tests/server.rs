@@ -1,5 +1,9 @@
 //! The mock server over real sockets: HTTP/1.1 framing, streaming in both
 //! directions, and graceful shutdown.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::Duration;
 

@@ -2,6 +2,10 @@
 //! and an ACL user) and a TLS-only server with a throwaway CA.
 //! Needs `redis-server` (built with TLS, as Debian's is) on PATH or at
 //! `/usr/bin/redis-server`.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,4 +1,9 @@
 //! Cost of the one access-log line per request, as a request thread pays it.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use std::hint::black_box;
 use std::time::Duration;

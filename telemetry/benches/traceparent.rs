@@ -1,5 +1,10 @@
 //! Costs on the request path: parsing the incoming trace headers, injecting
 //! the outgoing ones, and a request's spans (unsampled, and sampled with export on).
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use std::hint::black_box;
 use std::time::Duration;

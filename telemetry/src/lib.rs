@@ -19,8 +19,6 @@
 //! tracer.shutdown(std::time::Duration::from_secs(2))?;
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub)]
 
 pub mod error;
 #[doc(hidden)]

@@ -1,4 +1,8 @@
 //! The OTLP exporter of `otel.rs` against the in-test receiver, over real gRPC.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::{Duration, Instant};
 

@@ -15,8 +15,6 @@
 //! * [`h2_frames`]: raw HTTP/2 frames (an h2c client that writes what it is told);
 //! * [`metric_sum`]: one metric from a data plane's `/metrics`;
 //! * [`secrets_in_logs`]: the log-hygiene scan (no secret in any log line).
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use std::future::Future;
 use std::path::Path;

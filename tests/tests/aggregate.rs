@@ -4,6 +4,10 @@
 //!
 //! Needs every binary built in the same target directory
 //! (`cargo build --workspace --bins`) and `redis-server` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::{Duration, Instant};
 

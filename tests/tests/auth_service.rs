@@ -12,6 +12,10 @@
 //! Logins go to the auth service directly (the gateway's `/auth/login` route has its own
 //! per-IP rate limit, which would answer first). Needs every binary built in one target
 //! directory and `redis-server` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -23,6 +23,10 @@
 //! `GATEWAY_COMPOSE_OFFLINE` (1: use docker/compose.offline.yml; default: when the Jaeger
 //! image is not present), `GATEWAY_COMPOSE_ONLY` (comma-separated words: run only the scenarios
 //! whose names contain one).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 mod compose_support;
 

@@ -5,6 +5,10 @@
 //! Needs every binary built in the same target directory:
 //! `cargo build --bins -p control-plane -p data-plane -p mock-service -p auth-service -p devstack`,
 //! plus `redis-server` and `grpcurl` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -18,6 +18,10 @@
 //! (`cargo test --test h2_abuse -- --nocapture`); BENCHMARKS.md keeps them.
 //!
 //! Needs the binaries built (`cargo build --workspace --bins`) and `redis-server` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::{Duration, Instant};
 

@@ -6,6 +6,10 @@
 //!
 //! Needs the binaries built (`cargo build --workspace --bins`) and
 //! `redis-server` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::path::Path;
 use std::sync::Arc;

@@ -6,6 +6,10 @@
 //!
 //! Needs every binary built (`cargo build --workspace --bins`), `redis-server`,
 //! and `promtool` (Debian package `prometheus`) on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::net::TcpListener;
 use std::process::Stdio;

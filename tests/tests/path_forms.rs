@@ -7,6 +7,10 @@
 //!
 //! Needs every binary built in the same target directory
 //! (`cargo build --workspace --bins`) and `redis-server` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use anyhow::{Context, Result, ensure};
 use devstack::Stack;

@@ -7,6 +7,10 @@
 //! `X-RateLimit-Remaining`, `RateLimit-Policy: "<policy>";q=<limit>;w=<window>`
 //! and `RateLimit: "<policy>";r=<remaining>;t=<seconds>`; a 429 adds
 //! `Retry-After` and a problem+json body.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

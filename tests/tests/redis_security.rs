@@ -8,6 +8,10 @@
 //!
 //! Needs the binaries built (`cargo build --workspace --bins`), and
 //! `redis-server` built with TLS (Debian's is) on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::{Duration, Instant};
 

@@ -7,6 +7,10 @@
 //! Needs the binaries built (`cargo build --bins -p control-plane -p data-plane
 //! -p mock-service -p auth-service -p devstack`), plus `redis-server` and
 //! `grpcurl` on PATH.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::path::Path;
 use std::time::Duration;

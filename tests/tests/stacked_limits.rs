@@ -7,6 +7,10 @@
 //! refusal's: the refusing one). Budgets live in Redis; the stacks here give
 //! the limiter a generous decision deadline so no decision falls back to the
 //! replica-local limiter (whose budgets start full) on a loaded machine.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

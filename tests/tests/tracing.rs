@@ -5,6 +5,10 @@
 //! The stack runs with `OTEL_TRACES_SAMPLER=parentbased_always_on` (every
 //! edge-started trace recorded, callers' decisions followed) and
 //! `OTEL_BSP_SCHEDULE_DELAY=200` (spans arrive within a fraction of a second).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::time::{Duration, Instant};
 

@@ -21,10 +21,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 /// Generous upper bound for anything a test waits for.
-pub const DEADLINE: Duration = Duration::from_secs(20);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Polls `check` until it returns `Some`, failing the test with `what` after [`DEADLINE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -40,7 +40,7 @@ where
 }
 
 /// The real control-plane binary, running on 127.0.0.1 with a free port.
-pub struct CpProcess {
+pub(crate) struct CpProcess {
     child: Child,
     /// The bound gRPC address.
     pub addr: SocketAddr,
@@ -49,7 +49,7 @@ pub struct CpProcess {
 
 impl CpProcess {
     /// Starts the binary on `db` and waits until it is listening and SERVING.
-    pub async fn start(db: &Path, extra_args: &[&str]) -> CpProcess {
+    pub(crate) async fn start(db: &Path, extra_args: &[&str]) -> CpProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_control-plane"))
             .arg("--listen")
             .arg("127.0.0.1:0")
@@ -122,39 +122,39 @@ impl CpProcess {
     }
 
     /// `http://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Everything the process logged so far.
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         self.logs.lock().join("\n")
     }
 
     /// An AdminService client.
-    pub async fn admin(&self) -> AdminServiceClient<Channel> {
+    pub(crate) async fn admin(&self) -> AdminServiceClient<Channel> {
         AdminServiceClient::connect(self.url()).await.unwrap()
     }
 
     /// A ConfigDiscoveryService client.
-    pub async fn discovery(&self) -> ConfigDiscoveryServiceClient<Channel> {
+    pub(crate) async fn discovery(&self) -> ConfigDiscoveryServiceClient<Channel> {
         ConfigDiscoveryServiceClient::connect(self.url())
             .await
             .unwrap()
     }
 
     /// The process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id().expect("process still running")
     }
 
     /// `kill -9` and reap.
-    pub async fn kill(&mut self) {
+    pub(crate) async fn kill(&mut self) {
         self.child.kill().await.unwrap();
     }
 
     /// SIGTERM, then wait for the exit (failing after [`DEADLINE`]).
-    pub async fn terminate(&mut self) -> ExitStatus {
+    pub(crate) async fn terminate(&mut self) -> ExitStatus {
         let status = std::process::Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])
             .status()
@@ -168,7 +168,7 @@ impl CpProcess {
 }
 
 /// A fake data plane: one StreamConfig stream driven by the test.
-pub struct FakeDataPlane {
+pub(crate) struct FakeDataPlane {
     pub node_id: String,
     tx: mpsc::Sender<ConfigRequest>,
     rx: tonic::Streaming<ConfigResponse>,
@@ -176,7 +176,11 @@ pub struct FakeDataPlane {
 
 impl FakeDataPlane {
     /// Opens a stream announcing `version_info`.
-    pub async fn connect(cp: &CpProcess, node_id: &str, version_info: &str) -> FakeDataPlane {
+    pub(crate) async fn connect(
+        cp: &CpProcess,
+        node_id: &str,
+        version_info: &str,
+    ) -> FakeDataPlane {
         let (tx, requests) = mpsc::channel(8);
         tx.send(ConfigRequest {
             node: Some(Node {
@@ -205,7 +209,7 @@ impl FakeDataPlane {
     }
 
     /// The next pushed snapshot.
-    pub async fn next(&mut self) -> ConfigResponse {
+    pub(crate) async fn next(&mut self) -> ConfigResponse {
         tokio::time::timeout(DEADLINE, self.rx.message())
             .await
             .expect("no ConfigResponse in time")
@@ -214,7 +218,7 @@ impl FakeDataPlane {
     }
 
     /// ACKs `r`.
-    pub async fn ack(&self, r: &ConfigResponse) {
+    pub(crate) async fn ack(&self, r: &ConfigResponse) {
         self.send(ConfigRequest {
             version_info: r.version.to_string(),
             response_nonce: r.nonce.clone(),
@@ -224,7 +228,7 @@ impl FakeDataPlane {
     }
 
     /// NACKs `r`, staying on `serving`.
-    pub async fn nack(&self, r: &ConfigResponse, serving: &str, error: &str) {
+    pub(crate) async fn nack(&self, r: &ConfigResponse, serving: &str, error: &str) {
         self.send(ConfigRequest {
             version_info: serving.into(),
             response_nonce: r.nonce.clone(),
@@ -235,13 +239,13 @@ impl FakeDataPlane {
     }
 
     /// Sends any request on the stream.
-    pub async fn send(&self, req: ConfigRequest) {
+    pub(crate) async fn send(&self, req: ConfigRequest) {
         self.tx.send(req).await.unwrap();
     }
 }
 
 /// This node's entry in ListDataPlanes.
-pub async fn data_plane(cp: &CpProcess, node_id: &str) -> Option<DataPlaneStatus> {
+pub(crate) async fn data_plane(cp: &CpProcess, node_id: &str) -> Option<DataPlaneStatus> {
     cp.admin()
         .await
         .list_data_planes(ListDataPlanesRequest {})
@@ -254,7 +258,11 @@ pub async fn data_plane(cp: &CpProcess, node_id: &str) -> Option<DataPlaneStatus
 }
 
 /// Waits until the node reports `state`, and returns its status.
-pub async fn wait_state(cp: &CpProcess, node_id: &str, state: DataPlaneState) -> DataPlaneStatus {
+pub(crate) async fn wait_state(
+    cp: &CpProcess,
+    node_id: &str,
+    state: DataPlaneState,
+) -> DataPlaneStatus {
     eventually(&format!("{node_id} is {state:?}"), || async {
         data_plane(cp, node_id)
             .await
@@ -264,7 +272,7 @@ pub async fn wait_state(cp: &CpProcess, node_id: &str, state: DataPlaneState) ->
 }
 
 /// The grpcurl binary; fails (never skips) the test when it is missing.
-pub fn grpcurl_bin() -> &'static str {
+pub(crate) fn grpcurl_bin() -> &'static str {
     match std::process::Command::new("grpcurl")
         .arg("-version")
         .output()
@@ -277,7 +285,11 @@ pub fn grpcurl_bin() -> &'static str {
 }
 
 /// Runs grpcurl with `args` (before the address) against `cp`, with a trailing `rest`.
-pub async fn grpcurl_raw(cp: &CpProcess, args: &[&str], rest: &[&str]) -> std::process::Output {
+pub(crate) async fn grpcurl_raw(
+    cp: &CpProcess,
+    args: &[&str],
+    rest: &[&str],
+) -> std::process::Output {
     let addr = cp.addr.to_string();
     let out = Command::new(grpcurl_bin())
         .arg("-plaintext")
@@ -293,7 +305,11 @@ pub async fn grpcurl_raw(cp: &CpProcess, args: &[&str], rest: &[&str]) -> std::p
 
 /// `grpcurl -plaintext -d JSON ADDR gateway.v1.AdminService/METHOD`: the JSON
 /// answer, or grpcurl's error text (e.g. `Code: InvalidArgument\n  Message: ...`).
-pub async fn call(cp: &CpProcess, method: &str, json: &str) -> Result<serde_json::Value, String> {
+pub(crate) async fn call(
+    cp: &CpProcess,
+    method: &str,
+    json: &str,
+) -> Result<serde_json::Value, String> {
     let full = if method.contains('/') {
         method.to_owned()
     } else {
@@ -311,14 +327,14 @@ pub async fn call(cp: &CpProcess, method: &str, json: &str) -> Result<serde_json
 }
 
 /// `call` that must succeed.
-pub async fn ok(cp: &CpProcess, method: &str, json: &str) -> serde_json::Value {
+pub(crate) async fn ok(cp: &CpProcess, method: &str, json: &str) -> serde_json::Value {
     call(cp, method, json)
         .await
         .unwrap_or_else(|e| panic!("{method} {json} failed:\n{e}"))
 }
 
 /// A uint64 field of grpcurl's JSON (strings in proto3 JSON; omitted when 0).
-pub fn u64_field(v: &serde_json::Value, field: &str) -> u64 {
+pub(crate) fn u64_field(v: &serde_json::Value, field: &str) -> u64 {
     match &v[field] {
         serde_json::Value::Null => 0,
         serde_json::Value::String(s) => s.parse().unwrap(),

@@ -2,6 +2,11 @@
 //! client reusing its token) and without it (full EdDSA signature check every time).
 //!
 //! `cargo bench -p gateway-jwt --bench verify`
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use std::hint::black_box;
 use std::pin::pin;

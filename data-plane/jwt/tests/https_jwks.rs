@@ -2,6 +2,10 @@
 //! CA (rcgen): keys are fetched and tokens verified with the right CA; the
 //! wrong CA, the system's roots (which do not hold the throwaway CA) and a
 //! certificate for another name are refused with an error that says so.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,6 +3,11 @@
 //! local limiter alone.
 //!
 //! Run: `cargo bench -p gateway-ratelimit --bench decision`.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "benchmark code: unwrap stops the run where it failed; criterion_group! makes undocumented functions"
+)]
 
 use std::time::Duration;
 

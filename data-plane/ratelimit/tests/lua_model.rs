@@ -7,6 +7,10 @@
 //! production text, run by a real `redis-server`, step by step beside the
 //! Rust model over long pseudo-random timelines (including the clock going
 //! backwards), comparing every outcome, the stored state's effect, and the expiry.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use devstack::RedisServer;
 use gateway_ratelimit::algorithm::{self, FixedWindowState, Outcome, TokenBucketState};

@@ -1,4 +1,8 @@
 //! The limiter against a real `redis-server` spawned per test.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -18,9 +18,9 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use tokio::process::Command;
 
-pub use spans::SpanInfo;
-pub use state::USERS;
-pub use traffic::Traffic;
+pub(crate) use spans::SpanInfo;
+pub(crate) use state::USERS;
+pub(crate) use traffic::Traffic;
 
 /// Services of docker-compose.yml that run several replicas (`--scale`).
 const SCALABLE: [&str; 2] = ["data-plane", "orders"];
@@ -30,7 +30,7 @@ const JAEGER_IMAGE_PREFIX: &str = "jaegertracing/all-in-one:";
 
 /// One data plane as `ListDataPlanes` reports it.
 #[derive(Debug, Clone)]
-pub struct Plane {
+pub(crate) struct Plane {
     /// Node id (the container hostname in the compose stack).
     pub node_id: String,
     /// SYNCED, STALE, NACKED or DISCONNECTED.
@@ -41,7 +41,7 @@ pub struct Plane {
 
 /// The secrets of the stack (control-channel tokens and Redis's password), generated per run and
 /// written into the env file made from `.env.example`.
-pub struct Tokens {
+pub(crate) struct Tokens {
     /// `GATEWAY_ADMIN_TOKEN` (role admin, name compose-admin).
     pub admin: String,
     /// `GATEWAY_DATA_PLANE_TOKEN` (role data-plane).
@@ -98,7 +98,7 @@ fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
 }
 
 /// A compose project started by the suite; `down -v` when dropped.
-pub struct Stack {
+pub(crate) struct Stack {
     compose_cmd: Vec<String>,
     project: String,
     files: Vec<PathBuf>,
@@ -126,7 +126,7 @@ pub struct Stack {
 impl Stack {
     /// `down -v`, then `up -d --scale data-plane=N` on free host ports, then waits until the edge
     /// has N replicas up.
-    pub async fn up(data_planes: usize) -> Result<Stack> {
+    pub(crate) async fn up(data_planes: usize) -> Result<Stack> {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .context("tests/ has no parent")?
@@ -277,7 +277,7 @@ impl Stack {
     }
 
     /// The run's control-channel tokens.
-    pub fn tokens(&self) -> &Tokens {
+    pub(crate) fn tokens(&self) -> &Tokens {
         &self.tokens
     }
 
@@ -327,7 +327,7 @@ impl Stack {
     }
 
     /// Runs the compose CLI with this project's files, env file and environment; returns stdout.
-    pub async fn compose(&self, args: &[&str]) -> Result<String> {
+    pub(crate) async fn compose(&self, args: &[&str]) -> Result<String> {
         run(
             self.compose_cli(args),
             &format!("compose {}", args.join(" ")),
@@ -354,37 +354,37 @@ impl Stack {
     }
 
     /// Runs the docker CLI; returns stdout.
-    pub async fn docker(&self, args: &[&str]) -> Result<String> {
+    pub(crate) async fn docker(&self, args: &[&str]) -> Result<String> {
         docker(args).await
     }
 
     /// A shared HTTP client (keep-alive, 10 s timeout).
-    pub fn http(&self) -> &reqwest::Client {
+    pub(crate) fn http(&self) -> &reqwest::Client {
         &self.http
     }
 
     /// `http://127.0.0.1:<edge port><path>`.
-    pub fn edge_url(&self, path: &str) -> String {
+    pub(crate) fn edge_url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.edge_port)
     }
 
     /// First three octets of the edge network.
-    pub fn edge_net(&self) -> &str {
+    pub(crate) fn edge_net(&self) -> &str {
         &self.edge_net
     }
 
     /// First three octets of the state network (Redis, auth service, data planes).
-    pub fn state_net(&self) -> &str {
+    pub(crate) fn state_net(&self) -> &str {
         &self.state_net
     }
 
     /// Full Docker name of one of the compose file's networks.
-    pub fn network(&self, name: &str) -> String {
+    pub(crate) fn network(&self, name: &str) -> String {
         format!("{}_{name}", self.project.replace('.', ""))
     }
 
     /// Calls an AdminService RPC with grpcurl and the admin token, as an operator would.
-    pub async fn grpc(&self, method: &str, json: &str) -> Result<Value> {
+    pub(crate) async fn grpc(&self, method: &str, json: &str) -> Result<Value> {
         let header = format!("authorization: Bearer {}", self.tokens.admin);
         let mut cmd = Command::new("grpcurl");
         cmd.args(["-plaintext", "-max-time", "10", "-H", &header, "-d", json])
@@ -396,7 +396,7 @@ impl Stack {
 
     /// Runs `grpcurl [flags] CONTROL-PLANE what` (`what`: a method, or `list`) with `token` (or
     /// none); returns whether it succeeded, and stdout + stderr.
-    pub async fn grpcurl_as(
+    pub(crate) async fn grpcurl_as(
         &self,
         token: Option<&str>,
         flags: &[&str],
@@ -425,18 +425,18 @@ impl Stack {
     }
 
     /// Every container log of the project (`compose logs`), for the log-hygiene scan.
-    pub async fn all_logs(&self) -> Result<String> {
+    pub(crate) async fn all_logs(&self) -> Result<String> {
         self.compose(&["logs", "--no-color"]).await
     }
 
     /// The control plane's current config version.
-    pub async fn config_version(&self) -> Result<u64> {
+    pub(crate) async fn config_version(&self) -> Result<u64> {
         let config = self.grpc("GetConfig", "{}").await?;
         json_u64(&config["version"]).with_context(|| format!("GetConfig: {config}"))
     }
 
     /// `ListDataPlanes`.
-    pub async fn list_data_planes(&self) -> Result<Vec<Plane>> {
+    pub(crate) async fn list_data_planes(&self) -> Result<Vec<Plane>> {
         let listed = self.grpc("ListDataPlanes", "{}").await?;
         Ok(listed["dataPlanes"]
             .as_array()
@@ -451,7 +451,7 @@ impl Stack {
     }
 
     /// Ids of the running data-plane containers, oldest first.
-    pub async fn data_plane_ids(&self) -> Result<Vec<String>> {
+    pub(crate) async fn data_plane_ids(&self) -> Result<Vec<String>> {
         self.service_ids("data-plane").await
     }
 
@@ -471,7 +471,7 @@ impl Stack {
     }
 
     /// Hostnames (= node ids) of the running data-plane containers.
-    pub async fn data_plane_hostnames(&self) -> Result<BTreeSet<String>> {
+    pub(crate) async fn data_plane_hostnames(&self) -> Result<BTreeSet<String>> {
         let mut hosts = BTreeSet::new();
         for id in self.data_plane_ids().await? {
             hosts.insert(self.hostname_of(&id).await?);
@@ -480,12 +480,12 @@ impl Stack {
     }
 
     /// Ids of the running containers of the scalable `orders` service, oldest first.
-    pub async fn orders_ids(&self) -> Result<Vec<String>> {
+    pub(crate) async fn orders_ids(&self) -> Result<Vec<String>> {
         self.service_ids("orders").await
     }
 
     /// Hostnames (= `X-Instance-Id`) of the running `orders` containers.
-    pub async fn orders_hostnames(&self) -> Result<BTreeSet<String>> {
+    pub(crate) async fn orders_hostnames(&self) -> Result<BTreeSet<String>> {
         let mut hosts = BTreeSet::new();
         for id in self.orders_ids().await? {
             hosts.insert(self.hostname_of(&id).await?);
@@ -494,7 +494,7 @@ impl Stack {
     }
 
     /// A container's hostname.
-    pub async fn hostname_of(&self, id: &str) -> Result<String> {
+    pub(crate) async fn hostname_of(&self, id: &str) -> Result<String> {
         Ok(docker(&["inspect", "-f", "{{.Config.Hostname}}", id])
             .await?
             .trim()
@@ -503,7 +503,7 @@ impl Stack {
 
     /// Waits until every running replica is listed SYNCED at `version` or later; returns their
     /// hostnames.
-    pub async fn wait_all_synced(
+    pub(crate) async fn wait_all_synced(
         &self,
         version: u64,
         within: Duration,
@@ -528,7 +528,7 @@ impl Stack {
     }
 
     /// HAProxy's data-plane slots that are UP, with their addresses ("dp3" -> "10.213.81.130:8080").
-    pub async fn edge_servers_up(&self) -> Result<Vec<(String, String)>> {
+    pub(crate) async fn edge_servers_up(&self) -> Result<Vec<(String, String)>> {
         let edge = self
             .service_ids("edge")
             .await?
@@ -558,7 +558,7 @@ impl Stack {
     }
 
     /// The HAProxy slot that currently points at a replica (waits until it is UP there).
-    pub async fn edge_slot_of(&self, id: &str) -> Result<String> {
+    pub(crate) async fn edge_slot_of(&self, id: &str) -> Result<String> {
         let network = self.network("edge");
         let slot = Mutex::new(String::new());
         wait_for(
@@ -590,13 +590,13 @@ impl Stack {
     }
 
     /// A replica's `/config` ({version, hash}) from its ops listener, read inside the container.
-    pub async fn replica_config(&self, id: &str) -> Result<Value> {
+    pub(crate) async fn replica_config(&self, id: &str) -> Result<Value> {
         let body = http_get_in(id, 9901, "/config").await?;
         serde_json::from_str(&body).with_context(|| format!("/config answered {body}"))
     }
 
     /// Upstream `name` in a replica's `/health/load-balancer`, read inside the container.
-    pub async fn replica_upstream(&self, id: &str, name: &str) -> Result<Value> {
+    pub(crate) async fn replica_upstream(&self, id: &str, name: &str) -> Result<Value> {
         let body = http_get_in(id, 9901, "/health/load-balancer").await?;
         let view: Value = serde_json::from_str(&body)
             .with_context(|| format!("/health/load-balancer answered {body}"))?;
@@ -608,7 +608,7 @@ impl Stack {
     }
 
     /// Waits until a container's healthcheck says healthy.
-    pub async fn wait_healthy(&self, id: &str, within: Duration) -> Result<()> {
+    pub(crate) async fn wait_healthy(&self, id: &str, within: Duration) -> Result<()> {
         wait_for(
             &format!("container {} healthy", short(id)),
             within,
@@ -621,7 +621,7 @@ impl Stack {
     }
 
     /// Waits until every container of a service is healthy.
-    pub async fn wait_healthy_service(&self, service: &str, within: Duration) -> Result<()> {
+    pub(crate) async fn wait_healthy_service(&self, service: &str, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         let ids = self.service_ids(service).await?;
         ensure!(!ids.is_empty(), "no running container for {service}");
@@ -635,7 +635,7 @@ impl Stack {
     /// `up -d --no-recreate --scale SERVICE=N`: adds or removes replicas, touching nothing else.
     /// Compose v1 brings every service back to the scale in the file on `up`, so the other
     /// scalable services are passed their current counts.
-    pub async fn scale(&self, service: &str, n: usize) -> Result<()> {
+    pub(crate) async fn scale(&self, service: &str, n: usize) -> Result<()> {
         self.remember_volumes().await?;
         let scale = format!("{service}={n}");
         let mut args = vec![
@@ -687,7 +687,7 @@ impl Stack {
     }
 
     /// Logs in through the edge; returns the access token.
-    pub async fn login(&self, user: &str, password: &str) -> Result<String> {
+    pub(crate) async fn login(&self, user: &str, password: &str) -> Result<String> {
         let resp = self
             .http
             .post(self.edge_url("/auth/login"))
@@ -705,7 +705,7 @@ impl Stack {
 
     /// Status of one failing login sent from a throwaway container on the edge network: a client
     /// whose address differs from the host's.
-    pub async fn login_status_from_edge_network(&self) -> Result<u16> {
+    pub(crate) async fn login_status_from_edge_network(&self) -> Result<u16> {
         let body = r#"{"username":"nobody","password":"wrong"}"#;
         let script = format!(
             "exec 3<>/dev/tcp/edge/8080 && printf 'POST /auth/login HTTP/1.1\\r\\nHost: edge\\r\\n\
@@ -732,7 +732,7 @@ impl Stack {
     }
 
     /// One GET on the probe route through the edge: (status, X-Served-By, body).
-    pub async fn probe_get(&self) -> Result<(u16, String, Value)> {
+    pub(crate) async fn probe_get(&self) -> Result<(u16, String, Value)> {
         let resp = self
             .http
             .get(self.edge_url("/compose/orders/1"))
@@ -746,12 +746,12 @@ impl Stack {
 
     /// Spans of one trace, from Jaeger or from the in-test OTLP receiver, once a data-plane span
     /// and a backend span have arrived (or the deadline passed).
-    pub async fn collected_spans(&self, trace_id: &str) -> Result<Vec<SpanInfo>> {
+    pub(crate) async fn collected_spans(&self, trace_id: &str) -> Result<Vec<SpanInfo>> {
         self.spans.collect(&self.http, trace_id).await
     }
 
     /// Prints the tail of every container's log (for a failed run).
-    pub async fn dump_logs(&self) {
+    pub(crate) async fn dump_logs(&self) {
         let ids = docker(&[
             "ps",
             "-a",
@@ -830,7 +830,7 @@ impl Drop for Stack {
 
 /// Polls `check` every 250 ms until it returns true; errors count as "not yet" (the stack is
 /// being disturbed on purpose), and the last one is reported when the deadline passes.
-pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut check: F) -> Result<()>
+pub(crate) async fn wait_for<F, Fut>(what: &str, within: Duration, mut check: F) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool>>,
@@ -1005,7 +1005,7 @@ fn short(id: &str) -> &str {
 }
 
 /// A response header as a string ("" when absent).
-pub fn header(resp: &reqwest::Response, name: &str) -> String {
+pub(crate) fn header(resp: &reqwest::Response, name: &str) -> String {
     resp.headers()
         .get(name)
         .and_then(|v| v.to_str().ok())
@@ -1014,7 +1014,7 @@ pub fn header(resp: &reqwest::Response, name: &str) -> String {
 }
 
 /// proto3 JSON encodes uint64 as a string; an absent field is 0.
-pub fn json_u64(v: &Value) -> Option<u64> {
+pub(crate) fn json_u64(v: &Value) -> Option<u64> {
     match v {
         Value::String(s) => s.parse().ok(),
         Value::Number(n) => n.as_u64(),

@@ -12,7 +12,7 @@ use super::wait_for;
 
 /// One finished span, reduced to what the tracing scenario checks.
 #[derive(Debug, Clone)]
-pub struct SpanInfo {
+pub(crate) struct SpanInfo {
     /// `service.name` of the process that exported it.
     pub service: String,
     /// Span name.
@@ -24,7 +24,7 @@ pub struct SpanInfo {
 }
 
 /// The span source of one compose run.
-pub enum Source {
+pub(super) enum Source {
     /// Jaeger all-in-one's HTTP query API (`/api/traces/{id}`).
     Jaeger(String),
     /// The in-test OTLP receiver.
@@ -33,14 +33,14 @@ pub enum Source {
 
 impl Source {
     /// Jaeger at `base` (http://127.0.0.1:port of the UI).
-    pub fn jaeger(base: String) -> Source {
+    pub(super) fn jaeger(base: String) -> Source {
         Source::Jaeger(base)
     }
 
     /// Starts the OTLP receiver on the Docker host's docker0 address, where the offline relay
     /// (host.docker.internal) reaches it. Returns the source and the `host:port` the relay
     /// must forward to.
-    pub async fn start_receiver(image: &str) -> Result<(Source, String)> {
+    pub(super) async fn start_receiver(image: &str) -> Result<(Source, String)> {
         let receiver = Receiver::start(image).await?;
         let sink = format!("host.docker.internal:{}", receiver.port);
         Ok((Source::Receiver(receiver), sink))
@@ -48,7 +48,11 @@ impl Source {
 
     /// Spans of `trace_id` once a data-plane span and an orders span are both in (or after 45 s,
     /// whatever arrived: the caller's checks then say what is missing).
-    pub async fn collect(&self, http: &reqwest::Client, trace_id: &str) -> Result<Vec<SpanInfo>> {
+    pub(super) async fn collect(
+        &self,
+        http: &reqwest::Client,
+        trace_id: &str,
+    ) -> Result<Vec<SpanInfo>> {
         let spans = parking_lot::Mutex::new(Vec::new());
         let complete = wait_for(
             "the trace's spans to arrive",
@@ -112,7 +116,7 @@ async fn jaeger_spans(http: &reqwest::Client, base: &str, trace_id: &str) -> Res
 
 /// The in-test OTLP receiver (loopback only) plus a forwarder on the Docker host's bridge
 /// address, so the offline relay container can deliver to it through `host.docker.internal`.
-pub struct Receiver {
+pub(super) struct Receiver {
     receiver: gateway_telemetry::receiver::Receiver,
     port: u16,
     forwarder: tokio::task::JoinHandle<()>,

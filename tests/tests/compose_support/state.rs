@@ -11,12 +11,12 @@ use super::{Stack, docker, run_with_stdin};
 
 /// The users the suite adds to the fresh stack (name, password, role): the logins the
 /// demo configuration's scenarios use.
-pub const USERS: [(&str, &str, &str); 2] =
+pub(crate) const USERS: [(&str, &str, &str); 2] =
     [("alice", "wonderland", "user"), ("bob", "builder", "admin")];
 
 impl Stack {
     /// `auth-service users list` in the auth service's container (stdout: `NAME ROLE` lines).
-    pub async fn users_list(&self) -> Result<String> {
+    pub(crate) async fn users_list(&self) -> Result<String> {
         self.compose(&[
             "exec",
             "-T",
@@ -30,7 +30,7 @@ impl Stack {
 
     /// Adds a user as the README shows, the password piped in on stdin (`-T`: no terminal, so
     /// `users add` reads stdin instead of asking).
-    pub async fn add_user(&self, name: &str, password: &str, role: &str) -> Result<()> {
+    pub(crate) async fn add_user(&self, name: &str, password: &str, role: &str) -> Result<()> {
         let args = [
             "exec",
             "-T",
@@ -56,7 +56,7 @@ impl Stack {
     }
 
     /// Status of `POST /auth/login` through the edge.
-    pub async fn login_status(&self, user: &str, password: &str) -> Result<u16> {
+    pub(crate) async fn login_status(&self, user: &str, password: &str) -> Result<u16> {
         let resp = self
             .http()
             .post(self.edge_url("/auth/login"))
@@ -68,7 +68,7 @@ impl Stack {
 
     /// A fresh stack has no user (no seeded demo login): `users list` is empty and alice's
     /// demo password is refused.
-    pub async fn ensure_no_users(&self) -> Result<()> {
+    pub(crate) async fn ensure_no_users(&self) -> Result<()> {
         let listed = self.users_list().await?;
         ensure!(
             listed.trim().is_empty(),
@@ -84,7 +84,7 @@ impl Stack {
     }
 
     /// The oldest running container of `service` (`docker ps`: much quicker than `compose ps`).
-    pub async fn container_of(&self, service: &str) -> Result<String> {
+    pub(crate) async fn container_of(&self, service: &str) -> Result<String> {
         self.service_ids(service)
             .await?
             .into_iter()
@@ -93,7 +93,7 @@ impl Stack {
     }
 
     /// The addresses of a container, one per network.
-    pub async fn addresses_of(&self, container: &str) -> Result<Vec<String>> {
+    pub(crate) async fn addresses_of(&self, container: &str) -> Result<Vec<String>> {
         let out = docker(&[
             "inspect",
             "-f",
@@ -107,7 +107,12 @@ impl Stack {
     /// Sends `commands` (RESP inline commands, one per line) to `host`:6379 from inside the
     /// first container of `service` and returns Redis's reply lines; `Err` when the connection
     /// cannot be made.
-    pub async fn redis_from(&self, service: &str, host: &str, commands: &[&str]) -> Result<String> {
+    pub(crate) async fn redis_from(
+        &self,
+        service: &str,
+        host: &str,
+        commands: &[&str],
+    ) -> Result<String> {
         let container = self.container_of(service).await?;
         let mut send = String::new();
         for c in commands {
@@ -126,7 +131,7 @@ impl Stack {
     /// Whether a container of `service` can resolve `name` in Docker's DNS within 3 s (on an
     /// internal network Docker's DNS forwards an unknown name to resolvers it cannot reach, so
     /// a name that is not there takes long to fail; a known one answers at once).
-    pub async fn resolves_from(&self, service: &str, name: &str) -> Result<bool> {
+    pub(crate) async fn resolves_from(&self, service: &str, name: &str) -> Result<bool> {
         let container = self.container_of(service).await?;
         Ok(
             docker(&["exec", &container, "timeout", "3", "getent", "hosts", name])

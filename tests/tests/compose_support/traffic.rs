@@ -34,7 +34,7 @@ struct Log {
 }
 
 /// A running traffic generator.
-pub struct Traffic {
+pub(crate) struct Traffic {
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<Log>>,
     tasks: Vec<JoinHandle<()>>,
@@ -42,7 +42,7 @@ pub struct Traffic {
 }
 
 /// What the traffic saw, from start to stop.
-pub struct Report {
+pub(crate) struct Report {
     /// Requests answered 200.
     pub ok: u64,
     /// Requests that failed (transport error or any other status).
@@ -59,7 +59,7 @@ pub struct Report {
 
 impl Traffic {
     /// Starts `WORKERS` clients sending `GET {prefix}/<n>` through the edge.
-    pub fn start(stack: &Stack, prefix: &str) -> Traffic {
+    pub(crate) fn start(stack: &Stack, prefix: &str) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Log::default()));
         let tasks = (0..WORKERS)
@@ -117,7 +117,7 @@ impl Traffic {
     }
 
     /// Waits until `n` requests have been answered (either way).
-    pub async fn wait_requests(&self, n: u64, within: Duration) -> Result<()> {
+    pub(crate) async fn wait_requests(&self, n: u64, within: Duration) -> Result<()> {
         wait_for(&format!("{n} requests of traffic"), within, || async {
             let log = self.log.lock();
             Ok(log.answers.len() as u64 + log.failed >= n)
@@ -126,7 +126,7 @@ impl Traffic {
     }
 
     /// Waits until `n` requests have been answered 200 after `mark`.
-    pub async fn wait_requests_since(
+    pub(crate) async fn wait_requests_since(
         &self,
         mark: Instant,
         n: usize,
@@ -146,7 +146,7 @@ impl Traffic {
     }
 
     /// Replica slots (X-Served-By) that answered 200 since `mark`.
-    pub fn servers_since(&self, mark: Instant) -> BTreeSet<String> {
+    pub(crate) fn servers_since(&self, mark: Instant) -> BTreeSet<String> {
         let log = self.log.lock();
         log.answers
             .iter()
@@ -157,7 +157,7 @@ impl Traffic {
     }
 
     /// Backend instances (X-Instance-Id) that answered 200 since `mark`.
-    pub fn instances_since(&self, mark: Instant) -> BTreeSet<String> {
+    pub(crate) fn instances_since(&self, mark: Instant) -> BTreeSet<String> {
         let log = self.log.lock();
         log.answers
             .iter()
@@ -168,7 +168,7 @@ impl Traffic {
     }
 
     /// Stops the clients (letting in-flight requests finish) and reports.
-    pub async fn stop(self) -> Report {
+    pub(crate) async fn stop(self) -> Report {
         self.stop.store(true, Ordering::Relaxed);
         for task in self.tasks {
             let _ = task.await;
