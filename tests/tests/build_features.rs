@@ -6,6 +6,10 @@
 //! devstack depends on the four services' libraries for this
 //! (devstack/Cargo.toml); this test fails when a new dependency or feature
 //! makes the two differ, and names the crates.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

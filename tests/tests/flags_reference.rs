@@ -5,6 +5,10 @@
 //!
 //! Regenerate the file with
 //! `UPDATE_DOCS=1 cargo test -p gateway-tests --test flags_reference`.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: unwrap stops the test where it failed"
+)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
