@@ -32,12 +32,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Fresh ports tried when the one drawn was taken before Redis bound it.
 const PORT_ATTEMPTS: usize = 3;
 
-/// The `redis-server` binary: `$REDIS_SERVER`, else the first on `PATH`, else
-/// `/usr/bin/redis-server`.
+/// The `redis-server` binary: the first on `PATH`, else `/usr/bin/redis-server`.
 pub fn redis_server_binary() -> Result<PathBuf, StackError> {
-    if let Some(path) = std::env::var_os("REDIS_SERVER") {
-        return Ok(PathBuf::from(path));
-    }
     crate::binaries::which("redis-server")
         .or_else(|| {
             let debian = PathBuf::from("/usr/bin/redis-server");
