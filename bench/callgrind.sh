@@ -54,10 +54,14 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
     [ -n "$requests" ] && [ "$requests" -gt 0 ] || die "$route: no request counted by wrk: $out"
     dump=$(ls -t "$WORK"/callgrind.out."$pid".* 2>/dev/null | head -n 1)
     [ -n "$dump" ] || die "$route: callgrind wrote no dump"
-    # Events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw ("summary:" holds their totals).
-    summary=$(awk '/^summary:/ {print $2, $3, $6, $9, $4 + $7 + $10; exit}' "$dump")
-    [ -n "$summary" ] || summary=$(awk '/^totals:/ {print $2, $3, $6, $9, $4 + $7 + $10; exit}' "$dump")
-    [ -n "$summary" ] || die "$route: no summary line in $dump"
+    # The totals line ("summary:", or "totals:") in the order of the "events:" line.
+    summary=$(awk '
+      /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i }
+      /^(summary|totals):/ && !done {
+        print $col["Ir"], $col["I1mr"], $col["D1mr"], $col["D1mw"], $col["ILmr"] + $col["DLmr"] + $col["DLmw"]
+        done = 1
+      }' "$dump")
+    [ -n "$summary" ] || die "$route: no totals in $dump"
     # shellcheck disable=SC2086
     set -- $summary
     awk -v r="$route" -v n="$requests" -v ir="$1" -v i1="$2" -v d1r="$3" -v d1w="$4" -v ll="$5" \
