@@ -341,10 +341,12 @@ pub fn set_forwarded(
             }
         }
     }
-    let host = headers
-        .get(header::HOST)
-        .cloned()
-        .or_else(|| authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    let host = headers.get(header::HOST).cloned().or_else(|| {
+        // Never a `user:password@` part, should an authority carry one.
+        let a = authority?.as_str();
+        let host = a.rsplit_once('@').map_or(a, |(_, host)| host);
+        HeaderValue::from_str(host).ok()
+    });
     if trusted_peer {
         if !headers.contains_key(&X_FORWARDED_PROTO) {
             headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
@@ -720,6 +722,14 @@ mod tests {
             h2_client.get("x-forwarded-host").unwrap(),
             "h2.example:8080"
         );
+        let mut with_userinfo = HeaderMap::new();
+        set_forwarded(
+            &mut with_userinfo,
+            Some(&Authority::from_static("user:secret@h2.example")),
+            "10.0.0.1".parse().unwrap(),
+            false,
+        );
+        assert_eq!(with_userinfo.get("x-forwarded-host").unwrap(), "h2.example");
         // Host wins when both are there.
         set_forwarded(
             &mut from_client,
