@@ -163,7 +163,7 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
             EnvVar {
                 name: "CARGO",
                 read_by: "devstack",
-                meaning: "Set by `cargo run`: devstack then builds the five packages with binaries first (`cargo build --bins -p …`, same profile; devstack depends on the other four so the features match and nothing is compiled twice), unless `--no-build`.",
+                meaning: "Set by `cargo run`: devstack then builds the five packages with binaries first (`cargo build --bins -p …`, same profile), unless `--no-build`.",
             },
             EnvVar {
                 name: "CARGO_MANIFEST_DIR",
