@@ -31,29 +31,59 @@ use std::time::Duration;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
-/// The send progress of one HTTP/2 connection's answers.
+/// When something last happened on a connection, cheap to note from any
+/// task: milliseconds since the connection started, in one atomic. A watcher
+/// compares two readings to tell whether anything happened in between.
 #[derive(Debug)]
-pub struct SendProgress {
+pub struct LastTouch {
     started: Instant,
+    ms: AtomicU64,
+}
+
+impl Default for LastTouch {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LastTouch {
+    /// Notes that something happened now.
+    pub fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The last touch, as a reading to compare with a later one.
+    pub fn reading(&self) -> u64 {
+        self.ms.load(Ordering::Relaxed)
+    }
+
+    /// `limit` after the touch that gave `reading`.
+    pub fn after(&self, reading: u64, limit: Duration) -> Instant {
+        self.started + Duration::from_millis(reading) + limit
+    }
+}
+
+/// The send progress of one HTTP/2 connection's answers.
+#[derive(Debug, Default)]
+pub struct SendProgress {
     /// Answers hyper has not polled since their head or their last frame.
     waiting: AtomicUsize,
-    /// Milliseconds from `started` to the last progress.
-    last_ms: AtomicU64,
+    /// The last progress.
+    last: LastTouch,
 }
 
 impl SendProgress {
     /// A connection with no answer yet.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self {
-            started: Instant::now(),
-            waiting: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-        })
+        Arc::default()
     }
 
     fn touch(&self) {
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
+        self.last.touch();
     }
 
     fn wait(&self) {
@@ -81,9 +111,9 @@ impl SendProgress {
     /// Resolves once an answer has been waiting with no progress for `limit`.
     pub async fn stalled_for(&self, limit: Duration) {
         loop {
-            let last = self.last_ms.load(Ordering::Relaxed);
-            tokio::time::sleep_until(self.started + Duration::from_millis(last) + limit).await;
-            if self.last_ms.load(Ordering::Relaxed) != last {
+            let last = self.last.reading();
+            tokio::time::sleep_until(self.last.after(last, limit)).await;
+            if self.last.reading() != last {
                 continue;
             }
             if self.waiting.load(Ordering::Relaxed) > 0 {

@@ -33,7 +33,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use http::{Request, Response};
@@ -43,7 +43,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::body::{ClientBody, ResponseBody};
 use crate::conn_limit::{Connections, Slot};
@@ -51,7 +50,7 @@ use crate::conn_timer::ConnTimer;
 use crate::h1_server::{self, Ended, Rewind};
 use crate::io_timeout::WriteTimeout;
 use crate::response_head;
-use crate::send_progress::SendProgress;
+use crate::send_progress::{LastTouch, SendProgress};
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -172,42 +171,31 @@ async fn read_until_decided(
 /// When an HTTP/2 connection has had no request in flight for `idle`.
 /// Requests are counted while their service call runs; a stream still sending
 /// its answer then is let finish by the graceful GOAWAY that follows.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Activity {
-    started: Instant,
     in_flight: AtomicUsize,
-    /// Milliseconds from `started` to the last request's start or end.
-    last_ms: AtomicU64,
+    /// The last request's start or end.
+    last: LastTouch,
 }
 
 impl Activity {
     fn new() -> Arc<Self> {
-        Arc::new(Self {
-            started: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-        })
-    }
-
-    fn touch(&self) {
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
+        Arc::default()
     }
 
     /// Counts a request until the guard is dropped.
     fn begin(self: &Arc<Self>) -> ActivityGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.touch();
+        self.last.touch();
         ActivityGuard(self.clone())
     }
 
     /// Resolves once nothing has been in flight for `idle`.
     async fn idle_for(&self, idle: Duration) {
         loop {
-            let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-            tokio::time::sleep_until(self.started + last + idle).await;
-            let quiet = self.in_flight.load(Ordering::Relaxed) == 0
-                && Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) == last;
+            let last = self.last.reading();
+            tokio::time::sleep_until(self.last.after(last, idle)).await;
+            let quiet = self.in_flight.load(Ordering::Relaxed) == 0 && self.last.reading() == last;
             if quiet {
                 return;
             }
@@ -219,7 +207,7 @@ struct ActivityGuard(Arc<Activity>);
 
 impl Drop for ActivityGuard {
     fn drop(&mut self) {
-        self.0.touch();
+        self.0.last.touch();
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -525,7 +513,7 @@ mod tests {
     async fn open_for(addr: SocketAddr, sent: &[u8]) -> Duration {
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(sent).await.unwrap();
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         let mut sink = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut sink)).await;
         started.elapsed()
