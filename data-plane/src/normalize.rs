@@ -28,6 +28,8 @@
 
 use std::borrow::Cow;
 
+use gateway_hex::nibble as hex_value;
+
 /// Why a path cannot be normalised safely. Every variant becomes a 400.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NormalizeError {
@@ -63,15 +65,6 @@ pub enum NormalizeError {
 /// True for RFC 3986 unreserved characters, whose escapes are decoded.
 fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
-}
-
-fn hex_value(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
 }
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";

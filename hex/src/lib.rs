@@ -120,7 +120,8 @@ pub fn decode(hex: impl AsRef<[u8]>) -> Result<Vec<u8>, DecodeError> {
     Ok(out)
 }
 
-fn nibble(c: u8) -> Option<u8> {
+/// The value of one hex digit, either case (`None` for any other byte).
+pub fn nibble(c: u8) -> Option<u8> {
     match c {
         b'0'..=b'9' => Some(c - b'0'),
         b'a'..=b'f' => Some(c - b'a' + 10),
