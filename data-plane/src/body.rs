@@ -16,6 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::config::InFlight;
 use crate::h1::{ExchangeError, H1Body};
+use crate::h1_server::PipedBody;
 use crate::pool::Checkin;
 use crate::response_head::RawFields;
 
@@ -31,60 +32,117 @@ pub enum RequestBodyError {
     },
     /// Reading from the client failed (it went away or sent a malformed body).
     #[error("reading the request body from the client failed")]
-    Client(#[source] hyper::Error),
+    Client(#[source] ClientBodyError),
     /// The client sent no byte of its body for this long (`--body-read-timeout-ms`).
     #[error("the request body stalled for {0:?}")]
     Stalled(Duration),
 }
 
-/// The client's request body as a listener hands it to the pipeline: hyper's
-/// (HTTP/2, and HTTP/1.1 requests [`crate::h1_server`] leaves to hyper), or none
-/// (a bodiless request read by [`crate::h1_server`]).
+/// Why reading the client's request body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientBodyError {
+    /// hyper's reading failed (HTTP/2, or a connection left to hyper).
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    /// The body's framing is malformed (a bad chunk-size line, a chunk not
+    /// followed by CRLF, a trailer section too large).
+    #[error("malformed request body: {0}")]
+    Malformed(&'static str),
+    /// The client's connection ended before its body did.
+    #[error("the client's connection ended before its request body did")]
+    Incomplete,
+}
+
+/// The client's request body as a listener hands it to the pipeline: none,
+/// the whole of it (read with the head by [`crate::h1_server`]), streamed from
+/// an HTTP/1.1 connection [`crate::h1_server`] serves, or hyper's (HTTP/2,
+/// and requests [`crate::h1_server`] leaves to hyper).
 #[derive(Debug, Default)]
-pub struct ClientBody(Option<Incoming>);
+pub struct ClientBody(Source);
+
+#[derive(Debug, Default)]
+enum Source {
+    #[default]
+    Empty,
+    Full(Bytes),
+    Piped(PipedBody),
+    Hyper(Incoming),
+}
 
 impl ClientBody {
     /// No body.
     pub fn empty() -> Self {
-        Self(None)
+        Self(Source::Empty)
+    }
+
+    /// A body already read whole (empty bytes make an empty body).
+    pub fn full(bytes: Bytes) -> Self {
+        Self(if bytes.is_empty() {
+            Source::Empty
+        } else {
+            Source::Full(bytes)
+        })
+    }
+
+    /// A body streamed from an HTTP/1.1 connection as it is read.
+    pub(crate) fn piped(body: PipedBody) -> Self {
+        Self(Source::Piped(body))
     }
 
     /// hyper's body of the request.
     pub fn hyper(body: Incoming) -> Self {
-        Self(Some(body))
+        Self(Source::Hyper(body))
     }
 }
 
 impl Body for ClientBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ClientBodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match &mut self.get_mut().0 {
-            Some(body) => Pin::new(body).poll_frame(cx),
-            None => Poll::Ready(None),
+    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        let this = self.get_mut();
+        match &mut this.0 {
+            Source::Empty => Poll::Ready(None),
+            Source::Full(_) => {
+                let Source::Full(data) = std::mem::take(&mut this.0) else {
+                    return Poll::Ready(None);
+                };
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Source::Piped(body) => Pin::new(body).poll_frame(cx),
+            Source::Hyper(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(ClientBodyError::Hyper),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.as_ref().is_none_or(Body::is_end_stream)
+        match &self.0 {
+            Source::Empty => true,
+            Source::Full(_) => false,
+            Source::Piped(body) => body.is_end_stream(),
+            Source::Hyper(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        match &self.0 {
+            Source::Empty => SizeHint::with_exact(0),
+            Source::Full(data) => SizeHint::with_exact(data.len() as u64),
+            Source::Piped(body) => body.size_hint(),
+            Source::Hyper(body) => body.size_hint(),
+        }
     }
 }
 
 /// The client's request body, forwarded as it arrives.
 #[derive(Debug)]
 pub struct RequestBody {
-    /// `None`: no body (a replayed bodiless request), or a buffered one.
-    inner: Option<Incoming>,
+    /// The client's body (empty for a replayed bodiless request or a buffered one).
+    inner: ClientBody,
     /// A body buffered so that it can be sent again (retrying routes), sent as one frame.
     buffered: Option<Bytes>,
     limit: u64,
@@ -104,7 +162,7 @@ impl RequestBody {
     /// wait for its next bytes.
     pub fn new(inner: ClientBody, limit: u64, read_timeout: Duration) -> Self {
         Self {
-            inner: inner.0,
+            inner,
             buffered: None,
             limit,
             seen: 0,
@@ -118,7 +176,7 @@ impl RequestBody {
     /// An empty body, for replaying a request that had none.
     pub fn empty() -> Self {
         Self {
-            inner: None,
+            inner: ClientBody::empty(),
             buffered: None,
             limit: 0,
             seen: 0,
@@ -190,10 +248,7 @@ impl Body for RequestBody {
         if let Some(data) = this.buffered.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        let Some(inner) = this.inner.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let polled = Pin::new(inner).poll_frame(cx);
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if polled.is_ready() {
             this.waiting = false;
         }
@@ -216,14 +271,13 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.buffered.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.buffered.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match (&self.buffered, &self.inner) {
-            (Some(b), _) => SizeHint::with_exact(b.len() as u64),
-            (None, Some(inner)) => inner.size_hint(),
-            (None, None) => SizeHint::with_exact(0),
+        match &self.buffered {
+            Some(b) => SizeHint::with_exact(b.len() as u64),
+            None => self.inner.size_hint(),
         }
     }
 }

@@ -64,7 +64,7 @@ pub enum ProxyError {
     },
     /// The client's body could not be read (400).
     #[error("the request body could not be read")]
-    ClientBody(#[source] hyper::Error),
+    ClientBody(#[source] crate::body::ClientBodyError),
     /// The client sent no byte of its body for `--body-read-timeout-ms` (408).
     #[error("the request body stalled for {0:?}")]
     BodyTimeout(Duration),

@@ -35,9 +35,11 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 ///
 /// Holds: a head left for hyper (or not yet complete) leaves the buffer
 /// exactly as it was; a head served here is a complete HTTP/1.1 head of at
-/// most the limit, without a body, an upgrade or `CONNECT`, whose request has
-/// httparse's method, target and every field; and what was decided on the
-/// first bytes stands once the rest arrives.
+/// most the limit, without an upgrade or `CONNECT`, whose request has
+/// httparse's method, target and every field, and whose body framing is its
+/// one `Content-Length` or plain chunked coding (the body is then decoded
+/// with [`crate::framing`] before the next head, as the connection does); and
+/// what was decided on the first bytes stands once the rest arrives.
 pub fn h1_request(data: &[u8]) {
     let cut = data
         .first()
@@ -103,6 +105,21 @@ fn requests(data: &[u8], max: usize) -> Served {
                 assert_eq!(buf, before[len..], "only the head is consumed");
                 check_request(&before[..len], &req, exchange);
                 served.push(len);
+                if let Some(mut body) = exchange.body {
+                    loop {
+                        match body.step(&mut buf) {
+                            Ok(crate::framing::Step::Data(d)) => assert!(!d.is_empty()),
+                            Ok(crate::framing::Step::Done) => break,
+                            // The body is incomplete or broken: nothing more is read.
+                            Ok(crate::framing::Step::More) | Err(_) => {
+                                return Served {
+                                    served,
+                                    handed_over: false,
+                                };
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -133,15 +150,34 @@ fn check_request(
         "the target's bytes"
     );
     let mut close = false;
+    let mut framing = None;
+    let mut expect = false;
     for f in parsed.headers.iter() {
         let name = f.name.to_ascii_lowercase();
         match name.as_str() {
-            "content-length" => assert_eq!(f.value.trim_ascii(), b"0", "no body here"),
-            "transfer-encoding" | "expect" | "upgrade" => panic!("{name} is hyper's"),
+            "content-length" => {
+                assert!(framing.is_none(), "one framing field");
+                let n = crate::framing::content_length(f.value.trim_ascii())
+                    .expect("a served length is decimal digits");
+                framing = Some(crate::framing::Decoder::length(n));
+            }
+            "transfer-encoding" => {
+                assert!(framing.is_none(), "one framing field");
+                assert!(f.value.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                framing = Some(crate::framing::Decoder::chunked());
+            }
+            "expect" => {
+                assert!(f.value.trim_ascii().eq_ignore_ascii_case(b"100-continue"));
+                expect = true;
+            }
+            "upgrade" => panic!("{name} is hyper's"),
             "connection" => close |= h1::list_has_token(f.value, "close"),
             _ => {}
         }
     }
+    let framing = framing.filter(|d| !d.is_done());
+    assert_eq!(exchange.body, framing, "the body's framing");
+    assert_eq!(exchange.expect_continue, expect && framing.is_some());
     assert_eq!(exchange.close, close, "Connection: close is seen");
     same_fields(
         req.headers(),
@@ -191,13 +227,13 @@ pub fn h1_response(data: &[u8]) {
                 assert_eq!(whole.data.len() as u64, n, "a complete body is its length");
             }
         }
-        if body.len() <= h1::MAX_LINE_BYTES {
+        if body.len() <= crate::framing::MAX_LINE_BYTES {
             assert_eq!(read_body(body, head.framing, head.keep_alive, 7), whole);
         }
     }
     // The chunked decoder on every input, no head needed to reach it.
     let whole = read_body(data, RespFraming::Chunked, true, data.len());
-    if data.len() <= h1::MAX_LINE_BYTES {
+    if data.len() <= crate::framing::MAX_LINE_BYTES {
         for piece in [1, 3] {
             assert_eq!(read_body(data, RespFraming::Chunked, true, piece), whole);
         }

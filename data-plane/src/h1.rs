@@ -31,7 +31,8 @@
 //!
 //! Limits: a response head of at most [`MAX_HEAD_BYTES`] and [`MAX_HEADERS`]
 //! fields (502 beyond), chunk-size lines and trailers of at most
-//! [`MAX_LINE_BYTES`] each.
+//! [`crate::framing::MAX_LINE_BYTES`] each, the trailer section at most
+//! [`crate::framing::MAX_TRAILER_BYTES`] ([`crate::framing`]).
 
 use std::io;
 use std::pin::Pin;
@@ -46,14 +47,13 @@ use tokio::net::TcpStream;
 use tokio_util::io::poll_read_buf;
 
 use crate::body::{RequestBody, RequestBodyError};
+use crate::framing::{Decoder, Step, content_length};
 use crate::response_head::{Kept, RawFields};
 
 /// Most header fields a response head may have.
 pub const MAX_HEADERS: usize = 100;
 /// Largest response head, in bytes.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Longest chunk-size line or trailer field, in bytes.
-pub const MAX_LINE_BYTES: usize = 8 * 1024;
 /// Room made in the read buffer before each read.
 const READ_CHUNK: usize = 8 * 1024;
 
@@ -615,36 +615,13 @@ fn framing_of(
     })
 }
 
-/// A `Content-Length` value: one or more decimal digits, within `u64`.
-fn content_length(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, &d| {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })
-}
-
 /// Where a response body's reader is.
 #[derive(Debug, Clone, Copy)]
 enum State {
-    /// This many bytes of a `Content-Length` body are still to come.
-    Length(u64),
-    /// Expecting a chunk-size line.
-    ChunkSize,
-    /// This many bytes of the current chunk are still to come.
-    ChunkData(u64),
-    /// Expecting the CRLF after a chunk's data.
-    ChunkEnd,
-    /// Reading (and dropping) trailer fields up to the empty line.
-    Trailers,
+    /// Framed by `Content-Length` or chunked coding.
+    Framed(Decoder),
     /// Until the upstream closes.
     UntilClose,
-    /// Complete.
-    Done,
 }
 
 /// A response body read straight from its upstream connection. At its end
@@ -662,9 +639,8 @@ pub struct H1Body {
 impl H1Body {
     pub(crate) fn new(conn: Box<Conn>, framing: RespFraming, keep_alive: bool) -> Self {
         let state = match framing {
-            RespFraming::Length(0) => State::Done,
-            RespFraming::Length(n) => State::Length(n),
-            RespFraming::Chunked => State::ChunkSize,
+            RespFraming::Length(n) => State::Framed(Decoder::length(n)),
+            RespFraming::Chunked => State::Framed(Decoder::chunked()),
             RespFraming::UntilClose => State::UntilClose,
         };
         Self {
@@ -684,8 +660,11 @@ impl H1Body {
     /// The connection, if the body is complete and it may carry another
     /// request (persistent, nothing read beyond the response).
     pub fn take_conn(self) -> Option<Box<Conn>> {
-        (matches!(self.state, State::Done) && self.keep_alive && self.conn.buf.is_empty())
-            .then_some(self.conn)
+        (self.is_done() && self.keep_alive && self.conn.buf.is_empty()).then_some(self.conn)
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(self.state, State::Framed(Decoder::Done))
     }
 
     /// Reads more bytes into the buffer; `Closed` at end of stream.
@@ -703,43 +682,6 @@ impl H1Body {
             Ok(())
         })
     }
-
-    /// Takes one CRLF-terminated line off the buffer (without the CRLF).
-    fn line(&mut self) -> Result<Option<Bytes>, ExchangeError> {
-        match self.conn.buf.windows(2).position(|w| w == b"\r\n") {
-            Some(at) => {
-                let line = self.conn.buf.split_to(at).freeze();
-                self.conn.buf.advance(2);
-                Ok(Some(line))
-            }
-            None if self.conn.buf.len() > MAX_LINE_BYTES => {
-                Err(ExchangeError::Invalid("chunk line too long"))
-            }
-            None => Ok(None),
-        }
-    }
-}
-
-fn chunk_size(line: &[u8]) -> Result<u64, ExchangeError> {
-    let digits = line
-        .split(|b| *b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    if digits.is_empty() || digits.len() > 16 {
-        return Err(ExchangeError::Invalid("invalid chunk size"));
-    }
-    let mut n: u64 = 0;
-    for &d in digits {
-        let v = match d {
-            b'0'..=b'9' => d - b'0',
-            b'a'..=b'f' => d - b'a' + 10,
-            b'A'..=b'F' => d - b'A' + 10,
-            _ => return Err(ExchangeError::Invalid("invalid chunk size")),
-        };
-        n = n << 4 | u64::from(v);
-    }
-    Ok(n)
 }
 
 impl Body for H1Body {
@@ -752,31 +694,23 @@ impl Body for H1Body {
     ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
         let this = self.get_mut();
         loop {
-            match this.state {
-                State::Done => return Poll::Ready(None),
-                State::Length(rem) | State::ChunkData(rem) => {
-                    if this.conn.buf.is_empty()
-                        && let Err(e) = ready!(this.fill(cx))
-                    {
-                        return Poll::Ready(Some(Err(e)));
+            match &mut this.state {
+                State::Framed(decoder) => match decoder.step(&mut this.conn.buf) {
+                    Ok(Step::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(Step::Done) => return Poll::Ready(None),
+                    Ok(Step::More) => {
+                        if let Err(e) = ready!(this.fill(cx)) {
+                            return Poll::Ready(Some(Err(e)));
+                        }
                     }
-                    let take = rem.min(this.conn.buf.len() as u64);
-                    let data = this.conn.buf.split_to(take as usize).freeze();
-                    let left = rem - take;
-                    this.state = match (this.state, left) {
-                        (State::Length(_), 0) => State::Done,
-                        (State::Length(_), _) => State::Length(left),
-                        (_, 0) => State::ChunkEnd,
-                        (_, _) => State::ChunkData(left),
-                    };
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
+                    Err(why) => return Poll::Ready(Some(Err(ExchangeError::Invalid(why)))),
+                },
                 State::UntilClose => {
                     if this.conn.buf.is_empty() {
                         match ready!(this.fill(cx)) {
                             Ok(()) => {}
                             Err(ExchangeError::Closed) => {
-                                this.state = State::Done;
+                                this.state = State::Framed(Decoder::Done);
                                 this.keep_alive = false;
                                 return Poll::Ready(None);
                             }
@@ -786,56 +720,20 @@ impl Body for H1Body {
                     let data = this.conn.buf.split().freeze();
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                State::ChunkSize | State::Trailers => match this.line() {
-                    Err(e) => return Poll::Ready(Some(Err(e))),
-                    Ok(Some(line)) => {
-                        this.state = match this.state {
-                            State::Trailers if line.is_empty() => State::Done,
-                            State::Trailers => State::Trailers,
-                            _ => match chunk_size(&line) {
-                                Ok(0) => State::Trailers,
-                                Ok(n) => State::ChunkData(n),
-                                Err(e) => return Poll::Ready(Some(Err(e))),
-                            },
-                        };
-                        if matches!(this.state, State::Done) {
-                            return Poll::Ready(None);
-                        }
-                    }
-                    Ok(None) => {
-                        if let Err(e) = ready!(this.fill(cx)) {
-                            return Poll::Ready(Some(Err(e)));
-                        }
-                    }
-                },
-                State::ChunkEnd => {
-                    if this.conn.buf.len() < 2 {
-                        if let Err(e) = ready!(this.fill(cx)) {
-                            return Poll::Ready(Some(Err(e)));
-                        }
-                        continue;
-                    }
-                    if &this.conn.buf[..2] != b"\r\n" {
-                        return Poll::Ready(Some(Err(ExchangeError::Invalid(
-                            "chunk data not followed by CRLF",
-                        ))));
-                    }
-                    this.conn.buf.advance(2);
-                    this.state = State::ChunkSize;
-                }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.state, State::Done)
+        self.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
         match self.state {
-            State::Done => SizeHint::with_exact(0),
-            State::Length(n) => SizeHint::with_exact(n),
-            _ => SizeHint::default(),
+            State::Framed(d) => d
+                .remaining()
+                .map_or_else(SizeHint::default, SizeHint::with_exact),
+            State::UntilClose => SizeHint::default(),
         }
     }
 }
@@ -1184,32 +1082,5 @@ mod tests {
             conn.is_none(),
             "a half-sent request's connection is not reused"
         );
-    }
-
-    #[test]
-    fn content_lengths_are_decimal_digits_within_u64() {
-        assert_eq!(content_length(b"0"), Some(0));
-        assert_eq!(content_length(b"00012"), Some(12));
-        assert_eq!(content_length(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [
-            &b""[..],
-            b"18446744073709551616",
-            b"+1",
-            b"-1",
-            b"1 2",
-            b"0x10",
-            b"1.0",
-        ] {
-            assert_eq!(content_length(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn chunk_sizes_parse_as_hex_with_extensions() {
-        assert_eq!(chunk_size(b"1aF").unwrap(), 0x1af);
-        assert_eq!(chunk_size(b"10;name=value").unwrap(), 16);
-        assert!(chunk_size(b"").is_err());
-        assert!(chunk_size(b"zz").is_err());
-        assert!(chunk_size(b"11111111111111111").is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! The client side of an HTTP/1.1 connection, for the requests that make up
-//! nearly all proxy traffic: HTTP/1.1 requests without a body (issue 8).
+//! nearly all proxy traffic: HTTP/1.1 requests, with or without a body
+//! (issues 8 and 25).
 //!
 //! hyper's server runs every request through a generic dispatcher: a read
 //! buffer it reallocates while the request is in flight, its own head types
@@ -10,11 +11,22 @@
 //! head and the body's first bytes in one write, one read buffer reused from
 //! request to request.
 //!
+//! Request bodies framed by `Content-Length` or `Transfer-Encoding: chunked`
+//! are read here too ([`request_body`]): a body that came with its head is
+//! handed over whole, a longer one streams to the pipeline as the pipeline
+//! reads it, `Expect: 100-continue` is answered when it first does. A body
+//! left unread when the answer is ready (a 401 to a POST, an early upstream
+//! answer) is read on from what is buffered; when more of it is still to come
+//! the answer closes the connection, which lingers briefly so the client
+//! reads the answer before the close.
+//!
 //! Everything else goes to hyper, with the bytes read so far put back in
-//! front of the socket ([`Rewind`]), for the rest of the connection: requests
-//! with a body (`Content-Length` other than 0, `Transfer-Encoding`), with
-//! `Expect`, upgrades, `CONNECT`, HTTP/1.0, and any head that does not parse
-//! or is too large (hyper then answers 400 or 431 exactly as it always has).
+//! front of the socket ([`Rewind`]), for one request: upgrades, `CONNECT`,
+//! HTTP/1.0, other transfer codings or expectations, and any head that does
+//! not parse or is too large (hyper then answers 400 or 431 exactly as it
+//! always has). hyper serves that one request and closes the connection
+//! (`server.rs`), so every later request on a connection is framed here,
+//! where an ambiguous head is refused.
 //!
 //! What it keeps of hyper's behaviour:
 //! * the header read timeout runs from the moment a head is awaited (idle
@@ -52,8 +64,14 @@ use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 
 use crate::body::{ClientBody, ResponseBody};
+use crate::framing::{Decoder, content_length};
 use crate::h1::{FieldSpans, chunk_line, has_token, list_has_token, name_is};
 use crate::response_head::RawFields;
+
+mod request_body;
+
+pub use request_body::PipedBody;
+use request_body::{Fed, Feeder, linger};
 
 /// Most header fields a request head read here may have (hyper's default;
 /// more goes to hyper, which refuses it).
@@ -97,12 +115,39 @@ pub(crate) enum Parsed {
 pub(crate) struct Exchange {
     pub(crate) head: bool,
     pub(crate) close: bool,
+    /// The request's body framing (`None`: no body).
+    pub(crate) body: Option<Decoder>,
+    /// `Expect: 100-continue`.
+    pub(crate) expect_continue: bool,
+}
+
+/// What the socket did while a request was in flight.
+enum Socket {
+    /// The body's feeder finished.
+    Fed(Fed),
+    /// A read while the request's body is complete: 0 is the client's close.
+    Read(io::Result<usize>),
+}
+
+/// Where the request in flight's body is.
+enum BodyState {
+    /// No body, or all of it read.
+    Read,
+    /// Streaming to the request as it reads it.
+    Feeding(Feeder),
+    /// Its reader is gone before its end.
+    Abandoned(Feeder),
+    /// Its framing broke: the connection cannot carry another request.
+    Broken,
 }
 
 /// Serves HTTP/1.1 requests on `io` with `handler` until the connection
-/// ends or needs hyper. `stop` fires on shutdown.
+/// ends or needs hyper; `read` holds bytes already read from `io`. `stop`
+/// fires on shutdown.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve<H, Fut>(
     mut io: TcpStream,
+    read: BytesMut,
     peer: SocketAddr,
     header_read_timeout: Duration,
     write_timeout: Duration,
@@ -114,7 +159,7 @@ where
     H: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut,
     Fut: Future<Output = Response<ResponseBody>>,
 {
-    let mut buf = BytesMut::new();
+    let mut buf = read;
     let mut out: Vec<u8> = Vec::new();
     // One timer for the connection's life, moved forward for each head.
     let mut timer = pin!(tokio::time::sleep(header_read_timeout));
@@ -129,7 +174,7 @@ where
             return Ended::Closed;
         }
         timer.as_mut().reset(Instant::now() + header_read_timeout);
-        let (req, exchange) = loop {
+        let (mut req, mut exchange) = loop {
             match parse(&mut buf, max_head_bytes) {
                 Parsed::Request(req, exchange) => break (req, exchange),
                 Parsed::Hyper => return Ended::Handover(Rewind::new(buf.freeze(), io)),
@@ -138,6 +183,8 @@ where
                     let refused = Exchange {
                         head: false,
                         close: true,
+                        body: None,
+                        expect_continue: false,
                     };
                     let mut client = Writer::new(&mut io, timer.as_mut(), write_timeout);
                     let _ = respond(&mut client, &mut out, answer, refused).await;
@@ -165,33 +212,81 @@ where
                 _ = stopping.as_mut() => return Ended::Closed,
             }
         };
+        let mut body = match exchange.body {
+            None => BodyState::Read,
+            // The whole body came with the head: handed over as it is.
+            Some(decoder) if decoder.remaining().is_some_and(|n| n <= buf.len() as u64) => {
+                let n = decoder.remaining().unwrap_or_default() as usize;
+                *req.body_mut() = ClientBody::full(buf.split_to(n).freeze());
+                BodyState::Read
+            }
+            Some(decoder) => {
+                let (feeder, piped) = Feeder::new(decoder, exchange.expect_continue);
+                *req.body_mut() = ClientBody::piped(piped);
+                BodyState::Feeding(feeder)
+            }
+        };
         let mut answer = pin!(handler(req, peer));
-        // While the request is in flight, the client closing its side cancels it.
+        // While the request is in flight, its body is read as the pipeline
+        // asks for it; after that, the client closing its side cancels it.
         // As in hyper, the socket is only watched while nothing is buffered:
         // bytes the client pipelines are kept for the next request, and once
         // some are there, reading waits for that request.
         let resp = loop {
+            let socket = std::future::poll_fn(|cx| match &mut body {
+                BodyState::Feeding(feeder) => {
+                    feeder.poll_feed(cx, &mut io, &mut buf).map(Socket::Fed)
+                }
+                BodyState::Read if buf.is_empty() => {
+                    poll_read_buf(Pin::new(&mut io), cx, &mut buf).map(Socket::Read)
+                }
+                _ => Poll::Pending,
+            });
             tokio::select! {
                 biased;
                 resp = answer.as_mut() => break resp,
-                read = std::future::poll_fn(|cx| poll_read_buf(Pin::new(&mut io), cx, &mut buf)), if buf.is_empty() => match read {
-                    Ok(0) | Err(_) => return Ended::Closed,
-                    Ok(_) => {}
+                event = socket => match event {
+                    Socket::Read(Ok(0) | Err(_)) | Socket::Fed(Fed::ClientGone) => return Ended::Closed,
+                    Socket::Read(Ok(_)) => {}
+                    Socket::Fed(fed) => {
+                        body = match (fed, std::mem::replace(&mut body, BodyState::Read)) {
+                            (Fed::Complete, _) => BodyState::Read,
+                            (Fed::Abandoned, BodyState::Feeding(feeder)) => BodyState::Abandoned(feeder),
+                            _ => BodyState::Broken,
+                        };
+                    }
                 },
             }
         };
+        // A body not read to its end: what is buffered may finish it;
+        // otherwise the connection closes after the answer.
+        let unread = match body {
+            BodyState::Read => false,
+            BodyState::Feeding(mut feeder) | BodyState::Abandoned(mut feeder) => {
+                !feeder.discard_buffered(&mut buf)
+            }
+            BodyState::Broken => true,
+        };
+        exchange.close |= unread;
         let mut client = Writer::new(&mut io, timer.as_mut(), write_timeout);
         match respond(&mut client, &mut out, resp, exchange).await {
             Ok(true) => {}
             Ok(false) => {
                 // A FIN after the answer, not a reset that could discard it.
                 let _ = io.shutdown().await;
+                if unread {
+                    linger(&mut io, header_read_timeout.min(LINGER)).await;
+                }
                 return Ended::Closed;
             }
             Err(_) => return Ended::Closed,
         }
     }
 }
+
+/// Longest wait for a client to stop sending the rest of an unread body
+/// after the connection's last answer.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// The answer to a partial head that took too long (what hyper sends).
 const REQUEST_TIMEOUT: &[u8] =
@@ -229,8 +324,11 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     // nginx and Envoy do, whoever would serve the rest of it.
     let mut close = false;
     let mut lengths = 0u32;
+    let mut length = 0u64;
     let mut hosts = 0u32;
+    let mut codings = 0u32;
     let mut chunked = false;
+    let mut expect_continue = false;
     let mut for_hyper = false;
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
@@ -239,18 +337,29 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
             if f.value.contains(&b',') {
                 return Parsed::Refused("a Content-Length list");
             }
-            for_hyper |= f.value.trim_ascii() != b"0";
+            match content_length(f.value.trim_ascii()) {
+                Some(n) => length = n,
+                None => return Parsed::Refused("an invalid Content-Length"),
+            }
         } else if name_is(name, b"transfer-encoding") {
-            chunked = true;
+            codings += 1;
+            // Plain chunked is read here; any other coding is hyper's.
+            chunked = f.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
         } else if name_is(name, b"host") {
             hosts += 1;
-        } else if name_is(name, b"expect") || name_is(name, b"upgrade") {
+        } else if name_is(name, b"expect") {
+            if f.value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
+                expect_continue = true;
+            } else {
+                for_hyper = true;
+            }
+        } else if name_is(name, b"upgrade") {
             for_hyper = true;
         } else if name_is(name, b"connection") {
             close |= list_has_token(f.value, "close");
         }
     }
-    if lengths > 0 && chunked {
+    if lengths > 0 && codings > 0 {
         return Parsed::Refused("both Content-Length and Transfer-Encoding");
     }
     if lengths > 1 {
@@ -259,9 +368,14 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     if hosts > 1 {
         return Parsed::Refused("more than one Host");
     }
-    if for_hyper || chunked {
+    if for_hyper || (codings > 0 && !(codings == 1 && chunked)) {
         return Parsed::Hyper;
     }
+    let body = if chunked {
+        Some(Decoder::chunked())
+    } else {
+        (length > 0).then(|| Decoder::length(length))
+    };
     let path = req.path.unwrap_or_default();
     let base = buf.as_ptr() as usize;
     let path_at = path.as_ptr() as usize - base;
@@ -278,6 +392,8 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     let exchange = Exchange {
         head: method == Method::HEAD,
         close,
+        body,
+        expect_continue: expect_continue && body.is_some(),
     };
     let mut r = Box::new(Request::new(ClientBody::empty()));
     *r.method_mut() = method;

@@ -10,6 +10,7 @@
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
 //!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
 //!   [`response_head`]: upstream response fields forwarded as bytes;
+//!   [`framing`]: HTTP/1.1 body framing, for request and response bodies;
 //!   [`retry`]: route retry policies and the per-upstream retry budget;
 //!   [`websocket`]: upgrade admission and the byte tunnels of `websocket` routes;
 //!   [`dns`]: upstream members found in DNS, refreshed and reconciled;
@@ -43,6 +44,7 @@ pub mod cors;
 pub mod deadline;
 pub mod dns;
 pub mod error;
+pub mod framing;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod h1;

@@ -93,6 +93,9 @@ impl Builders {
         // enough for efficient body reads.
         let buf = (settings.max_header_bytes * 2).max(64 * 1024);
         let max_header_list = u32::try_from(buf).unwrap_or(u32::MAX);
+        // Keep-alive stays on for upgrades (hyper's `Connection: close` would
+        // replace a 101's `Connection: upgrade`); every other answer hyper
+        // sends closes its connection ([`one_request`]).
         let mut http1 = http1::Builder::new();
         http1
             .header_read_timeout(settings.header_read_timeout)
@@ -324,6 +327,42 @@ pub async fn serve<F, Fut>(
     }
 }
 
+/// hyper's HTTP/1.1 service for a connection h1_server handed over: every
+/// answer but a 101 says `Connection: close`, so hyper serves that one
+/// request and closes the connection, and every later request of a
+/// connection is framed by h1_server, which refuses ambiguous framing
+/// (hyper would pick one reading of it). A 101 makes the connection a tunnel.
+fn one_request<S>(
+    service: S,
+) -> impl hyper::service::Service<
+    Request<hyper::body::Incoming>,
+    Response = Response<ResponseBody>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
+> + Send
+where
+    S: hyper::service::Service<
+            Request<hyper::body::Incoming>,
+            Response = Response<ResponseBody>,
+            Error = Infallible,
+        > + Send,
+    S::Future: Send + 'static,
+{
+    service_fn(move |req| {
+        let answer = service.call(req);
+        async move {
+            let Ok(mut resp) = answer.await;
+            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
+            Ok(resp)
+        }
+    })
+}
+
 /// Serves one accepted connection with the protocol its first bytes name.
 /// Each protocol's connection future is boxed on its own, so an HTTP/1.1
 /// connection's memory is what HTTP/1.1 needs rather than the largest of the
@@ -396,26 +435,23 @@ async fn connection<F, Fut>(
     let write_timeout = settings.write_timeout;
     let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match (protocol, prefix) {
         (Protocol::Http1, prefix) => {
-            // What is left for hyper: the rest after h1_server's handover, or
-            // the whole connection with the bytes read to decide in front.
-            let rest = match prefix {
-                Some(prefix) => Some(Rewind::new(prefix, stream)),
-                None => {
-                    let served = Box::pin(h1_server::serve(
-                        stream,
-                        peer,
-                        header_read_timeout,
-                        write_timeout,
-                        builders.max_head,
-                        &*handler,
-                        &stop,
-                    ))
-                    .await;
-                    match served {
-                        Ended::Closed => None,
-                        Ended::Handover(io) => Some(io),
-                    }
-                }
+            // What is left for hyper after h1_server's handover (the bytes read
+            // to decide the protocol, if any, are h1_server's first).
+            let read = prefix.map_or_else(BytesMut::new, |p| BytesMut::from(&p[..]));
+            let served = Box::pin(h1_server::serve(
+                stream,
+                read,
+                peer,
+                header_read_timeout,
+                write_timeout,
+                builders.max_head,
+                &*handler,
+                &stop,
+            ))
+            .await;
+            let rest = match served {
+                Ended::Closed => None,
+                Ended::Handover(io) => Some(io),
             };
             match rest {
                 None => Ok(()),
@@ -423,7 +459,7 @@ async fn connection<F, Fut>(
                     let io = WriteTimeout::new(io, write_timeout);
                     let conn = builders
                         .http1_connection()
-                        .serve_connection(TokioIo::new(io), service)
+                        .serve_connection(TokioIo::new(io), one_request(service))
                         .with_upgrades();
                     drop(builders);
                     Box::pin(drive(

@@ -459,10 +459,26 @@ async fn ambiguous_framing_is_refused_with_400() -> Result<()> {
             resp.headers
         );
     }
-    // The same heads after a request hyper served (a body) on the same
-    // connection: the pipeline refuses what it can see (repeated Host, a
-    // disagreeing absolute-form target).
+    // The same heads on a connection that first carried a request with a
+    // body (of each framing): refused the same way, never read another way.
+    let firsts = [
+        "POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\nhi",
+        "POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+        "POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+    ];
     for (second, why) in [
+        (
+            "POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            "Content-Length and Transfer-Encoding",
+        ),
+        (
+            "POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+            "Transfer-Encoding and Content-Length",
+        ),
+        (
+            "POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\nContent-Length: 0\r\n",
+            "two Content-Length",
+        ),
         (
             "GET /open/users/1 HTTP/1.1\r\nHost: a\r\nHost: b\r\n",
             "two Host",
@@ -472,18 +488,43 @@ async fn ambiguous_framing_is_refused_with_400() -> Result<()> {
             "absolute-form",
         ),
     ] {
+        for first in firsts {
+            let mut s = TcpStream::connect(gw).await?;
+            s.write_all(first.as_bytes()).await?;
+            s.write_all(format!("{second}Connection: close\r\n\r\n").as_bytes())
+                .await?;
+            let (_, raw) = closed_within(&mut s, SLACK * 2).await?;
+            let text = String::from_utf8_lossy(&raw);
+            let statuses: Vec<&str> = text
+                .match_indices("HTTP/1.1 ")
+                .map(|(i, _)| &text[i + 9..i + 12])
+                .filter(|status| *status != "100")
+                .collect();
+            ensure!(
+                statuses == ["200", "400"],
+                "{why} after {first:?}: {statuses:?} in {text}"
+            );
+        }
+    }
+    // Requests the gateway's own server leaves to hyper (an upgrade it then
+    // refuses, HTTP/1.0 asking for keep-alive) end their connection: the
+    // ambiguous head after them is never read by another parser.
+    for first in [
+        "GET /open/users/1 HTTP/1.1\r\nHost: gw\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+        "GET /open/users/1 HTTP/1.0\r\nHost: gw\r\nConnection: keep-alive\r\n\r\n",
+    ] {
         let mut s = TcpStream::connect(gw).await?;
-        s.write_all(b"POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\nhi")
-            .await?;
-        s.write_all(format!("{second}Connection: close\r\n\r\n").as_bytes())
-            .await?;
+        s.write_all(first.as_bytes()).await?;
+        s.write_all(
+            b"POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        )
+        .await?;
         let (_, raw) = closed_within(&mut s, SLACK * 2).await?;
         let text = String::from_utf8_lossy(&raw);
-        let statuses: Vec<&str> = text
-            .match_indices("HTTP/1.1 ")
-            .map(|(i, _)| &text[i + 9..i + 12])
-            .collect();
-        ensure!(statuses == ["200", "400"], "{why}: {statuses:?} in {text}");
+        ensure!(
+            text.matches("HTTP/1.").count() == 1,
+            "one answer, then the connection closes, after {first:?}: {text}"
+        );
     }
     // An absolute-form target that agrees with Host is routed.
     let resp = raw_request(
@@ -498,8 +539,8 @@ async fn ambiguous_framing_is_refused_with_400() -> Result<()> {
     );
     let after = mock_requests(users).await?;
     ensure!(
-        after == before + 3,
-        "only the two bodies and the matching absolute-form request reach the mock ({before} -> {after})"
+        after == before + 17,
+        "only the fifteen bodies, the HTTP/1.0 request and the matching absolute-form request reach the mock ({before} -> {after})"
     );
     Ok(())
 }

@@ -43,6 +43,7 @@ where
     let task = tokio::spawn(async move {
         serve(
             server,
+            BytesMut::new(),
             peer,
             Duration::from_secs(30),
             WRITE_TIMEOUT,
@@ -218,12 +219,13 @@ async fn head_answers_keep_their_length_and_send_no_body() {
 
 #[tokio::test]
 async fn requests_for_hyper_come_back_whole() {
-    // A body, an upgrade, HTTP/1.0, a malformed head, CONNECT: hyper's.
+    // An upgrade, another transfer coding or expectation, HTTP/1.0, a
+    // malformed head, CONNECT: hyper's.
     for sent in [
-        &b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\n\r\nabc"[..],
-        b"GET /ws HTTP/1.1\r\nHost: gw\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
-        b"PUT /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-        b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n",
+        &b"GET /ws HTTP/1.1\r\nHost: gw\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"[..],
+        b"PUT /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        b"PUT /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nExpect: 200-ok\r\nContent-Length: 0\r\n\r\n",
         b"GET / HTTP/1.0\r\n\r\n",
         b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
         b"CONNECT gw:443 HTTP/1.1\r\nHost: gw:443\r\n\r\n",
@@ -274,6 +276,18 @@ async fn ambiguous_framing_is_refused_with_400_and_the_connection_closed() {
         (
             b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
             "two CL on a bodiless request",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: +3\r\n\r\nabc",
+            "a signed CL",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 0x3\r\n\r\nabc",
+            "a hex CL",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc",
+            "CL with another coding",
         ),
     ] {
         let (mut client, server, peer) = pair().await;
@@ -455,6 +469,8 @@ fn heads_carry_our_framing_not_the_handlers() {
     );
     let (parts, ()) = resp.into_parts();
     let get = Exchange {
+        body: None,
+        expect_continue: false,
         head: false,
         close: false,
     };
@@ -503,6 +519,8 @@ X-Request-Id: up\r\nConnection: keep-alive\r\nx-request-id: up-again\r\n\r\n",
         .headers
         .insert("x-request-id", HeaderValue::from_static("gw"));
     let get = Exchange {
+        body: None,
+        expect_continue: false,
         head: false,
         close: false,
     };
@@ -531,5 +549,237 @@ X-Request-Id: up\r\nConnection: keep-alive\r\nx-request-id: up-again\r\n\r\n",
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "HTTP/1.1 200 OK\r\nServer: Up\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 2\r\nx-request-id: gw\r\n\r\n"
+    );
+}
+
+/// Answers with the request's method, target and whole body; a body that
+/// cannot be read is answered 400 with the reason.
+async fn echo_body(req: Box<Request<ClientBody>>, _peer: SocketAddr) -> Response<ResponseBody> {
+    use http_body_util::BodyExt as _;
+    let (parts, body) = (*req).into_parts();
+    match body.collect().await {
+        Ok(b) => Response::new(ResponseBody::full(format!(
+            "{} {} {}",
+            parts.method,
+            parts.uri,
+            String::from_utf8_lossy(&b.to_bytes())
+        ))),
+        Err(e) => {
+            let mut resp = Response::new(ResponseBody::full(format!("unreadable: {e}")));
+            *resp.status_mut() = StatusCode::BAD_REQUEST;
+            resp
+        }
+    }
+}
+
+/// Answers 401 without reading the body.
+async fn refuse(_req: Box<Request<ClientBody>>, _peer: SocketAddr) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full("no"));
+    *resp.status_mut() = StatusCode::UNAUTHORIZED;
+    resp
+}
+
+/// The bodies of the answers in `text`, in order.
+fn bodies(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(end) = rest.find("\r\n\r\n") {
+        let head = &rest[..end];
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.parse().unwrap());
+        let start = end + 4;
+        out.push(rest[start..(start + len).min(rest.len())].to_string());
+        rest = &rest[(start + len).min(rest.len())..];
+    }
+    out
+}
+
+#[tokio::test]
+async fn bodies_are_read_here_and_the_connection_carries_the_next_request() {
+    let (mut client, server, peer) = pair().await;
+    let (task, _stop) = spawn_serve(server, peer, echo_body);
+    // A length body with its head, a chunked one (extensions, trailers), a
+    // bodiless request, all pipelined on one connection.
+    client
+        .write_all(
+            b"POST /a HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\n\r\nhello\
+              PUT /b HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n\
+              3;x=y\r\nwor\r\n2\r\nld\r\n0\r\nx-sum: 1\r\n\r\n\
+              GET /c HTTP/1.1\r\nHost: gw\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let text = read_responses(&mut client, 3).await;
+    assert_eq!(
+        bodies(&text),
+        ["POST /a hello", "PUT /b world", "GET /c "],
+        "{text}"
+    );
+    // A body that arrives a byte at a time after its head streams through.
+    client
+        .write_all(b"POST /d HTTP/1.1\r\nHost: gw\r\nContent-Length: 4\r\n\r\n")
+        .await
+        .unwrap();
+    for b in b"slow" {
+        client.write_all(&[*b]).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let text = read_responses(&mut client, 1).await;
+    assert_eq!(bodies(&text), ["POST /d slow"], "{text}");
+    drop(client);
+    assert!(matches!(task.await.unwrap(), Ended::Closed));
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_when_the_body_is_first_read() {
+    let (mut client, server, peer) = pair().await;
+    let (_task, _stop) = spawn_serve(server, peer, echo_body);
+    client
+        .write_all(
+            b"POST /e HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut interim = vec![0u8; b"HTTP/1.1 100 Continue\r\n\r\n".len()];
+    tokio::time::timeout(DEADLINE, client.read_exact(&mut interim))
+        .await
+        .expect("the interim answer within the deadline")
+        .unwrap();
+    assert_eq!(interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    client.write_all(b"abc").await.unwrap();
+    let text = read_responses(&mut client, 1).await;
+    assert_eq!(bodies(&text), ["POST /e abc"], "{text}");
+    // A handler that answers without reading never asks for the body: no 100,
+    // and the connection closes after the answer (the body would follow).
+    let (mut client, server, peer) = pair().await;
+    let (task, _stop) = spawn_serve(server, peer, refuse);
+    client
+        .write_all(
+            b"POST /e HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let text = read_until_closed(&mut client).await;
+    assert!(text.starts_with("HTTP/1.1 401 "), "{text}");
+    assert!(text.contains("connection: close\r\n"), "{text}");
+    assert!(matches!(task.await.unwrap(), Ended::Closed));
+}
+
+#[tokio::test]
+async fn an_unread_body_is_skipped_when_buffered_and_closes_the_connection_otherwise() {
+    // All of it came with the head: skipped, and the connection goes on.
+    let (mut client, server, peer) = pair().await;
+    let (_task, _stop) = spawn_serve(server, peer, refuse);
+    client
+        .write_all(b"POST /f HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nPOST /g HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\nhi")
+        .await
+        .unwrap();
+    let text = read_responses(&mut client, 2).await;
+    assert_eq!(text.matches("HTTP/1.1 401 ").count(), 2, "{text}");
+    assert!(!text.contains("connection: close"), "{text}");
+    // Most of it still to come: the answer closes the connection.
+    let (mut client, server, peer) = pair().await;
+    let (task, _stop) = spawn_serve(server, peer, refuse);
+    client
+        .write_all(b"POST /h HTTP/1.1\r\nHost: gw\r\nContent-Length: 100000\r\n\r\npartial")
+        .await
+        .unwrap();
+    let text = read_until_closed(&mut client).await;
+    assert!(text.starts_with("HTTP/1.1 401 "), "{text}");
+    assert!(text.contains("connection: close\r\n"), "{text}");
+    assert!(matches!(task.await.unwrap(), Ended::Closed));
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_body_fails_the_request_and_closes_the_connection() {
+    for sent in [
+        &b"POST /i HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhi\r\n0\r\n\r\n"
+            [..],
+        b"POST /i HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhiX\r\n0\r\n\r\n",
+        b"POST /i HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n2\nhi\r\n0\r\n\r\n",
+    ] {
+        let (mut client, server, peer) = pair().await;
+        let (task, _stop) = spawn_serve(server, peer, echo_body);
+        client.write_all(sent).await.unwrap();
+        // A request that follows on the connection is never read.
+        client
+            .write_all(b"GET /never HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let text = read_until_closed(&mut client).await;
+        let why = String::from_utf8_lossy(sent);
+        assert!(text.starts_with("HTTP/1.1 400 "), "{why}: {text}");
+        assert!(text.contains("malformed request body"), "{why}: {text}");
+        assert!(!text.contains("/never"), "{why}: {text}");
+        assert!(matches!(task.await.unwrap(), Ended::Closed), "{why}");
+    }
+}
+
+#[tokio::test]
+async fn ambiguous_framing_after_a_body_on_the_same_connection_is_refused() {
+    for second in [
+        &b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+        b"POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    ] {
+        for first in [
+            &b"POST /a HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\nhi"[..],
+            b"POST /a HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+        ] {
+            let (mut client, server, peer) = pair().await;
+            let (task, _stop) = spawn_serve(server, peer, echo_body);
+            client.write_all(first).await.unwrap();
+            client.write_all(second).await.unwrap();
+            let text = read_until_closed(&mut client).await;
+            let why = format!(
+                "{} then {}",
+                String::from_utf8_lossy(first),
+                String::from_utf8_lossy(second)
+            );
+            let statuses: Vec<&str> = text
+                .match_indices("HTTP/1.1 ")
+                .map(|(i, _)| &text[i + 9..i + 12])
+                .filter(|s| *s != "100")
+                .collect();
+            assert_eq!(statuses, ["200", "400"], "{why}: {text}");
+            assert!(matches!(task.await.unwrap(), Ended::Closed), "{why}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_gone_before_its_body_ends_cancels_the_request() {
+    let (mut client, server, peer) = pair().await;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let flag = cancelled.clone();
+    let handler = move |req: Box<Request<ClientBody>>, peer: SocketAddr| {
+        let flag = flag.clone();
+        async move {
+            struct OnDrop(Arc<AtomicBool>);
+            impl Drop for OnDrop {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            let guard = OnDrop(flag);
+            let resp = echo_body(req, peer).await;
+            std::mem::forget(guard);
+            resp
+        }
+    };
+    let (task, _stop) = spawn_serve(server, peer, handler);
+    client
+        .write_all(b"POST /j HTTP/1.1\r\nHost: gw\r\nContent-Length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    client.shutdown().await.unwrap();
+    let ended = tokio::time::timeout(DEADLINE, task).await.unwrap().unwrap();
+    assert!(matches!(ended, Ended::Closed));
+    assert!(
+        cancelled.load(Ordering::SeqCst),
+        "the request's future was dropped"
     );
 }
