@@ -14,9 +14,9 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-use crate::config::InFlight;
 use crate::h1::{ExchangeError, H1Body};
 use crate::h1_server::PipedBody;
+use crate::in_flight::InFlight;
 use crate::pool::Checkin;
 use crate::response_head::RawFields;
 

@@ -7,9 +7,9 @@
 //! is left of the descriptor limit stays for upstream connections.
 //!
 //! The default is sized from the process's descriptor limit (`ulimit -n`):
-//! three quarters of it, at most 100,000.
+//! three quarters of it, at most 100,000. `/metrics` shows the counters
+//! ([`crate::metrics::write_connections`]).
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -57,6 +57,11 @@ impl Connections {
         Some(Slot(self.clone()))
     }
 
+    /// The listener's label in metrics (`proxy`, `ops`).
+    pub fn listener(&self) -> &'static str {
+        self.listener
+    }
+
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
@@ -70,46 +75,6 @@ impl Connections {
     /// Connections closed at once because the cap was reached.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
-    }
-}
-
-/// A metric family: name, type, help, and how to read it off a listener.
-type Family = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&Connections) -> u64,
-);
-
-/// Prometheus text for every listener's connections:
-/// `gateway_connections_open`, `gateway_connections_max` and
-/// `gateway_connections_refused_total`, labelled with the listener.
-pub fn write_metrics(out: &mut String, listeners: &[&Connections]) {
-    let families: [Family; 3] = [
-        (
-            "gateway_connections_open",
-            "gauge",
-            "Client connections open now.",
-            |c| c.open() as u64,
-        ),
-        (
-            "gateway_connections_max",
-            "gauge",
-            "The cap on open client connections (--max-connections).",
-            |c| c.max as u64,
-        ),
-        (
-            "gateway_connections_refused_total",
-            "counter",
-            "Connections closed at once because the cap was reached.",
-            Connections::refused,
-        ),
-    ];
-    for (name, kind, help, value) in families {
-        crate::metrics::header(out, name, kind, help);
-        for c in listeners {
-            let _ = writeln!(out, "{name}{{listener=\"{}\"}} {}", c.listener, value(c));
-        }
     }
 }
 
@@ -153,10 +118,6 @@ mod tests {
         assert_eq!(c.open(), 2);
         drop((b, again));
         assert_eq!(c.open(), 0);
-        let mut out = String::new();
-        write_metrics(&mut out, &[&c]);
-        assert!(out.contains("gateway_connections_refused_total{listener=\"proxy\"} 2"));
-        assert!(out.contains("gateway_connections_max{listener=\"proxy\"} 2"));
     }
 
     #[test]

@@ -25,7 +25,6 @@ use prost::Message as _;
 
 use crate::h1::{self, H1Body, RespFraming};
 use crate::h1_server::{self, Parsed};
-use crate::sanitize::is_hop_by_hop;
 
 /// The data plane's default `--max-header-bytes`.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -276,7 +275,7 @@ fn check_response_head(mut heads: &[u8], parsed: &h1::Head, head_request: bool) 
         Some(raw) => {
             assert!(parsed.headers.is_empty(), "fields are kept in one place");
             let want: Vec<_> = forwarded
-                .filter(|(n, _)| !is_hop_by_hop(n))
+                .filter(|(n, _)| !h1::is_hop_by_hop(n))
                 .map(|(n, v)| (n, v, n.eq_ignore_ascii_case(b"content-length")))
                 .collect();
             let got: Vec<_> = raw.iter().collect();

@@ -315,6 +315,36 @@ async fn write_body<W: tokio::io::AsyncWrite + Unpin>(
     }
 }
 
+/// Whether `name` (any case) is a hop-by-hop field, removed from every
+/// message a proxy forwards (RFC 9110 §7.6.1): `Connection`,
+/// `Proxy-Connection`, `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`,
+/// `Upgrade`, `Proxy-Authorization`, `Proxy-Authenticate`. The fixed list,
+/// not what a `Connection` names; `crate::sanitize` removes the same (its
+/// tests check the two lists agree).
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    // The lengths of the hop-by-hop names: most fields go no further.
+    if !matches!(name.len(), 2 | 7 | 10 | 16..=19) {
+        return false;
+    }
+    let mut buf = [0u8; 19];
+    let lower = &mut buf[..name.len()];
+    for (l, b) in lower.iter_mut().zip(name) {
+        *l = b.to_ascii_lowercase();
+    }
+    matches!(
+        &*lower,
+        b"connection"
+            | b"proxy-connection"
+            | b"keep-alive"
+            | b"te"
+            | b"trailer"
+            | b"transfer-encoding"
+            | b"upgrade"
+            | b"proxy-authorization"
+            | b"proxy-authenticate"
+    )
+}
+
 /// Appends a chunk-size line (lower-case hex and CRLF) for a chunk of `len` bytes.
 pub(crate) fn chunk_line(out: &mut Vec<u8>, len: usize) {
     const HEX: &[u8; 16] = b"0123456789abcdef";

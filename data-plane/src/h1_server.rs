@@ -142,8 +142,9 @@ enum BodyState {
 }
 
 /// Serves HTTP/1.1 requests on `io` with `handler` until the connection
-/// ends or needs hyper; `read` holds bytes already read from `io`. `stop`
-/// fires on shutdown.
+/// ends or needs hyper; `read` holds bytes already read from `io`. A head
+/// with ambiguous framing is answered `refusal(why)` and the connection
+/// closed. `stop` fires on shutdown.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve<H, Fut>(
     mut io: TcpStream,
@@ -152,6 +153,7 @@ pub async fn serve<H, Fut>(
     header_read_timeout: Duration,
     write_timeout: Duration,
     max_head_bytes: usize,
+    refusal: fn(&'static str) -> Response<ResponseBody>,
     handler: &H,
     stop: &watch::Receiver<()>,
 ) -> Ended
@@ -179,7 +181,7 @@ where
                 Parsed::Request(req, exchange) => break (req, exchange),
                 Parsed::Hyper => return Ended::Handover(Rewind::new(buf.freeze(), io)),
                 Parsed::Refused(why) => {
-                    let answer = crate::error::ProxyError::BadRequest(why).into_response();
+                    let answer = refusal(why);
                     let refused = Exchange {
                         head: false,
                         close: true,

@@ -51,6 +51,7 @@ pub mod h1;
 pub mod h1_server;
 pub mod health;
 pub mod hooks;
+pub mod in_flight;
 pub mod io_timeout;
 pub mod ip_rules;
 pub mod jwt;
@@ -70,6 +71,7 @@ pub mod send_progress;
 pub mod server;
 pub mod signature;
 pub mod transform;
+pub mod tunnels;
 pub mod websocket;
 pub mod workers;
 pub mod xds;
@@ -281,7 +283,7 @@ impl DataPlane {
         // What /metrics adds to the data plane's own counters.
         let ops_counted = ops_connections.clone();
         let extra_metrics = move |out: &mut String| {
-            conn_limit::write_metrics(out, &[&connections, &ops_counted]);
+            metrics::write_connections(out, &[&connections, &ops_counted]);
             websocket::write_metrics(out);
             rate_limiter.write_metrics(out);
             if let Some(a) = &authenticator {

@@ -17,11 +17,13 @@ use crate::breaker::BreakerState;
 use crate::config::Compiled;
 
 mod composition;
+mod connections;
 mod policy;
 mod proxy;
 
 use composition::render_composition;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
+pub use connections::write_connections;
 use policy::render_policy;
 pub use policy::{PolicyMetrics, PolicyRefusal};
 pub use proxy::WebSocketMetrics;

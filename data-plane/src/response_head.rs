@@ -27,8 +27,7 @@ use http::Response;
 use http::header::HeaderMap;
 
 use crate::body::ResponseBody;
-use crate::h1::{fields_map, name_is};
-use crate::sanitize::is_hop_by_hop;
+use crate::h1::{fields_map, is_hop_by_hop, name_is};
 
 /// Most forwarded fields a head kept as bytes may have.
 pub const MAX_FIELDS: usize = 16;

@@ -186,21 +186,6 @@ fn is_protected_from_connection(name: &[u8]) -> bool {
     )
 }
 
-/// Whether `name` (any case) is one of the hop-by-hop fields removed from
-/// every message: the fixed list, not what a `Connection` names.
-pub fn is_hop_by_hop(name: &[u8]) -> bool {
-    // The lengths of the hop-by-hop names: most fields go no further.
-    if !matches!(name.len(), 2 | 7 | 10 | 16..=19) {
-        return false;
-    }
-    let mut buf = [0u8; 19];
-    let lower = &mut buf[..name.len()];
-    for (l, b) in lower.iter_mut().zip(name) {
-        *l = b.to_ascii_lowercase();
-    }
-    removed_bit(lower, HOP_BITS) != 0
-}
-
 /// Removes hop-by-hop headers, including every header named in `Connection`
 /// (and `Proxy-Connection`) except those the gateway relies on
 /// ([`is_protected_from_connection`]), and what `strip` adds.
@@ -459,8 +444,11 @@ mod tests {
         }
     }
 
+    /// The transport's hop-by-hop list ([`crate::h1::is_hop_by_hop`], for the
+    /// upstream fields forwarded as bytes) is this one's.
     #[test]
     fn hop_by_hop_names_are_found_in_any_case() {
+        use crate::h1::is_hop_by_hop;
         for (i, name) in REMOVED.iter().enumerate() {
             let hop = i < HOP_BY_HOP_COUNT;
             assert_eq!(is_hop_by_hop(name.as_str().as_bytes()), hop, "{name}");

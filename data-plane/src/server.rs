@@ -75,6 +75,9 @@ pub struct HttpSettings {
     pub max_header_bytes: usize,
     /// Time in-flight requests get to finish after shutdown begins.
     pub shutdown_grace: Duration,
+    /// The answer to an HTTP/1.1 head refused before any handler sees it
+    /// (ambiguous framing), given why: the application's error document.
+    pub refusal: fn(&'static str) -> Response<ResponseBody>,
 }
 
 /// The connection builders of one listener, all configured alike.
@@ -277,7 +280,7 @@ pub async fn serve<F, Fut>(
     let handler = Arc::new(handler);
     // WebSocket tunnels started on this thread (a worker's runtime) outlive
     // their HTTP connection; shutdown waits for them too.
-    let tunnels = crate::websocket::tunnels();
+    let tunnels = crate::tunnels::tunnels();
     // Every connection task holds a receiver: a send asks them to finish, and
     // the sender sees "closed" once the last one has ended.
     let (stop_tx, stop_rx) = watch::channel(());
@@ -445,6 +448,7 @@ async fn connection<F, Fut>(
                 header_read_timeout,
                 write_timeout,
                 builders.max_head,
+                settings.refusal,
                 &*handler,
                 &stop,
             ))
@@ -527,6 +531,7 @@ mod tests {
             h2_keep_alive: timeout,
             max_header_bytes: 16 * 1024,
             shutdown_grace: timeout,
+            refusal: |_| Response::new(ResponseBody::full("refused")),
         }
     }
 

@@ -20,7 +20,7 @@
 //!   byte has moved either way for the route's idle timeout (then both
 //!   connections are closed). Any other answer is proxied as a response.
 //! * Shutdown: a worker waits for its open tunnels as it waits for its
-//!   in-flight requests, within the same grace period ([`Tunnels::drained`]);
+//!   in-flight requests, within the same grace period ([`crate::tunnels`]);
 //!   what is still open then is closed with the worker.
 //!
 //! The gateway never looks inside the frames: no WebSocket library is needed.
@@ -39,17 +39,18 @@ use http::{Method, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::balancer::Pick;
 use crate::body::{RequestBody, ResponseBody, UpstreamBody};
-use crate::config::{InFlight, RouteEntry, UpstreamEntry};
+use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
+use crate::in_flight::InFlight;
 use crate::metrics::{PolicyRefusal, RouteMetrics, UpstreamErrorKind};
 use crate::pool::SendError;
 use crate::proxy::{Trace, fail, report, upstream_request};
 use crate::sanitize::{Strip, remove_hop_by_hop};
+use crate::tunnels::Tunnel;
 
 /// `Sec-WebSocket-Key`.
 static SEC_WEBSOCKET_KEY: header::HeaderName = header::SEC_WEBSOCKET_KEY;
@@ -409,65 +410,28 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Activity<'_, S> {
     }
 }
 
-/// The tunnels open on one thread (a proxy worker), so that its shutdown can
-/// wait for them.
-#[derive(Debug, Default)]
-pub struct Tunnels {
-    open: AtomicUsize,
-    closed: Notify,
-}
-
-thread_local! {
-    static TUNNELS: Arc<Tunnels> = Arc::default();
-}
-
-/// The tunnel registry of the calling thread.
-pub fn tunnels() -> Arc<Tunnels> {
-    TUNNELS.with(Arc::clone)
-}
-
-impl Tunnels {
-    /// Tunnels open now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    /// Resolves once no tunnel is open.
-    pub async fn drained(&self) {
-        loop {
-            let notified = self.closed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.open() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-/// One open tunnel: counted on the route and on the thread's registry until dropped.
+/// One open tunnel: counted on the route, in the replica and on the thread's
+/// registry ([`crate::tunnels`]) until dropped.
 struct TunnelGuard {
     metrics: Arc<RouteMetrics>,
-    registry: Arc<Tunnels>,
+    _tunnel: Tunnel,
 }
 
 impl TunnelGuard {
     fn open(metrics: Arc<RouteMetrics>) -> Self {
         metrics.websocket.opened();
-        let registry = tunnels();
-        registry.open.fetch_add(1, Ordering::Relaxed);
         OPEN_TUNNELS.fetch_add(1, Ordering::Relaxed);
-        Self { metrics, registry }
+        Self {
+            metrics,
+            _tunnel: Tunnel::open(),
+        }
     }
 }
 
 impl Drop for TunnelGuard {
     fn drop(&mut self) {
         self.metrics.websocket.closed();
-        self.registry.open.fetch_sub(1, Ordering::Relaxed);
         OPEN_TUNNELS.fetch_sub(1, Ordering::Relaxed);
-        self.registry.closed.notify_waiters();
     }
 }
 
@@ -580,24 +544,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_registry_drains_when_the_last_tunnel_closes() {
+    async fn a_tunnel_is_counted_on_its_route_and_its_thread_until_it_closes() {
         let metrics = Arc::new(RouteMetrics::default());
-        let registry = tunnels();
+        let registry = crate::tunnels::tunnels();
         registry.drained().await;
         let guard = TunnelGuard::open(metrics.clone());
         assert_eq!(registry.open(), 1);
         assert_eq!(metrics.websocket.open(), 1);
-        let waiter = {
-            let registry = registry.clone();
-            tokio::spawn(async move { registry.drained().await })
-        };
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
         drop(guard);
-        tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .expect("drained")
-            .unwrap();
+        assert_eq!(registry.open(), 0);
         assert_eq!(metrics.websocket.open(), 0);
         assert_eq!(metrics.websocket.total(), 1);
     }

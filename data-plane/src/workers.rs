@@ -167,6 +167,7 @@ mod tests {
             h2_keep_alive: std::time::Duration::from_secs(5),
             max_header_bytes: 16 * 1024,
             shutdown_grace: std::time::Duration::from_secs(5),
+            refusal: |_| Response::new(ResponseBody::full("refused")),
         };
         let handle = spawn(
             sockets,

@@ -31,6 +31,10 @@ async fn start(auth: bool) -> Stack {
     Stack::new()
         .data_planes(1)
         .auth(auth)
+        // The upgrade limit is asserted exactly: every decision must reach Redis.
+        // With the production deadline (5 ms) a debug build on a loaded 2-core
+        // machine misses it now and then, and the replica-local fallback decides.
+        .data_plane_arg("--ratelimit-timeout-ms=2000")
         .start()
         .await
         .unwrap_or_else(|e| panic!("stack did not start: {e}"))

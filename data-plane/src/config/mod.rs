@@ -11,7 +11,7 @@
 pub mod compile;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -25,6 +25,7 @@ use crate::coalesce::Coalescer;
 use crate::cors::CorsPolicy;
 use crate::dns;
 use crate::health::HealthSettings;
+use crate::in_flight::{InFlight, InFlightCount};
 use crate::ip_rules::IpRules;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
 use crate::pool::{Pool, PoolSettings};
@@ -211,7 +212,7 @@ pub struct InstanceState {
     /// Result of active health checks; starts healthy so a new instance takes
     /// traffic at once (its breaker guards it until the first checks have run).
     healthy: AtomicBool,
-    in_flight: AtomicU64,
+    in_flight: Arc<InFlightCount>,
     /// Rendezvous-hashing seed, from the id (see [`crate::balancer`]).
     pub(crate) hash_seed: u64,
     /// Counters.
@@ -228,7 +229,7 @@ impl InstanceState {
             pool: Pool::new(authority, pool),
             breaker: Breaker::new(),
             healthy: AtomicBool::new(true),
-            in_flight: AtomicU64::new(0),
+            in_flight: Arc::default(),
             metrics: InstanceMetrics::default(),
         }
     }
@@ -245,23 +246,12 @@ impl InstanceState {
 
     /// Requests in progress (until their response body ends).
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.get()
     }
 
     /// Counts a request in progress until the guard drops.
-    pub fn start_request(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
-    }
-}
-
-/// Counts one request as in flight at an instance until dropped.
-#[derive(Debug)]
-pub struct InFlight(Arc<InstanceState>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    pub fn start_request(&self) -> InFlight {
+        self.in_flight.start()
     }
 }
 

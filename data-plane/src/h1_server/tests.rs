@@ -48,6 +48,7 @@ where
             Duration::from_secs(30),
             WRITE_TIMEOUT,
             64 * 1024,
+            |why| crate::error::ProxyError::BadRequest(why).into_response(),
             &handler,
             &stop,
         )
