@@ -27,6 +27,8 @@ use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use gateway_proto::validate::REST_PLACEHOLDER;
 use gateway_telemetry::ServerSpan;
+use gateway_transport::body::{RequestBody, ResponseBody};
+use gateway_transport::workers::Worker;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -35,12 +37,10 @@ use http_body_util::{BodyExt as _, Limited};
 use tokio::time::Instant;
 
 use crate::balancer;
-use crate::body::{RequestBody, ResponseBody};
 use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::{PartMetrics, PartOutcome};
 use crate::proxy;
-use crate::workers::Worker;
 
 /// Largest part body accepted, in bytes (1 MiB). A larger one fails the part.
 pub const MAX_PART_BODY: usize = 1 << 20;

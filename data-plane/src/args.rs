@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use gateway_redis::{RedisTarget, RedisTargetError, RedisUrl, RedisUrlParser};
+use gateway_transport::pool::PoolSettings;
+use gateway_transport::server::HttpSettings;
 
 use crate::pipeline::Limits;
-use crate::pool::PoolSettings;
 use crate::sanitize::Cidr;
-use crate::server::HttpSettings;
 
 /// Default proxy listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -340,7 +340,7 @@ impl Args {
     /// `--max-connections`, the automatic default worked out.
     pub fn max_connections(&self) -> usize {
         match self.max_connections {
-            0 => crate::conn_limit::auto_max(crate::conn_limit::fd_limit()),
+            0 => gateway_transport::conn_limit::auto_max(gateway_transport::conn_limit::fd_limit()),
             n => n,
         }
     }
@@ -383,7 +383,7 @@ impl Args {
         PoolSettings {
             max_idle: self.upstream_max_idle,
             // One idle list per worker, and one for the main runtime.
-            slots: crate::workers::count(self.workers) + 1,
+            slots: gateway_transport::workers::count(self.workers) + 1,
             ..PoolSettings::default()
         }
     }

@@ -294,7 +294,7 @@ mod tests {
     use super::*;
     use crate::breaker::BreakerSettings;
     use crate::config::InstanceKey;
-    use crate::pool::PoolSettings;
+    use gateway_transport::pool::PoolSettings;
     use std::collections::HashMap;
     use std::time::Duration;
 

@@ -38,6 +38,9 @@ use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 use gateway_telemetry::SpanParent;
+use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
+use gateway_transport::response_head;
+use gateway_transport::workers::Worker;
 use http::header::{self, HeaderName};
 use http::request::Parts;
 use http::{HeaderMap, Method, Response, StatusCode};
@@ -47,15 +50,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::balancer::{self, Affinity};
-use crate::body::{ClientBody, RequestBody, ResponseBody};
 use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::CoalesceAlone;
 use crate::proxy::{self, upstream_request};
-use crate::response_head;
 use crate::retry::RetryPolicy;
 use crate::sanitize::{X_USER_ID, X_USER_ROLE};
-use crate::workers::Worker;
 
 /// Default [`CoalesceLimits::max_waiters`].
 pub const MAX_WAITERS: usize = 1024;

@@ -21,7 +21,7 @@ use gateway_proto::v1;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue, InvalidHeaderValue};
 use http::{Method, Response, StatusCode};
 
-use crate::body::ResponseBody;
+use gateway_transport::body::ResponseBody;
 
 /// Methods allowed when `allow_methods` is empty (the CORS-safelisted ones).
 const DEFAULT_METHODS: &str = "GET, HEAD, POST";

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use gateway_transport::body::ResponseBody;
+use gateway_transport::pool::ConnectError;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
 use crate::aggregate::PartFailure;
 use crate::api_key::ApiKeyError;
-use crate::body::ResponseBody;
 use crate::hooks::{AuthError, RateLimited};
 use crate::normalize::NormalizeError;
-use crate::pool::ConnectError;
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -64,7 +64,7 @@ pub enum ProxyError {
     },
     /// The client's body could not be read (400).
     #[error("the request body could not be read")]
-    ClientBody(#[source] crate::body::ClientBodyError),
+    ClientBody(#[source] gateway_transport::body::ClientBodyError),
     /// The client sent no byte of its body for `--body-read-timeout-ms` (408).
     #[error("the request body stalled for {0:?}")]
     BodyTimeout(Duration),
@@ -108,7 +108,7 @@ pub enum ProxyError {
     Connect(#[source] ConnectError),
     /// The connection to the instance failed during the exchange (502).
     #[error("the upstream connection failed")]
-    Upstream(#[source] crate::h1::ExchangeError),
+    Upstream(#[source] gateway_transport::h1::ExchangeError),
     /// No response head within the route timeout (504).
     #[error("the upstream did not answer within {0:?}")]
     Timeout(Duration),

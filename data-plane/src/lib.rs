@@ -2,24 +2,23 @@
 //! upstreams from the control plane's config stream (docs/grpc-api.md, docs/data-plane.md).
 //!
 //! Where things are:
+//! * `gateway-transport` (`data-plane/transport`): the transport, which knows
+//!   nothing of routes — listeners and workers, the HTTP/1.1 server and
+//!   upstream client, pools, bodies, response heads, deadlines;
 //! * [`pipeline`]: the request path, one stage per line
 //!   (sanitise → route → authenticate → rate-limit → balance → breaker → proxy);
 //! * [`config`]: the compiled snapshot, published through one `ArcSwap`;
 //!   [`runtime`]: how a snapshot becomes current; [`xds`]: the stream client;
 //!   [`cache`]: the on-disk copy of the last accepted snapshot;
 //! * [`router`], [`normalize`], [`sanitize`], [`balancer`], [`breaker`],
-//!   [`health`], [`pool`], [`proxy`], [`body`]: one concern each;
-//!   [`response_head`]: upstream response fields forwarded as bytes;
-//!   [`framing`]: HTTP/1.1 body framing, for request and response bodies;
+//!   [`health`], [`proxy`]: one concern each;
 //!   [`retry`]: route retry policies and the per-upstream retry budget;
 //!   [`websocket`]: upgrade admission and the byte tunnels of `websocket` routes;
 //!   [`dns`]: upstream members found in DNS, refreshed and reconciled;
 //! * [`aggregate`] (aggregation routes) and [`coalesce`] (request coalescing):
 //!   the composition stages, between rate limiting and balancing;
-//! * [`server`]: listeners and graceful shutdown ([`conn_timer`]: the header read
-//!   timer each connection re-arms); [`workers`]: the per-core
-//!   proxy workers; [`ops`]: the ops listener;
-//!   [`metrics`]: Prometheus counters; [`error`]: errors → problem+json;
+//! * [`ops`]: the ops listener; [`metrics`]: Prometheus counters;
+//!   [`error`]: errors → problem+json;
 //! * [`api_key`]: `AUTH_API_KEY` callers, checked against the snapshot's key
 //!   hashes; [`signature`]: `X-Gateway-Signature` for upstreams with an
 //!   `identity_signing_secret`;
@@ -33,47 +32,32 @@ pub mod aggregate;
 pub mod api_key;
 pub mod args;
 pub mod balancer;
-pub mod body;
 pub mod breaker;
 pub mod cache;
 pub mod coalesce;
 pub mod config;
-pub mod conn_limit;
-pub mod conn_timer;
 pub mod cors;
-pub mod deadline;
 pub mod dns;
 pub mod error;
-pub mod framing;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod h1;
-pub mod h1_server;
 pub mod health;
 pub mod hooks;
-pub mod in_flight;
-pub mod io_timeout;
 pub mod ip_rules;
 pub mod jwt;
 pub mod metrics;
 pub mod normalize;
 pub mod ops;
 pub mod pipeline;
-pub mod pool;
 pub mod proxy;
 pub mod ratelimit;
-pub mod response_head;
 pub mod retry;
 pub mod router;
 pub mod runtime;
 pub mod sanitize;
-pub mod send_progress;
-pub mod server;
 pub mod signature;
 pub mod transform;
-pub mod tunnels;
 pub mod websocket;
-pub mod workers;
 pub mod xds;
 
 use std::future::Future;
@@ -82,13 +66,14 @@ use std::sync::Arc;
 
 use gateway_proto::v1::Node;
 use gateway_telemetry::Tracer;
+use gateway_transport::conn_limit::Connections;
+use gateway_transport::{server, workers};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::args::Args;
 use crate::cache::SnapshotCache;
-use crate::conn_limit::Connections;
 use crate::hooks::{Authenticator, RateLimiter};
 use crate::pipeline::Pipeline;
 use crate::runtime::Runtime;

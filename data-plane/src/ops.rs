@@ -12,12 +12,12 @@
 
 use std::sync::atomic::Ordering;
 
+use gateway_transport::body::ResponseBody;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
 use crate::balancer::Policy;
-use crate::body::ResponseBody;
 use crate::breaker::BreakerState;
 use crate::config::Compiled;
 use crate::dns::Members;

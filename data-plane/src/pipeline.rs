@@ -19,6 +19,9 @@ use std::time::Duration;
 use gateway_proto::v1::{AuthMode, RateLimitKey};
 use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
+use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
+use gateway_transport::response_head;
+use gateway_transport::workers::Worker;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
@@ -28,7 +31,6 @@ use tokio::time::Instant;
 use crate::aggregate;
 use crate::api_key::X_API_KEY;
 use crate::balancer::{self, Affinity};
-use crate::body::{ClientBody, RequestBody, ResponseBody};
 use crate::coalesce::{self, Coalesced};
 use crate::config::{Compiled, ConfigStore, RouteEntry, Target, UpstreamEntry};
 use crate::cors::{Cors, preflight_method};
@@ -37,14 +39,12 @@ use crate::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
 use crate::metrics::{Metrics, PolicyRefusal};
 use crate::normalize::normalize_path;
 use crate::proxy::{self, upstream_request};
-use crate::response_head;
 use crate::router::host_of;
 use crate::sanitize::{
     Cidr, Strip, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip,
     ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
 use crate::websocket;
-use crate::workers::Worker;
 
 /// Request limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub struct Pipeline {
     /// Request spans (a disabled tracer still propagates trace context).
     pub tracer: Tracer,
     /// The proxy worker this pipeline serves ([`Pipeline::for_worker`]);
-    /// [`crate::workers::OFF_WORKER`] for one made off the workers.
+    /// [`gateway_transport::workers::OFF_WORKER`] for one made off the workers.
     pub worker: Worker,
 }
 

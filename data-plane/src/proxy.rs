@@ -40,6 +40,11 @@ use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 use gateway_telemetry::{ClientSpans, inject};
+use gateway_transport::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
+use gateway_transport::deadline;
+use gateway_transport::h1::ExchangeError;
+use gateway_transport::pool::SendError;
+use gateway_transport::workers::Worker;
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Method, Request, Response, Version};
@@ -47,21 +52,16 @@ use http_body::Body as _;
 use tokio::time::Instant;
 
 use crate::balancer::{self, Affinity, Pick};
-use crate::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
 use crate::breaker::{Permit, Transition};
 use crate::config::{InstanceState, RouteEntry, UpstreamEntry};
-use crate::deadline;
 use crate::error::ProxyError;
-use crate::h1::ExchangeError;
 use crate::metrics::UpstreamErrorKind;
-use crate::pool::SendError;
 use crate::retry::{
     MAX_REPLAY_BODY_BYTES, RetryPolicy, RetryReason, is_idempotent, is_retryable_status,
 };
 use crate::router::rewrite_path;
 use crate::sanitize::{Strip, remove_hop_by_hop};
 use crate::signature::unix_now;
-use crate::workers::Worker;
 
 /// Builds the request sent upstream: origin-form URI with the normalised (and
 /// rewritten) path and the original query, HTTP/1.1, and a `Host` header (an

@@ -25,7 +25,7 @@ use gateway_proto::v1::{Retry, RetryOn};
 use http::Method;
 use tokio::time::Instant;
 
-use crate::workers::Worker;
+use gateway_transport::workers::Worker;
 
 /// Length of the budget's sliding window.
 pub const BUDGET_WINDOW: Duration = Duration::from_secs(10);
@@ -258,7 +258,7 @@ fn current(b: &mut [Bucket; 10], now: u64) -> &mut Bucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::OFF_WORKER;
+    use gateway_transport::workers::OFF_WORKER;
 
     fn policy(on: &[RetryOn], per_try: u32) -> RetryPolicy {
         RetryPolicy::from_proto(&Retry {

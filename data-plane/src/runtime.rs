@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use gateway_proto::v1::ConfigSnapshot;
+use gateway_transport::pool::PoolSettings;
 
 use crate::cache::SnapshotCache;
 use crate::config::{CompileError, ConfigStore, compile_with_members};
 use crate::dns::{Discovery, Resolver};
 use crate::health::HealthSupervisor;
 use crate::metrics::Metrics;
-use crate::pool::PoolSettings;
 
 /// Why a snapshot was not applied.
 #[derive(Debug, thiserror::Error)]

@@ -444,11 +444,11 @@ mod tests {
         }
     }
 
-    /// The transport's hop-by-hop list ([`crate::h1::is_hop_by_hop`], for the
+    /// The transport's hop-by-hop list ([`gateway_transport::h1::is_hop_by_hop`], for the
     /// upstream fields forwarded as bytes) is this one's.
     #[test]
     fn hop_by_hop_names_are_found_in_any_case() {
-        use crate::h1::is_hop_by_hop;
+        use gateway_transport::h1::is_hop_by_hop;
         for (i, name) in REMOVED.iter().enumerate() {
             let hop = i < HOP_BY_HOP_COUNT;
             assert_eq!(is_hop_by_hop(name.as_str().as_bytes()), hop, "{name}");

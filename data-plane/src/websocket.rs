@@ -11,7 +11,7 @@
 //! * On a `websocket` route the handshake goes through authentication and rate
 //!   limiting like any request (a tunnel spends its budget once, at upgrade
 //!   time), then to one instance on a connection of its own
-//!   ([`Pool::send_upgrade`](crate::pool::Pool::send_upgrade)), which never
+//!   ([`Pool::send_upgrade`](gateway_transport::pool::Pool::send_upgrade)), which never
 //!   joins the pool. The route timeout bounds the wait for the answer; there
 //!   is no retry (the handshake is not replayed).
 //! * A 101 answer goes back to the client with `Upgrade` / `Connection`, and a
@@ -20,7 +20,7 @@
 //!   byte has moved either way for the route's idle timeout (then both
 //!   connections are closed). Any other answer is proxied as a response.
 //! * Shutdown: a worker waits for its open tunnels as it waits for its
-//!   in-flight requests, within the same grace period ([`crate::tunnels`]);
+//!   in-flight requests, within the same grace period ([`gateway_transport::tunnels`]);
 //!   what is still open then is closed with the worker.
 //!
 //! The gateway never looks inside the frames: no WebSocket library is needed.
@@ -33,6 +33,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use gateway_telemetry::inject;
+use gateway_transport::body::{RequestBody, ResponseBody, UpstreamBody};
+use gateway_transport::in_flight::InFlight;
+use gateway_transport::pool::SendError;
+use gateway_transport::tunnels::Tunnel;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
@@ -42,15 +46,11 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::time::Instant;
 
 use crate::balancer::Pick;
-use crate::body::{RequestBody, ResponseBody, UpstreamBody};
 use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
-use crate::in_flight::InFlight;
 use crate::metrics::{PolicyRefusal, RouteMetrics, UpstreamErrorKind};
-use crate::pool::SendError;
 use crate::proxy::{Trace, fail, report, upstream_request};
 use crate::sanitize::{Strip, remove_hop_by_hop};
-use crate::tunnels::Tunnel;
 
 /// `Sec-WebSocket-Key`.
 static SEC_WEBSOCKET_KEY: header::HeaderName = header::SEC_WEBSOCKET_KEY;
@@ -411,7 +411,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Activity<'_, S> {
 }
 
 /// One open tunnel: counted on the route, in the replica and on the thread's
-/// registry ([`crate::tunnels`]) until dropped.
+/// registry ([`gateway_transport::tunnels`]) until dropped.
 struct TunnelGuard {
     metrics: Arc<RouteMetrics>,
     _tunnel: Tunnel,
@@ -546,7 +546,7 @@ mod tests {
     #[tokio::test]
     async fn a_tunnel_is_counted_on_its_route_and_its_thread_until_it_closes() {
         let metrics = Arc::new(RouteMetrics::default());
-        let registry = crate::tunnels::tunnels();
+        let registry = gateway_transport::tunnels::tunnels();
         registry.drained().await;
         let guard = TunnelGuard::open(metrics.clone());
         assert_eq!(registry.open(), 1);

@@ -144,7 +144,15 @@ async fn a_part_without_an_available_instance_fails_at_once_without_a_network_ca
         client: std::net::Ipv4Addr::LOCALHOST.into(),
     };
     let req = Box::new(Request::new(RequestBody::empty()));
-    let got = fetch(&p, req, balance, &span, None, crate::workers::OFF_WORKER).await;
+    let got = fetch(
+        &p,
+        req,
+        balance,
+        &span,
+        None,
+        gateway_transport::workers::OFF_WORKER,
+    )
+    .await;
     assert_eq!(got, Err(PartFailure::Unavailable));
     assert_eq!(started.elapsed(), Duration::ZERO);
 }

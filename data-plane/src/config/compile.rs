@@ -22,6 +22,8 @@ use super::{
     Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, RoutePolicies, Target,
     UpstreamEntry,
 };
+use gateway_transport::pool::PoolSettings;
+
 use crate::aggregate::{Aggregate, Part};
 use crate::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::balancer::Policy;
@@ -32,7 +34,6 @@ use crate::dns::{self, Members};
 use crate::health::HealthSettings;
 use crate::ip_rules::IpRules;
 use crate::metrics::{PartMetrics, RouteMetrics};
-use crate::pool::PoolSettings;
 use crate::retry::{RetryBudget, RetryPolicy};
 use crate::router::{Router, RouterError};
 use crate::sanitize::CidrError;

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use gateway_proto::v1::{AuthMode, RateLimit};
+use gateway_transport::in_flight::{InFlight, InFlightCount};
+use gateway_transport::pool::{Pool, PoolSettings};
 
 use crate::aggregate::Aggregate;
 use crate::api_key::ApiKeys;
@@ -25,10 +27,8 @@ use crate::coalesce::Coalescer;
 use crate::cors::CorsPolicy;
 use crate::dns;
 use crate::health::HealthSettings;
-use crate::in_flight::{InFlight, InFlightCount};
 use crate::ip_rules::IpRules;
 use crate::metrics::{InstanceMetrics, RouteMetrics};
-use crate::pool::{Pool, PoolSettings};
 use crate::retry::{RetryBudget, RetryPolicy};
 use crate::router::Router;
 use crate::signature::Signer;

@@ -85,7 +85,8 @@ fn snapshot(version: u64, upstreams: Vec<Upstream>) -> ConfigSnapshot {
 
 fn runtime(resolver: &Arc<FakeResolver>) -> Arc<Runtime> {
     Arc::new(
-        Runtime::new(None, crate::pool::PoolSettings::default()).with_resolver(resolver.clone()),
+        Runtime::new(None, gateway_transport::pool::PoolSettings::default())
+            .with_resolver(resolver.clone()),
     )
 }
 

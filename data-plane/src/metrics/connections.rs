@@ -1,12 +1,12 @@
 //! Client connection counters of each listener (`--max-connections`,
-//! [`crate::conn_limit`]): `gateway_connections_open`,
+//! [`gateway_transport::conn_limit`]): `gateway_connections_open`,
 //! `gateway_connections_max` and `gateway_connections_refused_total`,
 //! labelled with the listener.
 
 use std::fmt::Write as _;
 
 use super::header;
-use crate::conn_limit::Connections;
+use gateway_transport::conn_limit::Connections;
 
 /// A metric family: name, type, help, and how to read it off a listener.
 type Family = (
