@@ -19,14 +19,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use gateway_proto::v1::HealthCheck;
 use http::{Request, header};
-use http_body_util::Empty;
-use hyper_util::rt::TokioIo;
 use rand::Rng as _;
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
+
+use gateway_transport::body::RequestBody;
+use gateway_transport::h1::{Conn, ExchangeError, SendFailure};
 
 use crate::config::{Compiled, InstanceKey, InstanceState};
 
@@ -88,7 +88,7 @@ pub enum CheckError {
     Connect(#[source] std::io::Error),
     /// The HTTP exchange failed.
     #[error("HTTP error: {0}")]
-    Http(#[source] hyper::Error),
+    Http(#[source] ExchangeError),
     /// The request could not be built (bad path or authority).
     #[error("invalid check request: {0}")]
     Request(#[source] http::Error),
@@ -100,26 +100,28 @@ pub enum CheckError {
     Status(http::StatusCode),
 }
 
-/// Sends one check: `GET path` to `authority` on a fresh connection.
+/// Sends one check: `GET path` to `authority` on a fresh connection, with
+/// the transport's HTTP/1.1 client (the one requests use).
 pub async fn check_once(authority: &str, path: &str, timeout: Duration) -> Result<(), CheckError> {
     let exchange = async {
         let stream = TcpStream::connect(authority)
             .await
             .map_err(CheckError::Connect)?;
         let _ = stream.set_nodelay(true);
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-                .await
-                .map_err(CheckError::Http)?;
-        let conn = tokio::spawn(conn);
         let req = Request::get(path)
             .header(header::HOST, authority)
             .header(header::USER_AGENT, "gateway-health-check")
             .header(header::CONNECTION, "close")
-            .body(Empty::new())
+            .body(RequestBody::empty())
             .map_err(CheckError::Request)?;
-        let resp = sender.send_request(req).await.map_err(CheckError::Http)?;
-        conn.abort();
+        let resp = Conn::new(stream)
+            .send(Box::new(req), authority)
+            .await
+            .map_err(|failure| {
+                CheckError::Http(match failure {
+                    SendFailure::NotSent(_, e) | SendFailure::Failed(e, _) => e,
+                })
+            })?;
         if resp.status().is_success() {
             Ok(())
         } else {
