@@ -354,7 +354,7 @@ impl Args {
             h2_keep_alive: Duration::from_millis(self.h2_keep_alive_ms),
             max_header_bytes: self.max_header_bytes,
             shutdown_grace: Duration::from_millis(self.shutdown_timeout_ms),
-            refusal: |why| crate::error::ProxyError::BadRequest(why).into_response(),
+            refusal: crate::error::refusal,
         }
     }
 

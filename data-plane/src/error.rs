@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use gateway_transport::body::ResponseBody;
+use gateway_transport::h1_server::Refusal;
 use gateway_transport::pool::ConnectError;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
@@ -65,6 +66,10 @@ pub enum ProxyError {
     /// The client's body could not be read (400).
     #[error("the request body could not be read")]
     ClientBody(#[source] gateway_transport::body::ClientBodyError),
+    /// The client sent part of a request head and then nothing for
+    /// `--header-read-timeout-ms` (408).
+    #[error("the request head stalled for {0:?}")]
+    HeadTimeout(Duration),
     /// The client sent no byte of its body for `--body-read-timeout-ms` (408).
     #[error("the request body stalled for {0:?}")]
     BodyTimeout(Duration),
@@ -134,7 +139,7 @@ impl ProxyError {
             Self::NotReady | Self::NoInstance | Self::TunnelLimit => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyTimeout(_) | Self::HeadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BadUpgrade(_) => StatusCode::BAD_GATEWAY,
             Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) | Self::ApiKey(_) => StatusCode::UNAUTHORIZED,
@@ -156,6 +161,7 @@ impl ProxyError {
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::ClientBody(_) => "client_body",
             Self::BodyTimeout(_) => "body_timeout",
+            Self::HeadTimeout(_) => "head_timeout",
             Self::TunnelLimit => "tunnel_limit",
             Self::BadUpgrade(_) => "bad_upgrade",
             Self::NotReady => "not_ready",
@@ -244,6 +250,12 @@ impl ProxyError {
                 "bad-request-body",
                 "Bad request body",
                 "The request body could not be read."
+            ),
+            Self::HeadTimeout(_) => problem!(
+                408,
+                "head-timeout",
+                "Request timeout",
+                "The request head stalled longer than the gateway waits for it."
             ),
             Self::BodyTimeout(_) => problem!(
                 408,
@@ -432,6 +444,17 @@ impl ProxyError {
     }
 }
 
+/// The answer to a head the transport refused before the pipeline saw it
+/// (`HttpSettings::refusal`): the same problem documents as every other error.
+pub fn refusal(refused: Refusal) -> Response<ResponseBody> {
+    match refused {
+        Refusal::BadRequest(why) => ProxyError::BadRequest(why),
+        Refusal::HeadTooLarge(limit) => ProxyError::HeadersTooLarge { limit },
+        Refusal::HeadTimeout(waited) => ProxyError::HeadTimeout(waited),
+    }
+    .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +493,7 @@ mod tests {
             ProxyError::NoInstance,
             ProxyError::Timeout(Duration::from_secs(1)),
             ProxyError::BodyTimeout(Duration::from_secs(1)),
+            ProxyError::HeadTimeout(Duration::from_secs(1)),
             ProxyError::TunnelLimit,
             ProxyError::BadUpgrade("x"),
             ProxyError::AggregatePart {

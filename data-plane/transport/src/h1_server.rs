@@ -20,18 +20,20 @@
 //! the answer closes the connection, which lingers briefly so the client
 //! reads the answer before the close.
 //!
+//! A head that does not parse, is too large, or is ambiguous is refused here
+//! ([`Refusal`]: 400, 431; a partial head that stalls, 408) with the answer
+//! the application writes, and the connection closed.
+//!
 //! Everything else goes to hyper, with the bytes read so far put back in
 //! front of the socket ([`Rewind`]), for one request: upgrades, `CONNECT`,
-//! HTTP/1.0, other transfer codings or expectations, and any head that does
-//! not parse or is too large (hyper then answers 400 or 431 exactly as it
-//! always has). hyper serves that one request and closes the connection
-//! (`server.rs`), so every later request on a connection is framed here,
-//! where an ambiguous head is refused.
+//! HTTP/1.0, other transfer codings or expectations. hyper serves that one
+//! request and closes the connection (`server.rs`), so every later request
+//! on a connection is framed here, where an ambiguous head is refused.
 //!
 //! What it keeps of hyper's behaviour:
 //! * the header read timeout runs from the moment a head is awaited (idle
 //!   keep-alive time included); a client that has sent part of a head then
-//!   gets a 408, an idle one is just closed;
+//!   gets a 408 ([`Refusal::HeadTimeout`]), an idle one is just closed;
 //! * a client that closes its connection while its request is in flight
 //!   cancels the request (no half-close), unless it has pipelined bytes
 //!   meanwhile, which are kept for the next request;
@@ -105,9 +107,22 @@ pub(crate) enum Parsed {
     Request(Box<Request<ClientBody>>, Exchange),
     /// Something for hyper (the buffer is untouched).
     Hyper,
-    /// A head whose framing is ambiguous (issue 25): answered 400 here and the
-    /// connection closed, before hyper would pick one reading of it.
-    Refused(&'static str),
+    /// A head refused here (the buffer is untouched): answered and the
+    /// connection closed. Ambiguous framing (issue 25) is refused before
+    /// anything could pick one reading of it.
+    Refused(Refusal),
+}
+
+/// A request head refused before any handler sees it. The application's
+/// `refusal` function writes the answer; the connection closes after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A malformed head, or one whose framing is ambiguous (400).
+    BadRequest(&'static str),
+    /// A head larger than the server reads, this many bytes (431).
+    HeadTooLarge(usize),
+    /// Part of a head, and then nothing for the header read timeout (408).
+    HeadTimeout(Duration),
 }
 
 /// What the connection needs to know about a request to answer it.
@@ -153,7 +168,7 @@ pub async fn serve<H, Fut>(
     header_read_timeout: Duration,
     write_timeout: Duration,
     max_head_bytes: usize,
-    refusal: fn(&'static str) -> Response<ResponseBody>,
+    refusal: fn(Refusal) -> Response<ResponseBody>,
     handler: &H,
     stop: &watch::Receiver<()>,
 ) -> Ended
@@ -182,15 +197,11 @@ where
                 Parsed::Hyper => return Ended::Handover(Rewind::new(buf.freeze(), io)),
                 Parsed::Refused(why) => {
                     let answer = refusal(why);
-                    let refused = Exchange {
-                        head: false,
-                        close: true,
-                        body: None,
-                        expect_continue: false,
-                    };
                     let mut client = Writer::new(&mut io, timer.as_mut(), write_timeout);
-                    let _ = respond(&mut client, &mut out, answer, refused).await;
+                    let _ = respond(&mut client, &mut out, answer, REFUSED).await;
                     let _ = io.shutdown().await;
+                    // Bytes may follow the refused head: close without a reset.
+                    linger(&mut io, header_read_timeout.min(LINGER)).await;
                     return Ended::Closed;
                 }
                 Parsed::Partial => {}
@@ -206,7 +217,10 @@ where
                 },
                 () = timer.as_mut() => {
                     if !buf.is_empty() {
-                        let _ = io.write_all(REQUEST_TIMEOUT).await;
+                        let answer = refusal(Refusal::HeadTimeout(header_read_timeout));
+                        let mut client = Writer::new(&mut io, timer.as_mut(), write_timeout);
+                        let _ = respond(&mut client, &mut out, answer, REFUSED).await;
+                        let _ = io.shutdown().await;
                     }
                     return Ended::Closed;
                 }
@@ -290,9 +304,13 @@ where
 /// after the connection's last answer.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// The answer to a partial head that took too long (what hyper sends).
-const REQUEST_TIMEOUT: &[u8] =
-    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+/// How a refused head's answer is written: a whole answer, then the close.
+const REFUSED: Exchange = Exchange {
+    head: false,
+    close: true,
+    body: None,
+    expect_continue: false,
+};
 
 /// Parses the request head at the front of `buf`.
 pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
@@ -308,14 +326,16 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     ) {
         Ok(httparse::Status::Complete(len)) if len <= max_head_bytes => len,
         Ok(httparse::Status::Partial) if buf.len() <= max_head_bytes => return Parsed::Partial,
-        // Too large, too many fields, malformed: hyper has the answers.
-        _ => return Parsed::Hyper,
+        Ok(_) | Err(httparse::Error::TooManyHeaders) => {
+            return Parsed::Refused(Refusal::HeadTooLarge(max_head_bytes));
+        }
+        Err(_) => return Parsed::Refused(Refusal::BadRequest("a malformed request head")),
     };
     if req.version != Some(1) {
         return Parsed::Hyper;
     }
     let Ok(method) = Method::from_bytes(req.method.unwrap_or_default().as_bytes()) else {
-        return Parsed::Hyper;
+        return Parsed::Refused(Refusal::BadRequest("a malformed request head"));
     };
     if method == Method::CONNECT {
         return Parsed::Hyper;
@@ -337,11 +357,11 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
         if name_is(name, b"content-length") {
             lengths += 1;
             if f.value.contains(&b',') {
-                return Parsed::Refused("a Content-Length list");
+                return Parsed::Refused(Refusal::BadRequest("a Content-Length list"));
             }
             match content_length(f.value.trim_ascii()) {
                 Some(n) => length = n,
-                None => return Parsed::Refused("an invalid Content-Length"),
+                None => return Parsed::Refused(Refusal::BadRequest("an invalid Content-Length")),
             }
         } else if name_is(name, b"transfer-encoding") {
             codings += 1;
@@ -362,13 +382,15 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
         }
     }
     if lengths > 0 && codings > 0 {
-        return Parsed::Refused("both Content-Length and Transfer-Encoding");
+        return Parsed::Refused(Refusal::BadRequest(
+            "both Content-Length and Transfer-Encoding",
+        ));
     }
     if lengths > 1 {
-        return Parsed::Refused("more than one Content-Length");
+        return Parsed::Refused(Refusal::BadRequest("more than one Content-Length"));
     }
     if hosts > 1 {
-        return Parsed::Refused("more than one Host");
+        return Parsed::Refused(Refusal::BadRequest("more than one Host"));
     }
     if for_hyper || (codings > 0 && !(codings == 1 && chunked)) {
         return Parsed::Hyper;
@@ -385,11 +407,10 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     let spans = FieldSpans::new(buf, req.headers);
     let head = buf.split_to(len).freeze();
     let Ok(uri) = Uri::from_maybe_shared(head.slice(path_at..path_at + path_len)) else {
-        // hyper answers 400; it needs the head back in front of the rest.
-        return reject(buf, head);
+        return refuse(buf, head, "an invalid request target");
     };
     let Ok(headers) = spans.header_map(&head, ADDED_FIELDS) else {
-        return reject(buf, head);
+        return refuse(buf, head, "an invalid header field");
     };
     let exchange = Exchange {
         head: method == Method::HEAD,
@@ -405,13 +426,14 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     Parsed::Request(r, exchange)
 }
 
-/// Puts a consumed head back in front of the buffer, for hyper.
-fn reject(buf: &mut BytesMut, head: Bytes) -> Parsed {
+/// Refuses a head already consumed, putting it back in front of the buffer
+/// (a refusal leaves the buffer as it found it).
+fn refuse(buf: &mut BytesMut, head: Bytes, why: &'static str) -> Parsed {
     let mut whole = BytesMut::with_capacity(head.len() + buf.len());
     whole.extend_from_slice(&head);
     whole.extend_from_slice(buf);
     *buf = whole;
-    Parsed::Hyper
+    Parsed::Refused(Refusal::BadRequest(why))
 }
 
 /// How the response body is framed on the wire.

@@ -76,8 +76,9 @@ pub struct HttpSettings {
     /// Time in-flight requests get to finish after shutdown begins.
     pub shutdown_grace: Duration,
     /// The answer to an HTTP/1.1 head refused before any handler sees it
-    /// (ambiguous framing), given why: the application's error document.
-    pub refusal: fn(&'static str) -> Response<ResponseBody>,
+    /// (malformed, ambiguous, too large, stalled): the application's error
+    /// document.
+    pub refusal: fn(h1_server::Refusal) -> Response<ResponseBody>,
 }
 
 /// The connection builders of one listener, all configured alike.

@@ -20,10 +20,15 @@ async fn pair() -> (TcpStream, TcpStream, SocketAddr) {
     (client, server, peer)
 }
 
-/// The refusal answer of the connections served here: 400, saying why.
-fn refusal(why: &'static str) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::full(format!("refused: {why}")));
-    *resp.status_mut() = StatusCode::BAD_REQUEST;
+/// The refusal answer of the connections served here: its status, saying why.
+fn refusal(refused: Refusal) -> Response<ResponseBody> {
+    let status = match refused {
+        Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Refusal::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        Refusal::HeadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+    };
+    let mut resp = Response::new(ResponseBody::full(format!("refused: {refused:?}")));
+    *resp.status_mut() = status;
     resp
 }
 
@@ -130,13 +135,15 @@ async fn read_responses(client: &mut TcpStream, want: usize) -> String {
         .expect("responses within the deadline")
 }
 
-/// Everything the server sends until it closes the connection.
+/// Everything the server sends until it closes the connection; then the
+/// client closes its side too (a server lingering after its close stops).
 async fn read_until_closed(client: &mut TcpStream) -> String {
     let mut all = Vec::new();
     tokio::time::timeout(DEADLINE, client.read_to_end(&mut all))
         .await
         .expect("closed within the deadline")
         .unwrap();
+    let _ = client.shutdown().await;
     String::from_utf8_lossy(&all).into_owned()
 }
 
@@ -227,15 +234,14 @@ async fn head_answers_keep_their_length_and_send_no_body() {
 
 #[tokio::test]
 async fn requests_for_hyper_come_back_whole() {
-    // An upgrade, another transfer coding or expectation, HTTP/1.0, a
-    // malformed head, CONNECT: hyper's.
+    // An upgrade, another transfer coding or expectation, HTTP/1.0,
+    // CONNECT: hyper's.
     for sent in [
         &b"GET /ws HTTP/1.1\r\nHost: gw\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"[..],
         b"PUT /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
         b"PUT /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         b"POST /x HTTP/1.1\r\nExpect: 200-ok\r\nContent-Length: 0\r\n\r\n",
         b"GET / HTTP/1.0\r\n\r\n",
-        b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
         b"CONNECT gw:443 HTTP/1.1\r\nHost: gw:443\r\n\r\n",
     ] {
         let (mut client, server, peer) = pair().await;
@@ -297,6 +303,9 @@ async fn ambiguous_framing_is_refused_with_400_and_the_connection_closed() {
             b"POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc",
             "CL with another coding",
         ),
+        (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", "a malformed field name"),
+        (b"GET /a b/c HTTP/1.1\r\nHost: gw\r\n\r\n", "a malformed request line"),
+        (b"GET / HTTP/1.1\r\nHost: gw\r\nX: \x01\r\n\r\n", "a control byte in a value"),
     ] {
         let (mut client, server, peer) = pair().await;
         let called = Arc::new(AtomicUsize::new(0));
@@ -309,7 +318,7 @@ async fn ambiguous_framing_is_refused_with_400_and_the_connection_closed() {
         client.write_all(sent).await.unwrap();
         let answer = read_until_closed(&mut client).await;
         assert!(answer.starts_with("HTTP/1.1 400 "), "{why}: {answer}");
-        assert!(answer.contains("refused: "), "the refusal answer: {why}: {answer}");
+        assert!(answer.contains("refused: BadRequest"), "the refusal answer: {why}: {answer}");
         assert!(matches!(task.await.unwrap(), Ended::Closed), "{why}");
         assert_eq!(called.load(Ordering::SeqCst), 0, "{why}");
     }
@@ -789,4 +798,57 @@ async fn a_client_gone_before_its_body_ends_cancels_the_request() {
         cancelled.load(Ordering::SeqCst),
         "the request's future was dropped"
     );
+}
+
+#[tokio::test]
+async fn a_head_too_large_is_refused_431_and_a_stalled_one_408() {
+    // Larger than the server reads (64 KiB here): 431, whole or still partial.
+    for complete in [true, false] {
+        let (mut client, server, peer) = pair().await;
+        let (task, _stop) = spawn_serve(server, peer, echo);
+        let mut head = format!(
+            "GET / HTTP/1.1\r\nHost: gw\r\nX-Big: {}\r\n",
+            "a".repeat(70 * 1024)
+        );
+        if complete {
+            head.push_str("\r\n");
+        }
+        client.write_all(head.as_bytes()).await.unwrap();
+        let answer = read_until_closed(&mut client).await;
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+        assert!(answer.contains("refused: HeadTooLarge(65536)"), "{answer}");
+        assert!(matches!(task.await.unwrap(), Ended::Closed));
+    }
+    // Too many fields: 431 as well.
+    let (mut client, server, peer) = pair().await;
+    let (_task, _stop) = spawn_serve(server, peer, echo);
+    let mut head = String::from("GET / HTTP/1.1\r\nHost: gw\r\n");
+    for i in 0..MAX_HEADERS {
+        head.push_str(&format!("X-{i}: 1\r\n"));
+    }
+    head.push_str("\r\n");
+    client.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut client).await;
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn part_of_a_head_and_then_nothing_is_answered_408() {
+    let (mut client, server, peer) = pair().await;
+    let (task, _stop) = spawn_serve(server, peer, echo);
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: g")
+        .await
+        .unwrap();
+    // The header read timeout here is 30 s (paused time: no real wait).
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), client.read_to_end(&mut all))
+        .await
+        .expect("closed after the header read timeout")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&all);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("refused: HeadTimeout(30s)"), "{answer}");
+    assert!(answer.contains("connection: close\r\n"), "{answer}");
+    assert!(matches!(task.await.unwrap(), Ended::Closed));
 }
