@@ -34,12 +34,13 @@ use std::time::Duration;
 
 use gateway_telemetry::inject;
 use gateway_transport::body::{RequestBody, ResponseBody, UpstreamBody};
+use gateway_transport::h1::Upgrade;
 use gateway_transport::in_flight::InFlight;
 use gateway_transport::pool::SendError;
 use gateway_transport::tunnels::Tunnel;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
-use http::{Method, Response, StatusCode, Version};
+use http::{Method, Response, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
@@ -141,7 +142,7 @@ pub async fn forward<'a>(
     client.set_upstream_instance(&instance.id);
     inject(req.headers_mut(), &client.context(), trace.tracestate);
     let in_flight = instance.start_request();
-    let sent = tokio::time::timeout(route.timeout, instance.pool.send_upgrade(*req)).await;
+    let sent = tokio::time::timeout(route.timeout, instance.pool.send_upgrade(req)).await;
     let failure = match sent {
         Err(_) => Some((
             UpstreamErrorKind::Timeout,
@@ -156,9 +157,8 @@ pub async fn forward<'a>(
         Ok(Err(SendError::Failed { error, .. })) => {
             Some((UpstreamErrorKind::Protocol, ProxyError::Upstream(error)))
         }
-        Ok(Ok(resp))
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS
-                && let Err(why) = completes_handshake(resp.headers(), &expected_accept) =>
+        Ok(Ok(Upgrade::Switched(resp, _)))
+            if let Err(why) = completes_handshake(resp.headers(), &expected_accept) =>
         {
             BAD_UPGRADES.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(upstream = %upstream.name, instance = %instance.id, why, "upstream 101 does not complete the WebSocket handshake");
@@ -264,20 +264,22 @@ fn kind_label(kind: UpstreamErrorKind) -> &'static str {
 /// The client's answer to the upstream's answer `resp`: on 101 the tunnel
 /// starts; anything else is proxied (its connection closes with the body).
 fn answer(
-    mut resp: Response<hyper::body::Incoming>,
+    upstream: Upgrade,
     client_side: OnUpgrade,
     idle: Duration,
     metrics: &Arc<RouteMetrics>,
     in_flight: InFlight,
 ) -> Response<ResponseBody> {
-    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    let upstream_side = switching.then(|| hyper::upgrade::on(&mut resp));
-    let (mut parts, body) = resp.into_parts();
-    remove_hop_by_hop(&mut parts.headers, Strip::Response);
-    let Some(upstream_side) = upstream_side else {
-        let body = UpstreamBody::unpooled(body, in_flight);
-        return Response::from_parts(parts, ResponseBody::Upstream(body));
+    let (mut parts, upstream_side) = match upstream {
+        Upgrade::Answered(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            remove_hop_by_hop(&mut parts.headers, Strip::Response);
+            let body = UpstreamBody::unpooled(body, in_flight);
+            return Response::from_parts(parts, ResponseBody::Upstream(body));
+        }
+        Upgrade::Switched(resp, upgraded) => (resp.into_parts().0, upgraded),
     };
+    remove_hop_by_hop(&mut parts.headers, Strip::Response);
     parts
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -288,9 +290,9 @@ fn answer(
     tokio::spawn(async move {
         let _guard = guard;
         let _in_flight = in_flight;
-        match tokio::try_join!(client_side, upstream_side) {
-            Ok((client, upstream)) => {
-                let outcome = tunnel(TokioIo::new(client), TokioIo::new(upstream), idle).await;
+        match client_side.await {
+            Ok(client) => {
+                let outcome = tunnel(TokioIo::new(client), upstream_side, idle).await;
                 tracing::debug!(?outcome, "websocket tunnel closed");
             }
             Err(e) => tracing::debug!(error = %e, "websocket upgrade did not complete"),

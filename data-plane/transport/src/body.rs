@@ -297,11 +297,9 @@ pub struct UpstreamBody {
 
 #[derive(Debug)]
 enum Upstream {
-    /// Read from a pooled connection ([`crate::h1`]); `None` once the
+    /// Read from an upstream connection ([`crate::h1`]); `None` once the
     /// connection went back to its pool.
     H1(Option<H1Body>),
-    /// The answer to an upgrade request, from its hyper connection.
-    Hyper(Incoming),
 }
 
 impl UpstreamBody {
@@ -325,12 +323,13 @@ impl UpstreamBody {
 
     /// Wraps the body of a response whose connection is never pooled (the
     /// non-101 answer to an upgrade request): the connection closes with it.
-    pub fn unpooled(inner: Incoming, in_flight: InFlight) -> Self {
+    pub fn unpooled(mut inner: H1Body, in_flight: InFlight) -> Self {
+        let fields = inner.take_fields();
         Self {
-            inner: Upstream::Hyper(inner),
+            inner: Upstream::H1(Some(inner)),
             checkin: None,
             _in_flight: in_flight,
-            fields: None,
+            fields,
         }
     }
 
@@ -357,9 +356,6 @@ impl Body for UpstreamBody {
         let polled = match &mut this.inner {
             Upstream::H1(Some(b)) => Pin::new(b).poll_frame(cx),
             Upstream::H1(None) => Poll::Ready(None),
-            Upstream::Hyper(b) => Pin::new(b)
-                .poll_frame(cx)
-                .map(|f| f.map(|r| r.map_err(ExchangeError::from))),
         };
         match &polled {
             Poll::Ready(None) => this.finish(),
@@ -374,7 +370,6 @@ impl Body for UpstreamBody {
         match &self.inner {
             Upstream::H1(Some(b)) => b.is_end_stream(),
             Upstream::H1(None) => true,
-            Upstream::Hyper(b) => b.is_end_stream(),
         }
     }
 
@@ -382,7 +377,6 @@ impl Body for UpstreamBody {
         match &self.inner {
             Upstream::H1(Some(b)) => b.size_hint(),
             Upstream::H1(None) => SizeHint::with_exact(0),
-            Upstream::Hyper(b) => b.size_hint(),
         }
     }
 }

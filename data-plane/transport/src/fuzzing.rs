@@ -207,7 +207,7 @@ fn same_fields<'a>(map: &HeaderMap, fields: impl Iterator<Item = (&'a [u8], &'a 
 pub fn h1_response(data: &[u8]) {
     for head_request in [false, true] {
         let mut buf = BytesMut::from(data);
-        let Ok(Some(head)) = h1::parse_head(&mut buf, head_request) else {
+        let Ok(Some(head)) = h1::parse_head(&mut buf, head_request, false) else {
             continue;
         };
         let consumed = data.len() - buf.len();

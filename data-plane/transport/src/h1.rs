@@ -19,8 +19,9 @@
 //! * the body is sent while the response is awaited: an upstream that answers
 //!   before it has read the whole body gets its answer forwarded, and the
 //!   connection is closed afterwards;
-//! * interim 1xx responses are skipped; a 101 is refused (upgrades go through
-//!   hyper, [`crate::pool::Pool::send_upgrade`]);
+//! * interim 1xx responses are skipped; a 101 is refused, except as the
+//!   answer to an upgrade request ([`Conn::upgrade`], which hands the
+//!   connection over to the new protocol);
 //! * response framing: none for HEAD, 204 and 304; chunked when it is the last
 //!   transfer coding (trailers are read and dropped); otherwise
 //!   `Content-Length` (every value must agree), or the body runs until the
@@ -75,9 +76,6 @@ pub enum ExchangeError {
     /// The client's request body could not be forwarded.
     #[error("the request body could not be forwarded")]
     Body(#[source] RequestBodyError),
-    /// An exchange on a hyper connection (upgrade requests) failed.
-    #[error(transparent)]
-    Hyper(#[from] hyper::Error),
 }
 
 /// A failed [`Conn::send`].
@@ -167,7 +165,7 @@ impl Conn {
         let head_request = req.method() == Method::HEAD;
         let mut early = false;
         let head = match framing {
-            ReqFraming::Empty => read_head(&mut self.io, &mut self.buf, head_request).await,
+            ReqFraming::Empty => read_head(&mut self.io, &mut self.buf, head_request, false).await,
             _ => {
                 let (mut rd, mut wr) = self.io.split();
                 let mut sending = std::pin::pin!(write_body(&mut wr, req.body_mut(), framing));
@@ -189,7 +187,7 @@ impl Conn {
                                 Err(e) => write_failed = Some(e),
                             }
                         }
-                        head = read_head(&mut rd, &mut self.buf, head_request) => {
+                        head = read_head(&mut rd, &mut self.buf, head_request, false) => {
                             // An answer before the whole body: forward it, then close.
                             early = !sent || write_failed.is_some();
                             break head.map_err(|e| write_failed.take().unwrap_or(e));
@@ -198,10 +196,14 @@ impl Conn {
                 }
             }
         };
-        let head = match head {
-            Ok(head) => head,
-            Err(e) => return Err(failed(e, req, framing)),
-        };
+        match head {
+            Ok(head) => Ok(self.response(head, early)),
+            Err(e) => Err(failed(e, req, framing)),
+        }
+    }
+
+    /// The response whose `head` was read; its body reads this connection.
+    fn response(self: Box<Self>, head: Head, early: bool) -> Response<H1Body> {
         let Head {
             status,
             version,
@@ -216,7 +218,113 @@ impl Conn {
         *resp.status_mut() = status;
         *resp.version_mut() = version;
         *resp.headers_mut() = headers;
-        Ok(resp)
+        resp
+    }
+
+    /// Sends an upgrade request (bodiless; origin-form URI, `Connection:
+    /// upgrade` and `Upgrade` set by the caller) and reads the answer. A 101
+    /// hands the connection over ([`Upgrade::Switched`]); any other answer is
+    /// read as a response whose connection is never reused.
+    pub async fn upgrade(
+        mut self: Box<Self>,
+        req: Box<Request<RequestBody>>,
+        authority: &str,
+    ) -> Result<Upgrade, SendFailure> {
+        encode_head(&mut self.head, &req, ReqFraming::Empty, authority);
+        let mut written = 0;
+        while written < self.head.len() {
+            let e = match self.io.write(&self.head[written..]).await {
+                Ok(0) => ExchangeError::Io(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    written += n;
+                    continue;
+                }
+                Err(e) => ExchangeError::Io(e),
+            };
+            return Err(if written == 0 {
+                SendFailure::NotSent(req, e)
+            } else {
+                failed(e, req, ReqFraming::Empty)
+            });
+        }
+        let head = match read_head(&mut self.io, &mut self.buf, false, true).await {
+            Ok(head) => head,
+            Err(e) => return Err(failed(e, req, ReqFraming::Empty)),
+        };
+        if head.status != StatusCode::SWITCHING_PROTOCOLS {
+            // Never pooled: the connection closes with the body.
+            return Ok(Upgrade::Answered(self.response(head, true)));
+        }
+        let (parts, body) = self.response(head, true).into_parts();
+        let conn = body.conn;
+        Ok(Upgrade::Switched(
+            Response::from_parts(parts, ()),
+            Upgraded {
+                read: conn.buf.freeze(),
+                io: conn.io,
+            },
+        ))
+    }
+}
+
+/// What an upgrade request got back ([`Conn::upgrade`]).
+#[derive(Debug)]
+pub enum Upgrade {
+    /// 101 Switching Protocols: the connection is the new protocol's now.
+    Switched(Response<()>, Upgraded),
+    /// Any other answer, as a response (its connection closes with the body).
+    Answered(Response<H1Body>),
+}
+
+impl Upgrade {
+    /// The answer's status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Switched(resp, _) => resp.status(),
+            Self::Answered(resp) => resp.status(),
+        }
+    }
+}
+
+/// An upstream connection after its 101: the bytes read past the head come
+/// first, then the socket's.
+#[derive(Debug)]
+pub struct Upgraded {
+    read: Bytes,
+    io: TcpStream,
+}
+
+impl tokio::io::AsyncRead for Upgraded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        dst: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.read.is_empty() {
+            let n = self.read.len().min(dst.remaining());
+            dst.put_slice(&self.read[..n]);
+            self.read.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, dst)
+    }
+}
+
+impl tokio::io::AsyncWrite for Upgraded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -380,10 +488,11 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     head_request: bool,
+    upgrade: bool,
 ) -> Result<Head, ExchangeError> {
     loop {
         if !buf.is_empty()
-            && let Some(head) = parse_head(buf, head_request)?
+            && let Some(head) = parse_head(buf, head_request, upgrade)?
         {
             return Ok(head);
         }
@@ -398,10 +507,13 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
 }
 
 /// Parses a response head at the start of `buf` and consumes it; interim
-/// (1xx) heads are consumed and skipped. `None`: more bytes are needed.
+/// (1xx) heads are consumed and skipped, except a 101 to an `upgrade`
+/// request, which is the final head (any other 101 is invalid). `None`: more
+/// bytes are needed.
 pub(crate) fn parse_head(
     buf: &mut BytesMut,
     head_request: bool,
+    upgrade: bool,
 ) -> Result<Option<Head>, ExchangeError> {
     loop {
         // Uninitialised: a response head is parsed per exchange, and zeroing
@@ -435,8 +547,9 @@ pub(crate) fn parse_head(
         } else {
             Version::HTTP_11
         };
-        if status.is_informational() {
-            if status == StatusCode::SWITCHING_PROTOCOLS {
+        let switched = status == StatusCode::SWITCHING_PROTOCOLS;
+        if status.is_informational() && !(switched && upgrade) {
+            if switched {
                 return Err(ExchangeError::Invalid("unexpected 101 Switching Protocols"));
             }
             buf.advance(len);
@@ -445,10 +558,21 @@ pub(crate) fn parse_head(
             }
             continue;
         }
-        let (framing, keep_alive, drop_length) =
-            framing_of(status, version, res.headers, head_request)?;
-        // The fields stay bytes when they can ([`crate::response_head`]), else become a map.
-        let (headers, fields) = match Kept::scan(buf, res.headers, drop_length) {
+        let (framing, keep_alive, drop_length) = if switched {
+            // What follows a 101 is the new protocol's, not a body.
+            (RespFraming::Length(0), false, false)
+        } else {
+            framing_of(status, version, res.headers, head_request)?
+        };
+        // The fields stay bytes when they can ([`crate::response_head`]), else
+        // become a map; a 101's become a map whole (its hop-by-hop fields are
+        // the handshake).
+        let kept = if switched {
+            None
+        } else {
+            Kept::scan(buf, res.headers, drop_length)
+        };
+        let (headers, fields) = match kept {
             Some(kept) => {
                 let head = buf.split_to(len).freeze();
                 (HeaderMap::new(), Some(kept.into_fields(head)))
@@ -1111,6 +1235,45 @@ mod tests {
         assert!(
             conn.is_none(),
             "a half-sent request's connection is not reused"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_hands_the_connection_over_with_the_bytes_after_the_101() {
+        let switched: &[u8] =
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\nearly";
+        let addr = one_shot(Some(switched), 1).await;
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let Upgrade::Switched(resp, mut io) = conn.upgrade(get("/ws"), "up").await.unwrap() else {
+            panic!("not switched");
+        };
+        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+        assert_eq!(resp.headers()["upgrade"], "websocket");
+        assert_eq!(resp.headers()["connection"], "upgrade");
+        let mut rest = Vec::new();
+        io.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"early", "bytes after the 101 are the new protocol's");
+        // Any other answer is a response whose connection is never pooled.
+        let addr = one_shot(
+            Some(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\nno"),
+            1,
+        )
+        .await;
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let Upgrade::Answered(resp) = conn.upgrade(get("/ws"), "up").await.unwrap() else {
+            panic!("a 403 switched");
+        };
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        let (body, conn) = body_of(resp).await;
+        assert_eq!(body, "no");
+        assert!(conn.is_none(), "an upgrade's connection is never reused");
+        // A 101 to a request that asked for no upgrade is invalid.
+        let addr = one_shot(Some(switched), 1).await;
+        let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+        let failed = conn.send(get("/"), "up").await.unwrap_err();
+        assert!(
+            matches!(failed, SendFailure::Failed(ExchangeError::Invalid(_), _)),
+            "{failed:?}"
         );
     }
 }

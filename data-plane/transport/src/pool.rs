@@ -7,8 +7,8 @@
 //! us intact and may be retried on another instance whatever its method.
 //!
 //! Exchanges use our own HTTP/1.1 client ([`crate::h1`]): the request's task
-//! writes and reads the socket itself. Upgrade requests (WebSockets) go over
-//! a hyper connection of their own ([`Pool::send_upgrade`]).
+//! writes and reads the socket itself. Upgrade requests (WebSockets) go on a
+//! connection of their own ([`Pool::send_upgrade`]), with the same client.
 //!
 //! Idle connections are kept LIFO (the warmest is reused first), at most
 //! `max_idle` of them, each for at most `idle_timeout`; one the upstream has
@@ -25,14 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::RequestBody;
-use crate::h1::{Conn, ExchangeError, H1Body, SendFailure};
+use crate::h1::{Conn, ExchangeError, H1Body, SendFailure, Upgrade};
 use crate::workers::Worker;
 
 /// Pool limits, the same for every instance.
@@ -79,15 +76,6 @@ pub enum ConnectError {
     Timeout {
         /// host:port of the instance.
         authority: Arc<str>,
-    },
-    /// The HTTP/1.1 handshake failed.
-    #[error("HTTP handshake with {authority} failed")]
-    Handshake {
-        /// host:port of the instance.
-        authority: Arc<str>,
-        /// The cause.
-        #[source]
-        source: hyper::Error,
     },
 }
 
@@ -257,51 +245,23 @@ impl Pool {
 
     /// A new hyper connection whose task hands the socket over to
     /// `hyper::upgrade::on` after a 101 answer instead of closing it.
-    async fn connect_upgradable(&self) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
-        let authority = &self.inner.authority;
-        let stream = self.connect_tcp().await?;
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|source| ConnectError::Handshake {
-                authority: authority.clone(),
-                source,
-            })?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
-    }
-
     /// Sends an upgrade request (a WebSocket handshake) on a new connection of
     /// its own, which never joins the idle list: after a 101 its socket belongs
     /// to the tunnel, and after any other answer it is closed with the
     /// response body. Errors as in [`Pool::send`] (never `Failed { reused: true }`).
-    pub async fn send_upgrade(
-        &self,
-        req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, SendError> {
-        let mut sender = match self.connect_upgradable().await {
+    pub async fn send_upgrade(&self, req: Box<Request<RequestBody>>) -> Result<Upgrade, SendError> {
+        let stream = match self.connect_tcp().await {
             Ok(s) => s,
-            Err(error) => {
-                return Err(SendError::Connect {
-                    req: Box::new(req),
-                    error,
-                });
-            }
+            Err(error) => return Err(SendError::Connect { req, error }),
         };
-        sender
-            .try_send_request(req)
+        Conn::new(stream)
+            .upgrade(req, &self.inner.authority)
             .await
-            .map_err(|mut e| match e.take_message() {
-                Some(back) => SendError::NotSent {
-                    req: Box::new(back),
-                    error: e.into_error().into(),
-                },
-                None => SendError::Failed {
-                    error: e.into_error().into(),
-                    req: None,
+            .map_err(|failure| match failure {
+                SendFailure::NotSent(req, error) => SendError::NotSent { req, error },
+                SendFailure::Failed(error, req) => SendError::Failed {
+                    error,
+                    req,
                     reused: false,
                 },
             })
