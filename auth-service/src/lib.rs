@@ -9,6 +9,7 @@
 //! (error → HTTP mapping). Time comes from the workspace's injectable clock (`gateway_clock`).
 
 pub mod args;
+pub mod cli;
 pub mod client_addr;
 pub mod http;
 pub mod keys;

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod args;
 pub mod auth;
 pub mod changes;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod credentials;

@@ -34,6 +34,7 @@ pub mod args;
 pub mod balancer;
 pub mod breaker;
 pub mod cache;
+pub mod cli;
 pub mod coalesce;
 pub mod config;
 pub mod cors;

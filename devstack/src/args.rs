@@ -10,7 +10,12 @@ use clap::builder::BoolishValueParser;
 /// Runs the whole gateway system locally: Redis, control plane, auth
 /// service, mock backends and N data planes, with the demo configuration.
 #[derive(Debug, Parser)]
-#[command(name = "devstack", version, about)]
+#[command(
+    name = "devstack",
+    version,
+    about,
+    after_help = "devstack serve <control-plane|data-plane|auth-service|mock-service> [ARGS...] runs one gateway program in this process, as its own binary would (the stack runs its programs that way unless --bin-dir names their binaries)."
+)]
 pub struct Cli {
     /// Number of data-plane replicas.
     #[arg(long, env = "DEVSTACK_DATA_PLANES", default_value_t = 2,
@@ -34,13 +39,10 @@ pub struct Cli {
     #[arg(long, env = "DEVSTACK_DATABASE")]
     pub database: Option<PathBuf>,
 
-    /// Directory holding the gateway binaries (default: next to devstack).
+    /// Directory holding the gateway binaries to run (default: none; devstack
+    /// runs every program from its own binary, `devstack serve <program>`).
     #[arg(long, env = "GATEWAY_BIN_DIR")]
     pub bin_dir: Option<PathBuf>,
-
-    /// Do not run `cargo build` first, even under `cargo run`.
-    #[arg(long, env = "DEVSTACK_NO_BUILD", value_parser = BoolishValueParser::new())]
-    pub no_build: bool,
 
     /// Keep the temporary directory (logs, databases, caches) on exit.
     #[arg(long, env = "DEVSTACK_KEEP_TEMP", value_parser = BoolishValueParser::new())]

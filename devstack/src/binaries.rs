@@ -5,6 +5,40 @@ use std::path::{Path, PathBuf};
 
 use crate::error::StackError;
 
+/// How to run one of the gateway's programs: an executable, and the
+/// arguments that come before the program's own (`serve <name>` when the
+/// executable is devstack's own binary, which holds every program).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    /// The executable.
+    pub path: PathBuf,
+    /// Arguments before the program's own.
+    pub prefix: Vec<String>,
+}
+
+impl Program {
+    /// A program's own binary.
+    pub fn binary(path: PathBuf) -> Self {
+        Self {
+            path,
+            prefix: Vec::new(),
+        }
+    }
+
+    /// Program `name` run by the multi-call executable `exe` (`exe serve name …`).
+    pub fn multi_call(exe: &Path, name: &str) -> Self {
+        Self {
+            path: exe.to_path_buf(),
+            prefix: vec![crate::serve::SUBCOMMAND.to_owned(), name.to_owned()],
+        }
+    }
+
+    /// The whole argument list for the program's own `args`.
+    pub fn args(&self, args: impl IntoIterator<Item = String>) -> Vec<String> {
+        self.prefix.iter().cloned().chain(args).collect()
+    }
+}
+
 /// Environment variable naming the directory that holds the gateway binaries.
 pub const BIN_DIR_ENV: &str = "GATEWAY_BIN_DIR";
 
@@ -68,6 +102,20 @@ fn is_executable(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_multi_call_program_is_the_executable_with_serve_and_its_name() {
+        let p = Program::multi_call(Path::new("/x/devstack"), "data-plane");
+        assert_eq!(p.path, PathBuf::from("/x/devstack"));
+        assert_eq!(
+            p.args(["--listen".to_owned(), "a".to_owned()]),
+            ["serve", "data-plane", "--listen", "a"]
+        );
+        assert_eq!(
+            Program::binary("/x/data-plane".into()).args(["-v".to_owned()]),
+            ["-v"]
+        );
+    }
 
     #[test]
     fn explicit_dir_is_the_only_one_searched() {

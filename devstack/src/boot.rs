@@ -8,6 +8,7 @@ use gateway_proto::v1::GetConfigRequest;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
+use crate::binaries::Program;
 use crate::demo::demo_config;
 use crate::error::StackError;
 use crate::process::{ProcessSpec, Readiness};
@@ -102,9 +103,9 @@ impl Stack {
                 role.to_owned(),
             ];
             let shown = format!("auth-service {}", args.join(" "));
-            let mut command = Command::new(auth_bin);
+            let mut command = Command::new(&auth_bin.path);
             command
-                .args(&args)
+                .args(auth_bin.args(args.iter().cloned()))
                 .env("NO_COLOR", "1")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -113,7 +114,7 @@ impl Stack {
             sys::kill_when_parent_dies(&mut command);
             let mut child = command.spawn().map_err(|source| StackError::Spawn {
                 name: "auth-service users add".into(),
-                program: auth_bin.clone(),
+                program: auth_bin.path.clone(),
                 source,
             })?;
             if let Some(mut stdin) = child.stdin.take() {
@@ -184,11 +185,11 @@ impl Stack {
     /// Records how to start every process of the stack.
     pub(crate) fn register_all(
         &mut self,
-        redis_bin: Option<PathBuf>,
-        control_plane_bin: PathBuf,
-        data_plane_bin: PathBuf,
-        mock_bin: PathBuf,
-        auth_bin: Option<PathBuf>,
+        redis_bin: Option<Program>,
+        control_plane_bin: Program,
+        data_plane_bin: Program,
+        mock_bin: Program,
+        auth_bin: Option<Program>,
     ) -> Result<(), StackError> {
         let p = self.ports.clone();
         let dir = self.dir.clone();
@@ -363,7 +364,7 @@ impl Stack {
         self.dir.join("control-plane-tokens")
     }
 
-    fn register(&mut self, name: &str, program: PathBuf, args: Vec<String>, readiness: Readiness) {
+    fn register(&mut self, name: &str, program: Program, args: Vec<String>, readiness: Readiness) {
         // Log files are plain text: no colour codes.
         let mut env = vec![("NO_COLOR".to_owned(), "1".to_owned())];
         if let Some(url) = &self.options.otlp_endpoint {
@@ -378,8 +379,8 @@ impl Stack {
         );
         let spec = ProcessSpec {
             name: name.to_owned(),
-            program,
-            args,
+            args: program.args(args),
+            program: program.path,
             env,
             // A FAIL_RATE left in the caller's shell must not make mocks fail.
             env_remove: vec!["FAIL_RATE".to_owned()],

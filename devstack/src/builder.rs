@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::binaries::{find_binary, search_dirs};
+use crate::binaries::{Program, find_binary, search_dirs};
 use crate::error::StackError;
 use crate::pki::Pki;
 use crate::ports::Ports;
@@ -21,6 +21,7 @@ pub(crate) struct Options {
     pub(crate) redis: bool,
     pub(crate) otlp_endpoint: Option<String>,
     pub(crate) bin_dir: Option<PathBuf>,
+    pub(crate) multi_call: Option<PathBuf>,
     pub(crate) fixed_ports: bool,
     pub(crate) database: Option<PathBuf>,
     pub(crate) startup_timeout: Duration,
@@ -49,6 +50,7 @@ impl Default for StackBuilder {
                 redis: true,
                 otlp_endpoint: None,
                 bin_dir: None,
+                multi_call: None,
                 fixed_ports: false,
                 database: None,
                 startup_timeout: Duration::from_secs(60),
@@ -119,6 +121,14 @@ impl StackBuilder {
     /// and the directory of the running executable).
     pub fn bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.options.bin_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs every gateway program from the multi-call executable `exe` (`exe
+    /// serve <program> …`, [`crate::serve`]) instead of its own binary;
+    /// devstack's binary passes itself. An explicit [`Self::bin_dir`] wins.
+    pub fn multi_call(mut self, exe: impl Into<PathBuf>) -> Self {
+        self.options.multi_call = Some(exe.into());
         self
     }
 
@@ -194,16 +204,20 @@ impl StackBuilder {
         }
 
         let dirs = search_dirs(o.bin_dir.as_deref());
-        let control_plane_bin = find_binary("control-plane", &dirs)?;
-        let data_plane_bin = find_binary("data-plane", &dirs)?;
-        let mock_bin = find_binary("mock-service", &dirs)?;
+        let program = |name: &str| match &o.multi_call {
+            Some(exe) if o.bin_dir.is_none() => Ok(Program::multi_call(exe, name)),
+            _ => find_binary(name, &dirs).map(Program::binary),
+        };
+        let control_plane_bin = program("control-plane")?;
+        let data_plane_bin = program("data-plane")?;
+        let mock_bin = program("mock-service")?;
         let auth_bin = if o.auth {
-            Some(find_binary("auth-service", &dirs)?)
+            Some(program("auth-service")?)
         } else {
             None
         };
         let redis_bin = if o.redis {
-            Some(crate::redis::redis_server_binary()?)
+            Some(Program::binary(crate::redis::redis_server_binary()?))
         } else {
             None
         };

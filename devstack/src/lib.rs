@@ -32,6 +32,7 @@ mod process;
 mod readiness;
 pub mod redis;
 pub mod secrets;
+pub mod serve;
 pub mod stack;
 pub mod summary;
 mod sys;

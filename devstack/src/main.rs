@@ -1,20 +1,51 @@
-//! `devstack` binary: builds the workspace when run through `cargo run`,
-//! makes sure Redis is installed, starts the stack, prints how to use it,
-//! and stops everything on SIGINT/SIGTERM.
+//! `devstack` binary: makes sure Redis is installed, starts the stack, prints
+//! how to use it, and stops everything on SIGINT/SIGTERM. It holds every
+//! gateway program too (`devstack serve <program> …`, [`devstack::serve`]),
+//! and runs them from itself unless `--bin-dir` names their own binaries, so
+//! `cargo run --release -p devstack` compiles the tree once.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use devstack::args::Cli;
-use devstack::{Stack, StackError, prereq};
+use devstack::{Stack, StackError, prereq, serve};
 use tokio::signal::unix::{SignalKind, signal};
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
+// The data plane's allocator (data-plane/src/main.rs says why): devstack's
+// binary runs the data planes of the stack.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    let program = args.next();
+    let mut rest = args.peekable();
+    if rest.peek().is_some_and(|a| a == serve::SUBCOMMAND) {
+        rest.next();
+        return match serve::main(rest) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let cli = Cli::parse_from(program.into_iter().chain(rest));
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(devstack_main(cli)),
+        Err(e) => {
+            eprintln!("devstack: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn devstack_main(cli: Cli) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("DEVSTACK_LOG")
@@ -35,9 +66,6 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    if !cli.no_build {
-        build_workspace_under_cargo_run()?;
-    }
     prereq::ensure_redis()?;
 
     let mut builder = Stack::new()
@@ -54,8 +82,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(db) = &cli.database {
         builder = builder.database(std::path::absolute(db)?);
     }
-    if let Some(dir) = &cli.bin_dir {
-        builder = builder.bin_dir(dir.clone());
+    match &cli.bin_dir {
+        Some(dir) => builder = builder.bin_dir(dir.clone()),
+        None => builder = builder.multi_call(std::env::current_exe()?),
     }
 
     let mut term = signal(SignalKind::terminate())?;
@@ -98,46 +127,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn explain(e: StackError) -> anyhow::Error {
     match e {
         StackError::BinaryNotFound { .. } => anyhow::anyhow!(
-            "{e}\nhint: run it as `cargo run -p devstack` (or `cargo run --release -p devstack`), which builds every binary first"
+            "{e}\nhint: build them (`cargo build --release --bins`) or leave out --bin-dir: devstack runs every program from its own binary"
         ),
         other => other.into(),
     }
-}
-
-/// Under `cargo run` (which sets `CARGO`), builds every binary of the
-/// workspace with the same profile as this one, so a fresh clone works with
-/// one command. Cargo's output goes to stderr: stdout is for `--json`.
-fn build_workspace_under_cargo_run() -> anyhow::Result<()> {
-    const SERVICES_AND_DEVSTACK: [&str; 5] = [
-        "control-plane",
-        "data-plane",
-        "auth-service",
-        "mock-service",
-        "devstack",
-    ];
-    let Some(cargo) = std::env::var_os("CARGO") else {
-        return Ok(());
-    };
-    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
-    let mut command = Command::new(cargo);
-    // The five packages with binaries: devstack depends on the other four, so
-    // this build resolves the features `cargo run -p devstack` resolved and
-    // reuses everything it compiled (tests/tests/build_features.rs).
-    command
-        .args(["build", "--bins", "--manifest-path"])
-        .arg(manifest_dir.join("Cargo.toml"));
-    for package in SERVICES_AND_DEVSTACK {
-        command.args(["-p", package]);
-    }
-    if !cfg!(debug_assertions) {
-        command.arg("--release");
-    }
-    command.stdout(std::io::stderr());
-    eprintln!("devstack: building every binary of the workspace ({command:?})");
-    let status = command.status()?;
-    if !status.success() {
-        anyhow::bail!("building the binaries failed ({status}): {command:?}");
-    }
-    Ok(())
 }

@@ -78,7 +78,7 @@ pub struct Stack {
     pub(crate) order: Vec<String>,
     pub(crate) seeded_version: u64,
     pub(crate) http: reqwest::Client,
-    pub(crate) auth_bin: Option<PathBuf>,
+    pub(crate) auth_bin: Option<crate::binaries::Program>,
     pub(crate) tokens: Tokens,
     pub(crate) pki: Option<Pki>,
     /// With `.redis_password(true)`: Redis's `requirepass`.

@@ -2,8 +2,8 @@
 //! one line when ready; SIGTERM stops every process and exits 0; SIGKILL
 //! leaves no orphan behind.
 //!
-//! Needs every gateway binary built next to `devstack`
-//! (`cargo build --workspace --bins`) and `redis-server` on PATH.
+//! Needs `redis-server` on PATH; the gateway programs run from the devstack
+//! binary itself (`devstack serve <program>`).
 #![allow(
     clippy::unwrap_used,
     reason = "test code: unwrap stops the test where it failed"
@@ -25,10 +25,9 @@ struct Running {
 
 async fn start_devstack() -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_devstack"))
-        .args(["--json", "--data-planes", "2", "--no-build"])
-        // `cargo test` sets CARGO; the flag above already skips the build,
-        // and the child must not think it runs under `cargo run` anyway.
-        .env_remove("CARGO")
+        .args(["--json", "--data-planes", "2"])
+        // Every program runs from the devstack binary itself (`devstack serve`).
+        .env_remove("GATEWAY_BIN_DIR")
         .env("DEVSTACK_LOG", "warn")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

@@ -32,6 +32,7 @@
 
 pub mod args;
 pub mod body;
+pub mod cli;
 pub mod config;
 pub mod handler;
 pub mod hooks;

@@ -158,17 +158,7 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
             EnvVar {
                 name: "GATEWAY_BIN_DIR",
                 read_by: "devstack library (test suites)",
-                meaning: "Directory of the gateway binaries when the builder names none (the binary's `--bin-dir` reads it too); default: next to the running executable and its parent directory.",
-            },
-            EnvVar {
-                name: "CARGO",
-                read_by: "devstack",
-                meaning: "Set by `cargo run`: devstack then builds the five packages with binaries first (`cargo build --bins -p …`, same profile), unless `--no-build`.",
-            },
-            EnvVar {
-                name: "CARGO_MANIFEST_DIR",
-                read_by: "devstack",
-                meaning: "Set by `cargo run`: where the workspace to build is (default: the directory devstack was built from).",
+                meaning: "Directory of the gateway binaries when the builder names none (the binary's `--bin-dir` reads it too); default for the library: next to the running executable and its parent directory; the binary without it runs every program from itself (`devstack serve`).",
             },
             EnvVar {
                 name: "PATH",
