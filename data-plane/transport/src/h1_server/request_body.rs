@@ -279,7 +279,9 @@ impl Drop for Feeder {
 pub(crate) async fn linger(io: &mut TcpStream, limit: std::time::Duration) {
     const MOST: usize = 1 << 20;
     let drain = async {
-        let mut sink = [0u8; 4096];
+        // On the heap: an array here would sit in every connection's future
+        // (serve awaits this), 4 KiB per idle connection.
+        let mut sink = vec![0u8; 4096];
         let mut total = 0;
         while total < MOST {
             match tokio::io::AsyncReadExt::read(io, &mut sink).await {

@@ -852,3 +852,35 @@ async fn part_of_a_head_and_then_nothing_is_answered_408() {
     assert!(answer.contains("connection: close\r\n"), "{answer}");
     assert!(matches!(task.await.unwrap(), Ended::Closed));
 }
+
+/// What an idle connection costs is mostly the size of this future (plus the
+/// handler's own, inline in it): a large local held across an await, such as
+/// a buffer on the stack of a function it awaits, sits in every connection's
+/// memory. 10,000 idle connections are measured by `scripts/bench`; this
+/// keeps the transport's own share from growing unnoticed.
+#[tokio::test]
+async fn the_connection_future_stays_small() {
+    let (_client, server, peer) = pair().await;
+    let (_stop_tx, stop) = watch::channel(());
+    let handler = |_req: Box<Request<ClientBody>>, _peer: SocketAddr| async {
+        Response::new(ResponseBody::empty())
+    };
+    let serving = serve(
+        server,
+        BytesMut::new(),
+        peer,
+        Duration::from_secs(30),
+        WRITE_TIMEOUT,
+        64 * 1024,
+        refusal,
+        &handler,
+        &stop,
+    );
+    // 1,912 bytes in a debug build when written (a 4 KiB buffer held in it
+    // by mistake made it over 6 KiB).
+    let size = std::mem::size_of_val(&serving);
+    assert!(
+        size <= 3 * 1024,
+        "h1_server::serve's future is {size} bytes"
+    );
+}
