@@ -331,9 +331,6 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
         }
         Err(_) => return Parsed::Refused(Refusal::BadRequest("a malformed request head")),
     };
-    if req.version != Some(1) {
-        return Parsed::Hyper;
-    }
     let Ok(method) = Method::from_bytes(req.method.unwrap_or_default().as_bytes()) else {
         return Parsed::Refused(Refusal::BadRequest("a malformed request head"));
     };
@@ -392,7 +389,8 @@ pub(crate) fn parse(buf: &mut BytesMut, max_head_bytes: usize) -> Parsed {
     if hosts > 1 {
         return Parsed::Refused(Refusal::BadRequest("more than one Host"));
     }
-    if for_hyper || (codings > 0 && !(codings == 1 && chunked)) {
+    // HTTP/1.0 is hyper's, once its framing was found unambiguous.
+    if req.version != Some(1) || for_hyper || (codings > 0 && !(codings == 1 && chunked)) {
         return Parsed::Hyper;
     }
     let body = if chunked {

@@ -304,6 +304,10 @@ async fn ambiguous_framing_is_refused_with_400_and_the_connection_closed() {
             "CL with another coding",
         ),
         (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", "a malformed field name"),
+        (
+            b"POST /x HTTP/1.0\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "CL and TE on HTTP/1.0",
+        ),
         (b"GET /a b/c HTTP/1.1\r\nHost: gw\r\n\r\n", "a malformed request line"),
         (b"GET / HTTP/1.1\r\nHost: gw\r\nX: \x01\r\n\r\n", "a control byte in a value"),
     ] {
