@@ -660,3 +660,48 @@ async fn past_max_connections_new_connections_are_closed_at_once() -> Result<()>
     .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expect_100_continue_is_answered_when_the_body_is_wanted() -> Result<()> {
+    let stack = hardened().await?;
+    let gw = addr(&stack.gateways()[0]);
+    let users = stack.ports().users_1;
+    let before = mock_requests(users).await?;
+    // The route forwards the body: `100 Continue` first, then the answer.
+    let mut s = TcpStream::connect(gw).await?;
+    s.write_all(
+        b"POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let mut got = vec![0u8; interim.len()];
+    tokio::time::timeout(SLACK, s.read_exact(&mut got))
+        .await
+        .context("no 100 Continue in time")??;
+    ensure!(got == interim, "{:?}", String::from_utf8_lossy(&got));
+    s.write_all(b"hello").await?;
+    let (_, raw) = closed_within(&mut s, SLACK).await?;
+    let answer = RawResponse::parse(&raw)?;
+    ensure!(answer.status == 200, "{} {:?}", answer.status, answer.body);
+    ensure!(
+        mock_requests(users).await? == before + 1,
+        "the mock got the request"
+    );
+    // A declared body over --max-body-bytes (10 MiB by default) is refused
+    // before it is wanted: no 100, a 413 and the connection closed.
+    let mut s = TcpStream::connect(gw).await?;
+    s.write_all(
+        b"POST /open/users/1 HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 20971520\r\n\r\n",
+    )
+    .await?;
+    let (_, raw) = closed_within(&mut s, SLACK).await?;
+    let text = String::from_utf8_lossy(&raw);
+    ensure!(!text.contains("100 Continue"), "{text}");
+    let answer = RawResponse::parse(&raw)?;
+    ensure!(answer.status == 413, "{} {:?}", answer.status, answer.body);
+    ensure!(
+        mock_requests(users).await? == before + 1,
+        "the refused request never reached the mock"
+    );
+    Ok(())
+}
