@@ -50,6 +50,7 @@ use tokio_util::io::poll_read_buf;
 use crate::body::{RequestBody, RequestBodyError};
 use crate::framing::{Decoder, Step, content_length};
 use crate::response_head::{Kept, RawFields};
+use crate::rewind::Rewind;
 
 /// Most header fields a response head may have.
 pub const MAX_HEADERS: usize = 100;
@@ -132,10 +133,21 @@ impl Conn {
 
     /// Sends `req` (origin-form URI) and reads the response head. `authority`
     /// is the `Host` sent when the request has none.
-    pub async fn send(
+    pub fn send<'a>(
+        self: Box<Self>,
+        req: Box<Request<RequestBody>>,
+        authority: &'a str,
+    ) -> impl Future<Output = Result<Response<H1Body>, SendFailure>> + Send + 'a {
+        self.exchange(req, authority, false)
+    }
+
+    /// [`Conn::send`]; with `upgrade`, a 101 is the answer (the request is
+    /// bodiless then).
+    async fn exchange(
         mut self: Box<Self>,
         mut req: Box<Request<RequestBody>>,
         authority: &str,
+        upgrade: bool,
     ) -> Result<Response<H1Body>, SendFailure> {
         let framing = if req.body().is_end_stream() {
             ReqFraming::Empty
@@ -165,7 +177,9 @@ impl Conn {
         let head_request = req.method() == Method::HEAD;
         let mut early = false;
         let head = match framing {
-            ReqFraming::Empty => read_head(&mut self.io, &mut self.buf, head_request, false).await,
+            ReqFraming::Empty => {
+                read_head(&mut self.io, &mut self.buf, head_request, upgrade).await
+            }
             _ => {
                 let (mut rd, mut wr) = self.io.split();
                 let mut sending = std::pin::pin!(write_body(&mut wr, req.body_mut(), framing));
@@ -197,7 +211,8 @@ impl Conn {
             }
         };
         match head {
-            Ok(head) => Ok(self.response(head, early)),
+            // An upgrade's connection is never reused, whatever the answer.
+            Ok(head) => Ok(self.response(head, early || upgrade)),
             Err(e) => Err(failed(e, req, framing)),
         }
     }
@@ -226,43 +241,20 @@ impl Conn {
     /// hands the connection over ([`Upgrade::Switched`]); any other answer is
     /// read as a response whose connection is never reused.
     pub async fn upgrade(
-        mut self: Box<Self>,
+        self: Box<Self>,
         req: Box<Request<RequestBody>>,
         authority: &str,
     ) -> Result<Upgrade, SendFailure> {
-        encode_head(&mut self.head, &req, ReqFraming::Empty, authority);
-        let mut written = 0;
-        while written < self.head.len() {
-            let e = match self.io.write(&self.head[written..]).await {
-                Ok(0) => ExchangeError::Io(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    written += n;
-                    continue;
-                }
-                Err(e) => ExchangeError::Io(e),
-            };
-            return Err(if written == 0 {
-                SendFailure::NotSent(req, e)
-            } else {
-                failed(e, req, ReqFraming::Empty)
-            });
-        }
-        let head = match read_head(&mut self.io, &mut self.buf, false, true).await {
-            Ok(head) => head,
-            Err(e) => return Err(failed(e, req, ReqFraming::Empty)),
-        };
-        if head.status != StatusCode::SWITCHING_PROTOCOLS {
+        let resp = self.exchange(req, authority, true).await?;
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // Never pooled: the connection closes with the body.
-            return Ok(Upgrade::Answered(self.response(head, true)));
+            return Ok(Upgrade::Answered(resp));
         }
-        let (parts, body) = self.response(head, true).into_parts();
+        let (parts, body) = resp.into_parts();
         let conn = body.conn;
         Ok(Upgrade::Switched(
             Response::from_parts(parts, ()),
-            Upgraded {
-                read: conn.buf.freeze(),
-                io: conn.io,
-            },
+            Rewind::new(conn.buf.freeze(), conn.io),
         ))
     }
 }
@@ -270,8 +262,9 @@ impl Conn {
 /// What an upgrade request got back ([`Conn::upgrade`]).
 #[derive(Debug)]
 pub enum Upgrade {
-    /// 101 Switching Protocols: the connection is the new protocol's now.
-    Switched(Response<()>, Upgraded),
+    /// 101 Switching Protocols: the connection is the new protocol's now,
+    /// the bytes read past the head in front.
+    Switched(Response<()>, Rewind),
     /// Any other answer, as a response (its connection closes with the body).
     Answered(Response<H1Body>),
 }
@@ -283,48 +276,6 @@ impl Upgrade {
             Self::Switched(resp, _) => resp.status(),
             Self::Answered(resp) => resp.status(),
         }
-    }
-}
-
-/// An upstream connection after its 101: the bytes read past the head come
-/// first, then the socket's.
-#[derive(Debug)]
-pub struct Upgraded {
-    read: Bytes,
-    io: TcpStream,
-}
-
-impl tokio::io::AsyncRead for Upgraded {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        dst: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.read.is_empty() {
-            let n = self.read.len().min(dst.remaining());
-            dst.put_slice(&self.read[..n]);
-            self.read.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.io).poll_read(cx, dst)
-    }
-}
-
-impl tokio::io::AsyncWrite for Upgraded {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

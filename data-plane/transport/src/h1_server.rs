@@ -55,11 +55,11 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use bytes::{Buf as _, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::header;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -69,6 +69,7 @@ use crate::body::{ClientBody, ResponseBody};
 use crate::framing::{Decoder, content_length};
 use crate::h1::{FieldSpans, chunk_line, has_token, list_has_token, name_is};
 use crate::response_head::RawFields;
+use crate::rewind::Rewind;
 
 mod request_body;
 
@@ -725,65 +726,6 @@ impl CachedDate {
             self.at.set(secs);
         }
         out.extend_from_slice(&self.text.get());
-    }
-}
-
-/// A socket with bytes already read from it in front, for hyper.
-pub struct Rewind {
-    prefix: Bytes,
-    io: TcpStream,
-}
-
-impl Rewind {
-    /// `io` with `prefix` (bytes already read from it) read first.
-    pub fn new(prefix: Bytes, io: TcpStream) -> Self {
-        Self { prefix, io }
-    }
-}
-
-impl AsyncRead for Rewind {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        dst: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(dst.remaining());
-            dst.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.io).poll_read(cx, dst)
-    }
-}
-
-impl AsyncWrite for Rewind {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -47,9 +47,10 @@ use tokio::sync::watch;
 use crate::body::{ClientBody, ResponseBody};
 use crate::conn_limit::{Connections, Slot};
 use crate::conn_timer::ConnTimer;
-use crate::h1_server::{self, Ended, Rewind};
+use crate::h1_server::{self, Ended};
 use crate::io_timeout::WriteTimeout;
 use crate::response_head;
+use crate::rewind::Rewind;
 use crate::send_progress::{LastTouch, SendProgress};
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
