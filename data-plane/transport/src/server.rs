@@ -562,6 +562,33 @@ mod tests {
         started.elapsed()
     }
 
+    #[tokio::test]
+    async fn a_connection_that_starts_with_a_lone_p_is_served_by_h1_server() {
+        let (addr, _stop) = listen(Duration::from_secs(10), 10).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // "P" could start the HTTP/2 preface: the server waits for more and
+        // then serves what it read with the rest. The pause gives it the time
+        // to look at the lone "P" (the assertions hold either way: bytes that
+        // arrive together take the ordinary path to the same server).
+        s.write_all(b"P").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.write_all(
+            b"UT /a HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\nhi\
+              GET /b HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut all = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all))
+            .await
+            .expect("closed after the second answer")
+            .unwrap();
+        let text = String::from_utf8_lossy(&all);
+        // Both answered on the one connection: hyper would have closed it
+        // after the first (it serves one request of a connection).
+        assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 2, "{text}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_trickled_preface_gets_the_header_read_timeout() {
         let timeout = Duration::from_secs(10);
