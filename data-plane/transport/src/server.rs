@@ -2,9 +2,9 @@
 //!
 //! Each connection's first bytes are peeked at to pick its protocol: the
 //! HTTP/2 preface means h2c, anything else HTTP/1.1, which
-//! [`crate::h1_server`] serves, handing the rest of the connection to hyper
-//! for what it leaves to hyper (request bodies, upgrades, heads it cannot
-//! take). A connection whose first segment is a strict prefix of the
+//! [`crate::h1_server`] serves, handing one request to hyper for what it
+//! leaves to hyper (upgrades, HTTP/1.0, other transfer codings), after which
+//! hyper closes the connection ([`one_request`]). A connection whose first segment is a strict prefix of the
 //! preface (a client trickling it in) is read until it can be told, within
 //! the header read timeout like any head. The point of serving HTTP/1.1
 //! without hyper's auto builder is memory: an HTTP/1.1 connection is then a
@@ -71,8 +71,9 @@ pub struct HttpSettings {
     /// HTTP/2 keep-alive: a PING after this much silence; a client that does
     /// not answer within the same time is disconnected.
     pub h2_keep_alive: Duration,
-    /// Largest request head; hyper refuses larger ones with 431 before the
-    /// pipeline sees them (the pipeline enforces the exact limit itself).
+    /// Largest request head; twice it (at least 64 KiB) is the most the
+    /// connection layer reads of a head (431 beyond, before the pipeline sees
+    /// it; the pipeline enforces the exact limit itself).
     pub max_header_bytes: usize,
     /// Time in-flight requests get to finish after shutdown begins.
     pub shutdown_grace: Duration,
@@ -84,7 +85,8 @@ pub struct HttpSettings {
 
 /// The connection builders of one listener, all configured alike.
 struct Builders {
-    /// Largest request head read before hyper is left to refuse it (431).
+    /// Largest request head read (h1_server refuses a larger one, 431; hyper's
+    /// HTTP/2 header list has the same bound).
     max_head: usize,
     /// Without a timer: each connection gets its own ([`Builders::http1_connection`]).
     http1: http1::Builder,
@@ -93,9 +95,9 @@ struct Builders {
 
 impl Builders {
     fn new(settings: &HttpSettings) -> Self {
-        // hyper's buffer bounds the head it will parse (431 beyond). Keep it above
-        // our own limit so the pipeline answers with a problem document, and large
-        // enough for efficient body reads.
+        // The most of a head read (431 beyond). Above the pipeline's own limit,
+        // which answers with the exact figure; also hyper's buffer for the
+        // requests it serves, large enough for efficient body reads.
         let buf = (settings.max_header_bytes * 2).max(64 * 1024);
         let max_header_list = u32::try_from(buf).unwrap_or(u32::MAX);
         // Keep-alive stays on for upgrades (hyper's `Connection: close` would
