@@ -287,19 +287,14 @@ impl Body for RequestBody {
 /// connection is closed instead (HTTP/1.1 cannot abandon half a response).
 #[derive(Debug)]
 pub struct UpstreamBody {
-    inner: Upstream,
+    /// Read from an upstream connection ([`crate::h1`]); `None` once the
+    /// connection went back to its pool.
+    inner: Option<H1Body>,
     checkin: Option<Checkin>,
     _in_flight: InFlight,
     /// The response's header fields kept as bytes ([`crate::response_head`]):
     /// outside `inner`, which goes when the body ends.
     fields: Option<Box<RawFields>>,
-}
-
-#[derive(Debug)]
-enum Upstream {
-    /// Read from an upstream connection ([`crate::h1`]); `None` once the
-    /// connection went back to its pool.
-    H1(Option<H1Body>),
 }
 
 impl UpstreamBody {
@@ -309,7 +304,7 @@ impl UpstreamBody {
     pub fn new(mut inner: H1Body, checkin: Checkin, in_flight: InFlight) -> Self {
         let fields = inner.take_fields();
         let mut body = Self {
-            inner: Upstream::H1(Some(inner)),
+            inner: Some(inner),
             checkin: Some(checkin),
             _in_flight: in_flight,
             fields,
@@ -326,7 +321,7 @@ impl UpstreamBody {
     pub fn unpooled(mut inner: H1Body, in_flight: InFlight) -> Self {
         let fields = inner.take_fields();
         Self {
-            inner: Upstream::H1(Some(inner)),
+            inner: Some(inner),
             checkin: None,
             _in_flight: in_flight,
             fields,
@@ -336,8 +331,7 @@ impl UpstreamBody {
     /// The body is complete: its connection goes back to the pool, if it can.
     fn finish(&mut self) {
         if let Some(c) = self.checkin.take()
-            && let Upstream::H1(body) = &mut self.inner
-            && let Some(conn) = body.take().and_then(H1Body::take_conn)
+            && let Some(conn) = self.inner.take().and_then(H1Body::take_conn)
         {
             c.checkin(conn);
         }
@@ -354,8 +348,8 @@ impl Body for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
         let this = self.get_mut();
         let polled = match &mut this.inner {
-            Upstream::H1(Some(b)) => Pin::new(b).poll_frame(cx),
-            Upstream::H1(None) => Poll::Ready(None),
+            Some(b) => Pin::new(b).poll_frame(cx),
+            None => Poll::Ready(None),
         };
         match &polled {
             Poll::Ready(None) => this.finish(),
@@ -368,15 +362,15 @@ impl Body for UpstreamBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Upstream::H1(Some(b)) => b.is_end_stream(),
-            Upstream::H1(None) => true,
+            Some(b) => b.is_end_stream(),
+            None => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Upstream::H1(Some(b)) => b.size_hint(),
-            Upstream::H1(None) => SizeHint::with_exact(0),
+            Some(b) => b.size_hint(),
+            None => SizeHint::with_exact(0),
         }
     }
 }

@@ -232,9 +232,8 @@ where
         let mut body = match exchange.body {
             None => BodyState::Read,
             // The whole body came with the head: handed over as it is.
-            Some(decoder) if decoder.remaining().is_some_and(|n| n <= buf.len() as u64) => {
-                let n = decoder.remaining().unwrap_or_default() as usize;
-                *req.body_mut() = ClientBody::full(buf.split_to(n).freeze());
+            Some(Decoder::Length(n)) if n <= buf.len() as u64 => {
+                *req.body_mut() = ClientBody::full(buf.split_to(n as usize).freeze());
                 BodyState::Read
             }
             Some(decoder) => {

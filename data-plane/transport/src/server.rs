@@ -4,9 +4,10 @@
 //! HTTP/2 preface means h2c, anything else HTTP/1.1, which
 //! [`crate::h1_server`] serves, handing one request to hyper for what it
 //! leaves to hyper (upgrades, HTTP/1.0, other transfer codings), after which
-//! hyper closes the connection ([`one_request`]). A connection whose first segment is a strict prefix of the
-//! preface (a client trickling it in) is read until it can be told, within
-//! the header read timeout like any head. The point of serving HTTP/1.1
+//! hyper closes the connection ([`one_request`]). A connection whose first
+//! segment is a strict prefix of the preface (a client trickling it in) is
+//! read until it can be told, within the header read timeout like any head,
+//! and what was read is the first of it either protocol sees. The point of serving HTTP/1.1
 //! without hyper's auto builder is memory: an HTTP/1.1 connection is then a
 //! task of its own type, without what the auto builder keeps for a
 //! connection that might be HTTP/2 (measured: 6.5 KB less per idle
@@ -414,7 +415,7 @@ async fn connection<F, Fut>(
         };
         match decided {
             Ok(Ok(Some(p))) => {
-                prefix = Some(seen.freeze());
+                prefix = Some(seen);
                 p
             }
             Ok(Ok(None)) | Ok(Err(_)) => return,
@@ -444,7 +445,7 @@ async fn connection<F, Fut>(
         (Protocol::Http1, prefix) => {
             // What is left for hyper after h1_server's handover (the bytes read
             // to decide the protocol, if any, are h1_server's first).
-            let read = prefix.map_or_else(BytesMut::new, |p| BytesMut::from(&p[..]));
+            let read = prefix.unwrap_or_default();
             let served = Box::pin(h1_server::serve(
                 stream,
                 read,
@@ -501,7 +502,7 @@ async fn connection<F, Fut>(
                 })
             };
             let io = WriteTimeout::new(
-                Rewind::new(prefix.unwrap_or_default(), stream),
+                Rewind::new(prefix.unwrap_or_default().freeze(), stream),
                 write_timeout,
             );
             let conn = builders.http2.serve_connection(TokioIo::new(io), service);
