@@ -13,8 +13,8 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use data_plane::api_key::{ApiKeys, X_API_KEY};
-use data_plane::signature::Signer;
+use data_plane::policy::api_key::{ApiKeys, X_API_KEY};
+use data_plane::policy::signature::Signer;
 use gateway_proto::v1::ApiKey;
 use http::header::{HeaderMap, HeaderValue};
 use sha2::{Digest as _, Sha256};

@@ -11,7 +11,7 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use data_plane::router::Router;
+use data_plane::policy::router::Router;
 use http::Method;
 
 /// A table shaped like a real one: per-service prefixes two segments deep,

@@ -1,5 +1,5 @@
 //! Per-request cost of header sanitising at the trust boundary
-//! (`data_plane::sanitize`): hop-by-hop and client-forged identity headers
+//! (`data_plane::policy::sanitize`): hop-by-hop and client-forged identity headers
 //! removed, `X-Request-Id` kept or made, `X-Forwarded-For` / `-Proto` set.
 //!
 //! * `typical`: what a browser or API client sends (host, user agent, accept,
@@ -24,7 +24,7 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use data_plane::sanitize::{Strip, ensure_request_id, remove_hop_by_hop, set_forwarded};
+use data_plane::policy::sanitize::{Strip, ensure_request_id, remove_hop_by_hop, set_forwarded};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 fn map(fields: &[(&'static str, &'static str)]) -> HeaderMap {

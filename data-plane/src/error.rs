@@ -5,6 +5,7 @@
 //! Bodies are static strings: an error flood (503 from open breakers, 429s)
 //! costs no formatting or allocation beyond the response itself.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +16,10 @@ use gateway_transport::pool::ConnectError;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
-use crate::aggregate::PartFailure;
-use crate::api_key::ApiKeyError;
-use crate::hooks::{AuthError, RateLimited};
-use crate::normalize::NormalizeError;
+use crate::metrics::PartOutcome;
+use crate::policy::api_key::ApiKeyError;
+use crate::policy::hooks::{AuthError, RateLimited};
+use crate::policy::normalize::NormalizeError;
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -125,6 +126,55 @@ pub enum ProxyError {
         /// Why it failed.
         failure: PartFailure,
     },
+}
+
+/// Why a part failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartFailure {
+    /// No healthy instance whose breaker admits: failed without a network call.
+    Unavailable,
+    /// Connect error or broken exchange (retry included).
+    Unreachable,
+    /// No complete answer within the part's timeout.
+    Timeout,
+    /// A non-2xx answer.
+    Status(StatusCode),
+    /// A 2xx body that is not JSON.
+    InvalidJson,
+    /// A body over the part limit ([`MAX_PART_BODY`](crate::composition::aggregate::MAX_PART_BODY)).
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+}
+
+impl PartFailure {
+    /// The metrics label of this failure.
+    pub fn outcome(self) -> PartOutcome {
+        match self {
+            Self::Unavailable => PartOutcome::Unavailable,
+            Self::Unreachable => PartOutcome::Unreachable,
+            Self::Timeout => PartOutcome::Timeout,
+            Self::Status(_) => PartOutcome::Status,
+            Self::InvalidJson => PartOutcome::InvalidJson,
+            Self::TooLarge { .. } => PartOutcome::TooLarge,
+        }
+    }
+}
+
+impl fmt::Display for PartFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable => {
+                f.write_str("no instance is available (unhealthy or circuit open)")
+            }
+            Self::Unreachable => f.write_str("the upstream could not be reached"),
+            Self::Timeout => f.write_str("it did not answer within its timeout"),
+            Self::Status(s) => write!(f, "it answered {}", s.as_u16()),
+            Self::InvalidJson => f.write_str("its body is not JSON"),
+            Self::TooLarge { limit } => write!(f, "its body exceeds {limit} bytes"),
+        }
+    }
 }
 
 impl ProxyError {

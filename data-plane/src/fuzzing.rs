@@ -6,7 +6,7 @@
 //!
 //! * [`h1_request`] and [`h1_response`]: the transport's HTTP/1.1 parsers
 //!   (`gateway_transport::fuzzing`, re-exported here);
-//! * [`normalize_path`]: [`crate::normalize`];
+//! * [`normalize_path`]: [`crate::policy::normalize`];
 //! * [`config`]: a prost-decoded snapshot through the validation the control
 //!   plane applies, and into the data plane's compiler.
 //!
@@ -32,7 +32,7 @@ pub fn normalize_path(data: &[u8]) {
     let Ok(path) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(out) = crate::normalize::normalize_path(path) else {
+    let Ok(out) = crate::policy::normalize::normalize_path(path) else {
         return;
     };
     if let Cow::Borrowed(same) = out {
@@ -72,7 +72,7 @@ pub fn normalize_path(data: &[u8]) {
             "a trailing slash stays: {path:?} -> {out:?}"
         );
     }
-    match crate::normalize::normalize_path(out) {
+    match crate::policy::normalize::normalize_path(out) {
         // Any escape takes the slow path, which allocates.
         Ok(Cow::Owned(again)) if out.contains('%') => assert_eq!(again, out),
         Ok(Cow::Borrowed(again)) => assert_eq!(again, out),

@@ -16,7 +16,9 @@ use clap::Parser as _;
 use common::*;
 use data_plane::DataPlane;
 use data_plane::args::Args;
-use data_plane::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimited, RateLimiter};
+use data_plane::policy::hooks::{
+    AuthError, Authenticator, Identity, LimitKey, RateLimited, RateLimiter,
+};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use gateway_proto::v1::{AuthMode, RateLimit, RateLimitKey};

@@ -12,6 +12,7 @@
 //! * [`rss_kib`]: a process's resident memory, from `/proc`;
 //! * [`cpu_seconds`]: a process's CPU time (user + system), from `/proc`;
 //! * [`flags_reference`]: the generator of `docs/flags.md` (from the binaries' clap definitions);
+//! * [`layers`]: the data plane's import layering, checked from its source;
 //! * [`h2_frames`]: raw HTTP/2 frames (an h2c client that writes what it is told);
 //! * [`metric_sum`]: one metric from a data plane's `/metrics`;
 //! * [`secrets_in_logs`]: the log-hygiene scan (no secret in any log line).
@@ -26,6 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod flags_reference;
 pub mod h2_frames;
+pub mod layers;
 
 /// A client for the stack's loopback addresses: never uses a proxy from the
 /// environment, 30 s overall timeout per request.

@@ -6,7 +6,7 @@
 //!
 //! Upstreams with DNS discovery take their instances from the [`Members`]
 //! given to [`compile_with_members`]; a new member set is compiled the same
-//! way as a new configuration (see [`crate::dns`]).
+//! way as a new configuration (see [`crate::upstream::dns`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,27 +18,25 @@ use gateway_proto::validate::{parse_instance_url, validate_api_keys};
 use gateway_proto::{ValidationError, validate_config};
 use http::Method;
 
-use super::{
-    Compiled, DEFAULT_ROUTE_TIMEOUT, InstanceKey, InstanceState, RouteEntry, RoutePolicies, Target,
-    UpstreamEntry,
-};
+use super::{Compiled, DEFAULT_ROUTE_TIMEOUT, RouteEntry, RoutePolicies, Target};
+use crate::upstream::{InstanceKey, InstanceState, UpstreamEntry};
 use gateway_transport::pool::PoolSettings;
 
-use crate::aggregate::{Aggregate, Part};
-use crate::api_key::{ApiKeyCompileError, ApiKeys};
-use crate::balancer::Policy;
-use crate::breaker::BreakerSettings;
-use crate::coalesce::{CoalesceLimits, Coalescer};
-use crate::cors::{CorsError, CorsPolicy};
-use crate::dns::{self, Members};
-use crate::health::HealthSettings;
-use crate::ip_rules::IpRules;
+use crate::composition::aggregate::{Aggregate, Part};
+use crate::composition::coalesce::{CoalesceLimits, Coalescer};
 use crate::metrics::{PartMetrics, RouteMetrics};
-use crate::retry::{RetryBudget, RetryPolicy};
-use crate::router::{Router, RouterError};
-use crate::sanitize::CidrError;
-use crate::signature::Signer;
-use crate::transform::{HeaderTransform, TransformError};
+use crate::policy::api_key::{ApiKeyCompileError, ApiKeys};
+use crate::policy::cors::{CorsError, CorsPolicy};
+use crate::policy::ip_rules::IpRules;
+use crate::policy::router::{Router, RouterError};
+use crate::policy::sanitize::CidrError;
+use crate::policy::signature::Signer;
+use crate::policy::transform::{HeaderTransform, TransformError};
+use crate::upstream::balancer::Policy;
+use crate::upstream::breaker::BreakerSettings;
+use crate::upstream::dns::{self, Members};
+use crate::upstream::health::HealthSettings;
+use crate::upstream::retry::{RetryBudget, RetryPolicy};
 
 /// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
 #[derive(Debug, thiserror::Error)]

@@ -2,11 +2,7 @@
 //! (`gateway_policy_refusals_total{route,reason}`), one `reason` per policy
 //! (and per refusal class of the API-key stage: `api_key_missing`, `api_key_invalid`).
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::{esc, header};
-use crate::config::Compiled;
 
 /// Which policy refused a request (label `reason` of `gateway_policy_refusals_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +20,8 @@ pub enum PolicyRefusal {
 }
 
 impl PolicyRefusal {
-    const ALL: [Self; 5] = [
+    /// Every reason, in label order.
+    pub const ALL: [Self; 5] = [
         Self::Ip,
         Self::Cors,
         Self::Upgrade,
@@ -32,7 +29,8 @@ impl PolicyRefusal {
         Self::ApiKeyInvalid,
     ];
 
-    fn as_str(self) -> &'static str {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Ip => "ip",
             Self::Cors => "cors",
@@ -58,27 +56,5 @@ impl PolicyMetrics {
     /// Refusals counted for one reason.
     pub fn count(&self, reason: PolicyRefusal) -> u64 {
         self.refusals[reason as usize].load(Ordering::Relaxed)
-    }
-}
-
-/// Appends the refusal counters of every route (zeros included, so a rate
-/// query works before the first refusal).
-pub(super) fn render_policy(out: &mut String, cfg: &Compiled) {
-    header(
-        out,
-        "gateway_policy_refusals_total",
-        "counter",
-        "Requests refused by a route policy, by route and reason (ip, cors, upgrade, api_key_missing, api_key_invalid).",
-    );
-    for r in cfg.router.routes() {
-        for reason in PolicyRefusal::ALL {
-            let _ = writeln!(
-                out,
-                "gateway_policy_refusals_total{{route=\"{}\",reason=\"{}\"}} {}",
-                esc(&r.name),
-                reason.as_str(),
-                r.metrics.policy.count(reason)
-            );
-        }
     }
 }

@@ -1,5 +1,5 @@
 //! The `data-plane` command: parses the command line, sets up logging and
-//! tracing, and runs [`crate::DataPlane`] until SIGINT/SIGTERM. The binary's
+//! tracing, and runs [`crate::app::DataPlane`] until SIGINT/SIGTERM. The binary's
 //! `main.rs` calls it (with jemalloc as its allocator), and so does devstack's
 //! own binary (`devstack serve data-plane …`).
 
@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser as _;
 
-use crate::DataPlane;
-use crate::args::{Args, LogFormat};
+use crate::app::DataPlane;
+use crate::app::args::{Args, LogFormat};
 
 /// Runs the data plane with `args` (the program name first). The main runtime
 /// runs only the background work (config stream, health checks, ops listener,
@@ -33,7 +33,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let _logs = gateway_telemetry::init_logging(format, "info").context("logging")?;
     let tracer = gateway_telemetry::Tracer::from_env("data-plane", Some(&args.node_id()))
         .context("tracing")?;
-    let result = crate::run(
+    let result = crate::app::run(
         DataPlane::new(args).tracer(tracer.clone()),
         shutdown_signal(),
     )

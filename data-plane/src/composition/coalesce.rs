@@ -49,13 +49,13 @@ use http_body_util::BodyExt as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::balancer::{self, Affinity};
-use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::CoalesceAlone;
-use crate::proxy::{self, upstream_request};
-use crate::retry::RetryPolicy;
-use crate::sanitize::{X_USER_ID, X_USER_ROLE};
+use crate::policy::sanitize::{X_USER_ID, X_USER_ROLE};
+use crate::upstream::UpstreamEntry;
+use crate::upstream::balancer::{self, Affinity};
+use crate::upstream::proxy::{self, RouteView, upstream_request};
+use crate::upstream::retry::RetryPolicy;
 
 /// Default [`CoalesceLimits::max_waiters`].
 pub const MAX_WAITERS: usize = 1024;
@@ -324,7 +324,7 @@ pub enum Coalesced<'s, 'a> {
 #[allow(clippy::too_many_arguments)]
 pub async fn stage<'s, 'a>(
     coalescer: &Arc<Coalescer>,
-    route: &RouteEntry,
+    route: RouteView<'_>,
     upstream: &'a Arc<UpstreamEntry>,
     parts: Parts,
     body: ClientBody,
@@ -381,7 +381,7 @@ struct CallOptions {
 /// The leader: the upstream call in a task of its own, then the leader's own answer.
 async fn lead_call<'a>(
     lead: Lead,
-    route: &RouteEntry,
+    route: RouteView<'_>,
     upstream: &'a Arc<UpstreamEntry>,
     parts: Parts,
     path: &str,
@@ -392,7 +392,7 @@ async fn lead_call<'a>(
         worker,
     }: CallOptions,
 ) -> Result<Response<ResponseBody>, ProxyError> {
-    let req = match upstream_request(parts, route, path, RequestBody::empty()) {
+    let req = match upstream_request(parts, &route, path, RequestBody::empty()) {
         Ok(req) => req,
         Err(e) => {
             lead.finish(Outcome::Shared(Arc::new(Snapshot::of_error(&e))));
@@ -402,7 +402,7 @@ async fn lead_call<'a>(
     let call = Call {
         upstream: Arc::clone(upstream),
         timeout: route.timeout,
-        retry: route.retry.clone(),
+        retry: route.retry.cloned(),
         span: trace.span.parent(),
         tracestate: trace.tracestate.cloned(),
         max_body: limits.max_body,

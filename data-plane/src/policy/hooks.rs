@@ -5,8 +5,8 @@
 //!
 //! Without an [`Authenticator`] an `AUTH_JWT` route refuses every request
 //! (fail closed: there is nothing to verify tokens with). When none is given,
-//! [`DataPlane::start`](crate::DataPlane::start) plugs in [`crate::jwt::JwtAuth`]
-//! if `--jwks-url` is set, and always a [`crate::ratelimit::RouteLimiter`]
+//! [`DataPlane::start`](crate::app::DataPlane::start) plugs in [`crate::policy::jwt::JwtAuth`]
+//! if `--jwks-url` is set, and always a [`crate::policy::ratelimit::RouteLimiter`]
 //! (shared through `--redis-url`, else replica-local), so limits are never off.
 
 use std::net::IpAddr;

@@ -1,5 +1,6 @@
 use super::*;
-use crate::breaker::BreakerSettings;
+use crate::upstream::breaker::BreakerSettings;
+use http::StatusCode;
 
 fn uri(template: &str, rest: &str, query: Option<&str>) -> String {
     PathTemplate::parse(template)
@@ -129,7 +130,13 @@ fn failures_name_their_outcome_and_reason() {
         PartFailure::Status(StatusCode::NOT_FOUND).to_string(),
         "it answered 404"
     );
-    assert_eq!(PartFailure::TooLarge.outcome(), PartOutcome::TooLarge);
+    assert_eq!(
+        PartFailure::TooLarge {
+            limit: MAX_PART_BODY
+        }
+        .outcome(),
+        PartOutcome::TooLarge
+    );
     assert!(PartFailure::Timeout.to_string().contains("timeout"));
 }
 

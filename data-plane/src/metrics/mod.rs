@@ -1,8 +1,9 @@
 //! Prometheus metrics, hand-rolled on atomics (no registry, no locks on the
 //! request path). Counters live next to what they count: per route in
 //! [`RouteMetrics`], per upstream instance in [`InstanceMetrics`]; process-wide
-//! ones in [`Metrics`]. [`render`] writes the text exposition format from the
-//! current configuration snapshot.
+//! ones in [`Metrics`]. This layer only counts: the `/metrics` page, which
+//! walks the current configuration snapshot, is written by the application
+//! (`app/exposition.rs`).
 //!
 //! Route and instance counters are carried over when a new configuration keeps
 //! the route (same name) or the instance (same upstream, id and url).
@@ -13,21 +14,15 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
-use crate::breaker::BreakerState;
-use crate::config::Compiled;
-
 mod composition;
 mod connections;
 mod policy;
 mod proxy;
 
-use composition::render_composition;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 pub use connections::write_connections;
-use policy::render_policy;
 pub use policy::{PolicyMetrics, PolicyRefusal};
 pub use proxy::WebSocketMetrics;
-use proxy::render_proxy;
 
 const METHODS: [&str; 8] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER",
@@ -118,6 +113,34 @@ impl RouteMetrics {
         self.latency.observe(elapsed);
     }
 
+    /// Writes this route's `gateway_requests_total` lines (non-zero ones only).
+    pub fn write_requests(&self, out: &mut String, route: &str) {
+        for (mi, method) in METHODS.iter().enumerate() {
+            for (ci, class) in CLASSES.iter().enumerate() {
+                let n = self.requests[mi][ci].load(Ordering::Relaxed);
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "gateway_requests_total{{route=\"{}\",method=\"{method}\",status=\"{class}\"}} {n}",
+                        esc(route)
+                    );
+                }
+            }
+        }
+    }
+
+    /// Writes this route's `gateway_request_duration_seconds` histogram, once
+    /// it has seen a request.
+    pub fn write_latency(&self, out: &mut String, route: &str) {
+        if self.latency.count() > 0 {
+            self.latency.write(
+                out,
+                "gateway_request_duration_seconds",
+                &format!("route=\"{}\"", esc(route)),
+            );
+        }
+    }
+
     /// Requests counted for a method and status class (tests and diagnostics).
     pub fn count(&self, method: &Method, status: StatusCode) -> u64 {
         self.requests[method_index(method)][class_index(status)].load(Ordering::Relaxed)
@@ -126,6 +149,11 @@ impl RouteMetrics {
     /// Counts a request of a `coalesce` route that went upstream on its own.
     pub fn coalesce_alone(&self, reason: CoalesceAlone) {
         self.coalesce_alone[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests counted by [`coalesce_alone`](Self::coalesce_alone) for `reason`.
+    pub fn coalesced_alone(&self, reason: CoalesceAlone) -> u64 {
+        self.coalesce_alone[reason as usize].load(Ordering::Relaxed)
     }
 }
 
@@ -143,7 +171,8 @@ pub enum UpstreamErrorKind {
 }
 
 impl UpstreamErrorKind {
-    fn all() -> [Self; 4] {
+    /// Every kind, in label order.
+    pub fn all() -> [Self; 4] {
         [
             Self::Connect,
             Self::Timeout,
@@ -152,7 +181,8 @@ impl UpstreamErrorKind {
         ]
     }
 
-    fn as_str(self) -> &'static str {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Connect => "connect",
             Self::Timeout => "timeout",
@@ -205,7 +235,8 @@ pub struct Metrics {
     pub control_plane_connects: AtomicU64,
 }
 
-fn esc(s: &str) -> std::borrow::Cow<'_, str> {
+/// `s` escaped for a label value.
+pub fn esc(s: &str) -> std::borrow::Cow<'_, str> {
     if s.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
         s.replace('\\', "\\\\")
             .replace('"', "\\\"")
@@ -217,7 +248,7 @@ fn esc(s: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Writes the `# HELP` and `# TYPE` lines of a metric family.
-pub(crate) fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+pub fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
@@ -251,252 +282,6 @@ pub fn render_trace_stats(out: &mut String, s: &gateway_telemetry::ExportStats) 
         "Spans waiting for export.",
     );
     let _ = writeln!(out, "gateway_trace_spans_queued {}", s.queued);
-}
-
-/// Renders every metric in the Prometheus text format (version 0.0.4).
-pub fn render(m: &Metrics, cfg: &Compiled) -> String {
-    let mut out = String::with_capacity(4096);
-    let routes = || {
-        std::iter::once(("", &m.unmatched))
-            .chain(cfg.router.routes().iter().map(|r| (&*r.name, &*r.metrics)))
-    };
-
-    header(
-        &mut out,
-        "gateway_requests_total",
-        "counter",
-        "Requests answered by the proxy listener, by route (empty: none matched), method and status class.",
-    );
-    for (route, rm) in routes() {
-        for (mi, method) in METHODS.iter().enumerate() {
-            for (ci, class) in CLASSES.iter().enumerate() {
-                let n = rm.requests[mi][ci].load(Ordering::Relaxed);
-                if n > 0 {
-                    let _ = writeln!(
-                        out,
-                        "gateway_requests_total{{route=\"{}\",method=\"{method}\",status=\"{class}\"}} {n}",
-                        esc(route)
-                    );
-                }
-            }
-        }
-    }
-    header(
-        &mut out,
-        "gateway_request_duration_seconds",
-        "histogram",
-        "Time from request to response head, by route.",
-    );
-    // Routes that have seen no request yet export no histogram (keeps large tables cheap to scrape).
-    for (route, rm) in routes().filter(|(_, rm)| rm.latency.count() > 0) {
-        rm.latency.write(
-            &mut out,
-            "gateway_request_duration_seconds",
-            &format!("route=\"{}\"", esc(route)),
-        );
-    }
-
-    render_composition(&mut out, cfg);
-    render_policy(&mut out, cfg);
-    render_proxy(&mut out, cfg);
-
-    let instances = || {
-        cfg.upstreams
-            .iter()
-            .flat_map(|u| u.instances.iter().map(move |i| (u, i)))
-    };
-    let labels = |u: &str, i: &str| format!("upstream=\"{}\",instance=\"{}\"", esc(u), esc(i));
-
-    header(
-        &mut out,
-        "gateway_upstream_attempts_total",
-        "counter",
-        "Requests sent to an upstream instance, retries included.",
-    );
-    for (u, i) in instances() {
-        let _ = writeln!(
-            out,
-            "gateway_upstream_attempts_total{{{}}} {}",
-            labels(&u.name, &i.id),
-            i.metrics.attempts.load(Ordering::Relaxed)
-        );
-    }
-    header(
-        &mut out,
-        "gateway_upstream_retries_total",
-        "counter",
-        "Retries sent to an upstream instance after another instance failed (default once-rules and route retry policies).",
-    );
-    for (u, i) in instances() {
-        let _ = writeln!(
-            out,
-            "gateway_upstream_retries_total{{{}}} {}",
-            labels(&u.name, &i.id),
-            i.metrics.retries.load(Ordering::Relaxed)
-        );
-    }
-    header(
-        &mut out,
-        "gateway_upstream_errors_total",
-        "counter",
-        "Upstream failures by instance and kind (connect, timeout, protocol, status_5xx).",
-    );
-    for (u, i) in instances() {
-        for kind in UpstreamErrorKind::all() {
-            let _ = writeln!(
-                out,
-                "gateway_upstream_errors_total{{{},kind=\"{}\"}} {}",
-                labels(&u.name, &i.id),
-                kind.as_str(),
-                i.metrics.errors(kind)
-            );
-        }
-    }
-    header(
-        &mut out,
-        "gateway_upstream_in_flight",
-        "gauge",
-        "Requests in progress at an upstream instance.",
-    );
-    for (u, i) in instances() {
-        let _ = writeln!(
-            out,
-            "gateway_upstream_in_flight{{{}}} {}",
-            labels(&u.name, &i.id),
-            i.in_flight()
-        );
-    }
-    header(
-        &mut out,
-        "gateway_upstream_healthy",
-        "gauge",
-        "1 when active health checks consider the instance healthy (always 1 without checks).",
-    );
-    for (u, i) in instances() {
-        let _ = writeln!(
-            out,
-            "gateway_upstream_healthy{{{}}} {}",
-            labels(&u.name, &i.id),
-            u8::from(i.is_healthy())
-        );
-    }
-    header(
-        &mut out,
-        "gateway_upstream_health_check_failures_total",
-        "counter",
-        "Active health checks that failed.",
-    );
-    for (u, i) in instances() {
-        let _ = writeln!(
-            out,
-            "gateway_upstream_health_check_failures_total{{{}}} {}",
-            labels(&u.name, &i.id),
-            i.metrics.health_check_failures.load(Ordering::Relaxed)
-        );
-    }
-    header(
-        &mut out,
-        "gateway_circuit_breaker_state",
-        "gauge",
-        "1 for the current breaker state of an instance (closed, open, half_open).",
-    );
-    for (u, i) in instances() {
-        let now = i.breaker.state();
-        for s in [
-            BreakerState::Closed,
-            BreakerState::Open,
-            BreakerState::HalfOpen,
-        ] {
-            let _ = writeln!(
-                out,
-                "gateway_circuit_breaker_state{{{},state=\"{}\"}} {}",
-                labels(&u.name, &i.id),
-                s.as_str(),
-                u8::from(s == now)
-            );
-        }
-    }
-    header(
-        &mut out,
-        "gateway_circuit_breaker_opened_total",
-        "counter",
-        "Times an instance's breaker opened.",
-    );
-    for (u, i) in instances() {
-        let _ = writeln!(
-            out,
-            "gateway_circuit_breaker_opened_total{{{}}} {}",
-            labels(&u.name, &i.id),
-            i.metrics.breaker_opened.load(Ordering::Relaxed)
-        );
-    }
-
-    header(
-        &mut out,
-        "gateway_config_version",
-        "gauge",
-        "Version of the configuration being served (0: none loaded).",
-    );
-    let _ = writeln!(out, "gateway_config_version {}", cfg.version);
-    header(
-        &mut out,
-        "gateway_config_loaded",
-        "gauge",
-        "1 once a configuration is loaded.",
-    );
-    let _ = writeln!(out, "gateway_config_loaded {}", u8::from(cfg.loaded));
-    header(
-        &mut out,
-        "gateway_config_last_applied_timestamp_seconds",
-        "gauge",
-        "When the configuration being served was applied (Unix time; 0: never).",
-    );
-    let applied_ms = m.config_applied_unix_ms.load(Ordering::Relaxed);
-    let _ = writeln!(
-        out,
-        "gateway_config_last_applied_timestamp_seconds {}.{:03}",
-        applied_ms / 1000,
-        applied_ms % 1000
-    );
-    header(
-        &mut out,
-        "gateway_config_updates_total",
-        "counter",
-        "Configuration snapshots received from the control plane, by result (ack, nack).",
-    );
-    let _ = writeln!(
-        out,
-        "gateway_config_updates_total{{result=\"ack\"}} {}",
-        m.config_acks.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "gateway_config_updates_total{{result=\"nack\"}} {}",
-        m.config_nacks.load(Ordering::Relaxed)
-    );
-    header(
-        &mut out,
-        "gateway_control_plane_connected",
-        "gauge",
-        "1 while the configuration stream to the control plane is open.",
-    );
-    let _ = writeln!(
-        out,
-        "gateway_control_plane_connected {}",
-        u8::from(m.control_plane_connected.load(Ordering::Relaxed))
-    );
-    header(
-        &mut out,
-        "gateway_control_plane_connects_total",
-        "counter",
-        "Configuration streams opened to the control plane.",
-    );
-    let _ = writeln!(
-        out,
-        "gateway_control_plane_connects_total {}",
-        m.control_plane_connects.load(Ordering::Relaxed)
-    );
-    out
 }
 
 #[cfg(test)]

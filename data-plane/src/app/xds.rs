@@ -23,8 +23,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-use crate::args::Secret;
-use crate::runtime::Runtime;
+use crate::app::args::Secret;
+use crate::app::runtime::Runtime;
 
 /// First reconnect delay.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);

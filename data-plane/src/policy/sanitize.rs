@@ -28,7 +28,7 @@ pub static X_USER_ID: HeaderName = HeaderName::from_static("x-user-id");
 pub static X_USER_ROLE: HeaderName = HeaderName::from_static("x-user-role");
 /// Identity header set by the gateway from a verified API key (its name).
 pub static X_API_KEY_NAME: HeaderName = HeaderName::from_static("x-api-key-name");
-/// The gateway's signature of the identity headers (see [`crate::signature`]).
+/// The gateway's signature of the identity headers (see [`crate::policy::signature`]).
 pub static X_GATEWAY_SIGNATURE: HeaderName = HeaderName::from_static("x-gateway-signature");
 /// Request correlation id.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

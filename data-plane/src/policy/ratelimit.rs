@@ -25,7 +25,7 @@ use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_ratelimit::{Algorithm, MAX_STACKED, Policy, RateLimiter as Limiter, write_headers};
 use http::HeaderMap;
 
-use crate::hooks::{LimitKey, RateLimited, RateLimiter};
+use crate::policy::hooks::{LimitKey, RateLimited, RateLimiter};
 
 /// Enforces route rate limits with `gateway-ratelimit`.
 pub struct RouteLimiter {
@@ -136,7 +136,7 @@ impl RateLimiter for RouteLimiter {
                 LimitKey::Ip(ip) => Some(ip),
                 _ => None,
             }) {
-                ip_len = crate::sanitize::write_ip(*ip, &mut ip_text);
+                ip_len = crate::policy::sanitize::write_ip(*ip, &mut ip_text);
             }
             let subject = |key: &LimitKey<'a>| -> &[u8] {
                 match *key {

@@ -2,13 +2,13 @@
 //! once per snapshot into parsed networks and checked right after routing.
 //!
 //! Deny wins over allow; a non-empty allow list admits only its networks. The
-//! address checked is the real client (see [`crate::sanitize::client_ip`]: the
+//! address checked is the real client (see [`crate::policy::sanitize::client_ip`]: the
 //! TCP peer, or `X-Forwarded-For` when the peer is a trusted proxy).
 //! IPv4-mapped IPv6 clients are matched as IPv4 ([`Cidr::contains`]).
 
 use std::net::IpAddr;
 
-use crate::sanitize::{Cidr, CidrError};
+use crate::policy::sanitize::{Cidr, CidrError};
 
 /// A route's parsed allow and deny lists. A linear scan: lists are short
 /// (at most 1000 entries, validated) and usually a handful.

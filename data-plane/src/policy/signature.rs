@@ -41,8 +41,8 @@ use hmac::{Hmac, KeyInit as _, Mac as _};
 use http::header::{self, HeaderMap, HeaderValue};
 use sha2_hmac::Sha256;
 
-pub use crate::sanitize::X_GATEWAY_SIGNATURE;
-use crate::sanitize::{X_API_KEY_NAME, X_USER_ID, X_USER_ROLE};
+pub use crate::policy::sanitize::X_GATEWAY_SIGNATURE;
+use crate::policy::sanitize::{X_API_KEY_NAME, X_USER_ID, X_USER_ROLE};
 
 type HmacSha256 = Hmac<Sha256>;
 

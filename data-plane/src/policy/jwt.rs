@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use gateway_jwt::{JwtError, JwtVerifier, bearer_candidate, is_b64token};
 use http::request::Parts;
 
-use crate::hooks::{AuthError, Authenticator, Identity};
+use crate::policy::hooks::{AuthError, Authenticator, Identity};
 
 /// Verifies `Authorization: Bearer` tokens against the auth service's JWKS.
 #[derive(Clone)]

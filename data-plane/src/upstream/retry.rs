@@ -1,7 +1,7 @@
 //! Route retries (`Route.retry`) and the per-upstream retry budget.
 //!
 //! A [`RetryPolicy`] is compiled once per snapshot from the route's `Retry`.
-//! [`proxy::forward`](crate::proxy::forward) asks it whether a failed attempt
+//! [`proxy::forward`](crate::upstream::proxy::forward) asks it whether a failed attempt
 //! is worth another try ([`RetryPolicy::retries`]), and the upstream's
 //! [`RetryBudget`] whether one more retry is affordable.
 //!

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use gateway_transport::body::RequestBody;
 use gateway_transport::h1::{Conn, ExchangeError, SendFailure};
 
-use crate::config::{Compiled, InstanceKey, InstanceState};
+use crate::upstream::{InstanceKey, InstanceState, UpstreamEntry};
 
 /// Health check settings of an upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,12 +188,13 @@ impl std::fmt::Debug for HealthSupervisor {
 }
 
 impl HealthSupervisor {
-    /// Starts, restarts or stops tasks to match `cfg`. Must run inside a Tokio runtime.
-    pub fn reconcile(&self, cfg: &Compiled) {
+    /// Starts, restarts or stops tasks to match `upstreams` (a snapshot's).
+    /// Must run inside a Tokio runtime.
+    pub fn reconcile(&self, upstreams: &[Arc<UpstreamEntry>]) {
         let mut tasks = self.tasks.lock();
         let mut wanted: HashMap<&InstanceKey, (&Arc<InstanceState>, &HealthSettings)> =
             HashMap::new();
-        for u in &cfg.upstreams {
+        for u in upstreams {
             for i in &u.instances {
                 match &u.health {
                     Some(s) => {

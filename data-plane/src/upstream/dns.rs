@@ -6,13 +6,13 @@
 //! configuration. When a refresh finds a different set, its task records it
 //! here and wakes the runtime, which compiles the last accepted configuration
 //! again with the new sets and publishes the result through the one `ArcSwap`
-//! ([`Runtime::rediscover`](crate::runtime::Runtime::rediscover)). No member
+//! ([`Runtime::rediscover`](crate::app::runtime::Runtime::rediscover)). No member
 //! list is swapped on its own, so a request sees one consistent snapshot from
 //! start to end, and the snapshot's version (which names the configuration)
 //! does not change. Reconciling is then what compiling already does:
 //!
 //! * members that stay keep their pool, breaker and health state (compile
-//!   reuses the state of every [`InstanceKey`](crate::config::InstanceKey) it
+//!   reuses the state of every [`InstanceKey`](crate::upstream::InstanceKey) it
 //!   finds in the previous snapshot, and a member's key is derived from its
 //!   address);
 //! * new members get fresh state and, with `health_check`, a check task
@@ -52,7 +52,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::Compiled;
+use crate::upstream::UpstreamEntry;
 
 /// Longest wait for the first resolution of a newly configured name, before
 /// the configuration that names it is published (with no members if it did
@@ -349,14 +349,13 @@ impl Discovery {
         members
     }
 
-    /// Follows exactly the discovering upstreams of `cfg` (just published,
+    /// Follows exactly the discovering ones of `upstreams` (a snapshot just published,
     /// compiled with `members`): starts a refresh task for each new one, stops
     /// those of upstreams that left or changed their discovery settings. Must
     /// run inside a Tokio runtime.
-    pub fn reconcile(&self, cfg: &Compiled, members: &Members) {
+    pub fn reconcile(&self, upstreams: &[Arc<UpstreamEntry>], members: &Members) {
         let mut entries = self.shared.lock();
-        let wanted: HashMap<&str, &Target> = cfg
-            .upstreams
+        let wanted: HashMap<&str, &Target> = upstreams
             .iter()
             .filter_map(|u| u.discovery.as_ref().map(|t| (&*u.name, t)))
             .collect();

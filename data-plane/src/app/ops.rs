@@ -17,12 +17,12 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::balancer::Policy;
-use crate::breaker::BreakerState;
+use crate::app::exposition::render;
+use crate::app::runtime::Runtime;
 use crate::config::Compiled;
-use crate::dns::Members;
-use crate::metrics::render;
-use crate::runtime::Runtime;
+use crate::upstream::balancer::Policy;
+use crate::upstream::breaker::BreakerState;
+use crate::upstream::dns::Members;
 
 fn respond(
     status: StatusCode,

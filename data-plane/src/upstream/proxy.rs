@@ -23,7 +23,7 @@
 //! OPTIONS, PUT, DELETE) and its body is empty or declared at most
 //! [`MAX_REPLAY_BODY_BYTES`] (read into memory before the first attempt);
 //! one that never reached an instance is resent whatever its method. Each such
-//! retry is charged to the upstream's [`RetryBudget`](crate::retry::RetryBudget)
+//! retry is charged to the upstream's [`RetryBudget`](crate::upstream::retry::RetryBudget)
 //! and not made when it is spent. The once-rule for a request that never
 //! reached an instance still holds when the policy does not list
 //! `CONNECT_FAILURE`.
@@ -36,6 +36,7 @@
 //! its context goes upstream as `traceparent` (replacing whatever the client
 //! sent) with the caller's validated `tracestate`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
@@ -51,24 +52,44 @@ use http::{HeaderMap, Method, Request, Response, Version};
 use http_body::Body as _;
 use tokio::time::Instant;
 
-use crate::balancer::{self, Affinity, Pick};
-use crate::breaker::{Permit, Transition};
-use crate::config::{InstanceState, RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
-use crate::metrics::UpstreamErrorKind;
-use crate::retry::{
+use crate::metrics::{RouteMetrics, UpstreamErrorKind};
+use crate::policy::router::rewrite_path;
+use crate::policy::sanitize::{Strip, remove_hop_by_hop};
+use crate::policy::signature::{Signer, unix_now};
+use crate::upstream::balancer::{self, Affinity, Pick};
+use crate::upstream::breaker::{Permit, Transition};
+use crate::upstream::retry::{
     MAX_REPLAY_BODY_BYTES, RetryPolicy, RetryReason, is_idempotent, is_retryable_status,
 };
-use crate::router::rewrite_path;
-use crate::sanitize::{Strip, remove_hop_by_hop};
-use crate::signature::unix_now;
+use crate::upstream::{InstanceState, UpstreamEntry};
+
+/// What forwarding needs of the route a request matched (the compiled route
+/// itself lives in [`crate::config`], above this layer).
+#[derive(Debug, Clone, Copy)]
+pub struct RouteView<'r> {
+    /// The matched prefix.
+    pub prefix: &'r str,
+    /// Replacement for the prefix, if any.
+    pub rewrite: Option<&'r str>,
+    /// Signs the identity of the forwarded request (its upstream's `identity_signing_secret`).
+    pub signer: Option<&'r Signer>,
+    /// Time allowed until the upstream's response head.
+    pub timeout: Duration,
+    /// Retries on other instances (`None`: the default once-rules).
+    pub retry: Option<&'r RetryPolicy>,
+    /// WebSocket upgrades allowed, with this tunnel idle timeout (`None`: refused).
+    pub websocket: Option<Duration>,
+    /// The route's counters.
+    pub metrics: &'r Arc<RouteMetrics>,
+}
 
 /// Builds the request sent upstream: origin-form URI with the normalised (and
 /// rewritten) path and the original query, HTTP/1.1, and a `Host` header (an
 /// HTTP/2 client sends `:authority` instead).
 pub fn upstream_request(
     mut parts: http::request::Parts,
-    route: &RouteEntry,
+    route: &RouteView<'_>,
     path: &str,
     body: RequestBody,
 ) -> Result<Box<Request<RequestBody>>, ProxyError> {
@@ -79,7 +100,7 @@ pub fn upstream_request(
         let rewritten;
         let path = match &route.rewrite {
             Some(rw) => {
-                rewritten = rewrite_path(path, &route.prefix, rw);
+                rewritten = rewrite_path(path, route.prefix, rw);
                 rewritten.as_str()
             }
             None => path,
@@ -117,9 +138,7 @@ pub fn upstream_request(
     // read; the upstream gets the body without a second round of expectations.
     parts.headers.remove(header::EXPECT);
     // Signed identity: last, over the target (path and query), Host and identity headers exactly as sent.
-    if let crate::config::Target::Upstream(u) = &route.target
-        && let Some(signer) = &u.signer
-    {
+    if let Some(signer) = route.signer {
         signer.sign(
             &mut parts.headers,
             parts.method.as_str(),
@@ -529,36 +548,27 @@ fn policy_retry<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::breaker::BreakerSettings;
-    use crate::config::{DEFAULT_ROUTE_TIMEOUT, UpstreamEntry};
-    use std::sync::Arc;
+    use crate::metrics::RouteMetrics;
+    use std::time::Duration;
 
-    fn route(prefix: &str, rewrite: Option<&str>) -> RouteEntry {
-        RouteEntry {
-            name: "r".into(),
-            prefix: prefix.into(),
-            rewrite: rewrite.map(Into::into),
-            auth: gateway_proto::v1::AuthMode::AuthNone,
-            rate_limits: Box::default(),
-            timeout: DEFAULT_ROUTE_TIMEOUT,
-            target: crate::config::Target::Upstream(Arc::new(UpstreamEntry::new(
-                "u",
-                vec![],
-                BreakerSettings::default(),
-                None,
-            ))),
-            coalesce: None,
+    static METRICS: std::sync::LazyLock<Arc<RouteMetrics>> = std::sync::LazyLock::new(Arc::default);
+
+    fn route<'r>(prefix: &'r str, rewrite: Option<&'r str>) -> RouteView<'r> {
+        RouteView {
+            prefix,
+            rewrite,
+            signer: None,
+            timeout: Duration::from_secs(15),
             retry: None,
             websocket: None,
-            policies: Default::default(),
-            metrics: Default::default(),
+            metrics: &METRICS,
         }
     }
 
     fn build(
         uri: &str,
         host: Option<&str>,
-        route: &RouteEntry,
+        route: &RouteView<'_>,
         path: &str,
     ) -> Box<Request<RequestBody>> {
         let mut b = Request::get(uri).header("expect", "100-continue");
@@ -591,13 +601,13 @@ mod tests {
 
     #[test]
     fn upstreams_with_a_secret_get_the_rewritten_path_and_identity_signed() {
-        use crate::signature::{Signer, X_GATEWAY_SIGNATURE};
+        use crate::policy::signature::{Signer, X_GATEWAY_SIGNATURE};
         let secret = "s".repeat(32);
-        let mut r = route("/api/users", Some("/users"));
-        r.target = crate::config::Target::Upstream(Arc::new(
-            UpstreamEntry::new("u", vec![], BreakerSettings::default(), None)
-                .with_signer(Signer::new(&secret)),
-        ));
+        let signer = Signer::new(&secret).unwrap();
+        let r = RouteView {
+            signer: Some(&signer),
+            ..route("/api/users", Some("/users"))
+        };
         let (mut parts, ()) = Request::post("/api/users/7?x=1")
             .header("host", "api.example")
             .header("x-user-id", "alice")
@@ -608,7 +618,7 @@ mod tests {
         parts
             .headers
             .insert(&X_GATEWAY_SIGNATURE, HeaderValue::from_static("forged"));
-        let before = crate::signature::unix_now();
+        let before = crate::policy::signature::unix_now();
         let req = upstream_request(parts, &r, "/api/users/7", RequestBody::empty()).unwrap();
         let value = req.headers()[&X_GATEWAY_SIGNATURE].to_str().unwrap();
         let (t, id) = value
@@ -616,11 +626,11 @@ mod tests {
             .and_then(|v| v.split_once(",id="))
             .and_then(|(t, rest)| Some((t.parse::<u64>().ok()?, rest.split_once(",v2=")?.0)))
             .unwrap();
-        assert!(t >= before && t <= crate::signature::unix_now());
+        assert!(t >= before && t <= crate::policy::signature::unix_now());
         // Signed over the target as forwarded (rewritten, with the query), Host and the identity.
         let want = Signer::new(&secret)
             .unwrap()
-            .value(&crate::signature::Signed {
+            .value(&crate::policy::signature::Signed {
                 t,
                 id,
                 method: "POST",

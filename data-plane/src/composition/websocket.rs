@@ -46,12 +46,12 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::time::Instant;
 
-use crate::balancer::Pick;
-use crate::config::{RouteEntry, UpstreamEntry};
 use crate::error::ProxyError;
 use crate::metrics::{PolicyRefusal, RouteMetrics, UpstreamErrorKind};
-use crate::proxy::{Trace, fail, report, upstream_request};
-use crate::sanitize::{Strip, remove_hop_by_hop};
+use crate::policy::sanitize::{Strip, remove_hop_by_hop};
+use crate::upstream::UpstreamEntry;
+use crate::upstream::balancer::Pick;
+use crate::upstream::proxy::{RouteView, Trace, fail, report, upstream_request};
 
 /// `Sec-WebSocket-Key`.
 static SEC_WEBSOCKET_KEY: header::HeaderName = header::SEC_WEBSOCKET_KEY;
@@ -79,7 +79,7 @@ pub fn is_upgrade(parts: &Parts) -> bool {
 /// `Sec-WebSocket-Version: 13`). A refusal is counted on the route.
 /// Past `max_tunnels` open tunnels in the replica an upgrade is refused with
 /// 503 before any authentication work (counted).
-pub fn admit(route: &RouteEntry, parts: &Parts, max_tunnels: usize) -> Result<(), ProxyError> {
+pub fn admit(route: RouteView<'_>, parts: &Parts, max_tunnels: usize) -> Result<(), ProxyError> {
     if route.websocket.is_some() && OPEN_TUNNELS.load(Ordering::Relaxed) >= max_tunnels {
         TUNNELS_REFUSED.fetch_add(1, Ordering::Relaxed);
         return Err(ProxyError::TunnelLimit);
@@ -104,7 +104,7 @@ pub fn admit(route: &RouteEntry, parts: &Parts, max_tunnels: usize) -> Result<()
 /// starts the tunnel and answers the client with the 101.
 /// The tunnel's idle timeout is the route's, at most `max_idle`.
 pub async fn forward<'a>(
-    route: &RouteEntry,
+    route: RouteView<'_>,
     upstream: &'a UpstreamEntry,
     pick: Pick<'a>,
     mut parts: Parts,
@@ -127,7 +127,7 @@ pub async fn forward<'a>(
         .extensions
         .remove::<OnUpgrade>()
         .ok_or(ProxyError::UpgradeRefused)?;
-    let mut req = upstream_request(parts, route, path, RequestBody::empty())?;
+    let mut req = upstream_request(parts, &route, path, RequestBody::empty())?;
     // Sanitising removed the hop-by-hop pair; this hop asks for the upgrade again.
     let headers = req.headers_mut();
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -172,7 +172,7 @@ pub async fn forward<'a>(
             } else {
                 report(upstream, instance, permit.success());
             }
-            return Ok(answer(resp, client_side, idle, &route.metrics, in_flight));
+            return Ok(answer(resp, client_side, idle, route.metrics, in_flight));
         }
     };
     let (kind, error) = failure.expect("every other arm returned");

@@ -28,23 +28,24 @@ use http::{Request, Response};
 use http_body::Body as _;
 use tokio::time::Instant;
 
-use crate::aggregate;
-use crate::api_key::X_API_KEY;
-use crate::balancer::{self, Affinity};
-use crate::coalesce::{self, Coalesced};
-use crate::config::{Compiled, ConfigStore, RouteEntry, Target, UpstreamEntry};
-use crate::cors::{Cors, preflight_method};
+use crate::composition::aggregate;
+use crate::composition::coalesce::{self, Coalesced};
+use crate::composition::websocket;
+use crate::config::{Compiled, ConfigStore, RouteEntry, Target};
 use crate::error::ProxyError;
-use crate::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
 use crate::metrics::{Metrics, PolicyRefusal};
-use crate::normalize::normalize_path;
-use crate::proxy::{self, upstream_request};
-use crate::router::host_of;
-use crate::sanitize::{
+use crate::policy::api_key::X_API_KEY;
+use crate::policy::cors::{Cors, preflight_method};
+use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
+use crate::policy::normalize::normalize_path;
+use crate::policy::router::host_of;
+use crate::policy::sanitize::{
     Cidr, Strip, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip,
     ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
-use crate::websocket;
+use crate::upstream::UpstreamEntry;
+use crate::upstream::balancer::{self, Affinity};
+use crate::upstream::proxy::{self, upstream_request};
 
 /// Request limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +89,7 @@ pub struct Pipeline {
     /// Verifies callers of `AUTH_JWT` routes; `None`: those routes answer 401.
     pub authenticator: Option<Arc<dyn Authenticator>>,
     /// Enforces route rate limits; `None`: limits are not enforced
-    /// ([`crate::DataPlane::start`] always provides one).
+    /// ([`crate::app::DataPlane::start`] always provides one).
     pub rate_limiter: Option<Arc<dyn RateLimiter>>,
     /// Request spans (a disabled tracer still propagates trace context).
     pub tracer: Tracer,
@@ -238,7 +239,7 @@ impl Pipeline {
 
         // WebSocket: an upgrade needs a `websocket` route and a well-formed handshake (400 otherwise), before authentication spends anything.
         if upgrade {
-            websocket::admit(route, &parts, self.limits.max_websocket_tunnels)?;
+            websocket::admit(route.view(), &parts, self.limits.max_websocket_tunnels)?;
         }
 
         // CORS: a preflight is answered here, before authentication (it carries no credentials), rate limiting and the upstream.
@@ -270,7 +271,7 @@ impl Pipeline {
                 let balance = aggregate::Balance { user, client };
                 return aggregate::respond(
                     agg,
-                    route,
+                    &route.prefix,
                     &parts,
                     &path,
                     balance,
@@ -295,14 +296,15 @@ impl Pipeline {
         if upgrade {
             let pick = balancer::pick(upstream, key, None).ok_or(ProxyError::NoInstance)?;
             let max_idle = self.limits.max_websocket_idle;
-            return websocket::forward(route, upstream, pick, parts, &path, trace, max_idle).await;
+            return websocket::forward(route.view(), upstream, pick, parts, &path, trace, max_idle)
+                .await;
         }
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
             Some(c) => {
                 match coalesce::stage(
                     c,
-                    route,
+                    route.view(),
                     upstream,
                     parts,
                     body,
@@ -326,7 +328,7 @@ impl Pipeline {
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
         let req = upstream_request(
             parts,
-            route,
+            &route.view(),
             &path,
             RequestBody::new(
                 body,

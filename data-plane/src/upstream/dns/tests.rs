@@ -1,8 +1,8 @@
 //! Discovery with an injected resolver, under `tokio::time::pause`.
 
 use super::*;
-use crate::config::InstanceState;
-use crate::runtime::{Applied, Runtime};
+use crate::app::runtime::{Applied, Runtime};
+use crate::upstream::InstanceState;
 use gateway_proto::v1::{ConfigSnapshot, HealthCheck, Instance, Route};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -207,7 +207,11 @@ async fn a_vanished_member_drains() {
     // New requests cannot reach .1 any more ...
     assert_eq!(ids(&rt, "orders"), ["10.0.0.2:7002"]);
     for _ in 0..10 {
-        let p = crate::balancer::pick(&now.upstreams[0], crate::balancer::Affinity::NONE, None);
+        let p = crate::upstream::balancer::pick(
+            &now.upstreams[0],
+            crate::upstream::balancer::Affinity::NONE,
+            None,
+        );
         assert_eq!(&*p.unwrap().instance.id, "10.0.0.2:7002");
     }
     // ... while the one in flight still has its instance (pool and all).

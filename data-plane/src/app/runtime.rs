@@ -2,7 +2,7 @@
 //! [`Runtime::apply`] (validate and compile off the async workers, publish,
 //! start health checks, persist to the cache). [`Runtime::rediscover`] is the
 //! same path for a DNS member change: the last accepted configuration compiled
-//! again with the new members ([`crate::dns`]).
+//! again with the new members ([`crate::upstream::dns`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gateway_proto::v1::ConfigSnapshot;
 use gateway_transport::pool::PoolSettings;
 
-use crate::cache::SnapshotCache;
+use crate::app::cache::SnapshotCache;
 use crate::config::{CompileError, ConfigStore, compile_with_members};
-use crate::dns::{Discovery, Resolver};
-use crate::health::HealthSupervisor;
 use crate::metrics::Metrics;
+use crate::upstream::dns::{Discovery, Resolver};
+use crate::upstream::health::HealthSupervisor;
 
 /// Why a snapshot was not applied.
 #[derive(Debug, thiserror::Error)]
@@ -108,14 +108,14 @@ impl Runtime {
         let compiled = Arc::new(compiled?);
         self.config.publish(compiled.clone());
         *accepted = Some(snapshot.clone());
-        self.discovery.reconcile(&compiled, &members);
+        self.discovery.reconcile(&compiled.upstreams, &members);
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         self.metrics
             .config_applied_unix_ms
             .store(now_ms, Ordering::Relaxed);
-        self.health.reconcile(&compiled);
+        self.health.reconcile(&compiled.upstreams);
         tracing::info!(version = compiled.version, hash = %compiled.hash,
             routes = compiled.router.len(), upstreams = compiled.upstreams.len(), "configuration applied");
         if persist && let Some(cache) = self.cache.clone() {
@@ -149,7 +149,7 @@ impl Runtime {
         .map_err(|e| ApplyError::Internal(e.to_string()))?;
         let compiled = Arc::new(compiled?);
         self.config.publish(compiled.clone());
-        self.health.reconcile(&compiled);
+        self.health.reconcile(&compiled.upstreams);
         tracing::debug!(
             version = compiled.version,
             "snapshot recompiled with new DNS members"

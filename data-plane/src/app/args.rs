@@ -10,8 +10,8 @@ use gateway_redis::{RedisTarget, RedisTargetError, RedisUrl, RedisUrlParser};
 use gateway_transport::pool::PoolSettings;
 use gateway_transport::server::HttpSettings;
 
-use crate::pipeline::Limits;
-use crate::sanitize::Cidr;
+use crate::app::pipeline::Limits;
+use crate::policy::sanitize::Cidr;
 
 /// Default proxy listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";

@@ -32,8 +32,8 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use rand::Rng as _;
 
-use crate::breaker::Permit;
-use crate::config::{InstanceState, UpstreamEntry};
+use crate::upstream::breaker::Permit;
+use crate::upstream::{InstanceState, UpstreamEntry};
 
 /// How an upstream spreads requests (from `Upstream.lb_policy`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub enum Policy {
 pub enum HashOn {
     /// The verified JWT subject.
     User,
-    /// The client address (trusted-proxy rule of [`crate::sanitize::client_ip`]).
+    /// The client address (trusted-proxy rule of [`crate::policy::sanitize::client_ip`]).
     Ip,
     /// The value of this request header.
     Header(HeaderName),
@@ -292,8 +292,8 @@ fn weight(key: u64, seed: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::breaker::BreakerSettings;
-    use crate::config::InstanceKey;
+    use crate::upstream::InstanceKey;
+    use crate::upstream::breaker::BreakerSettings;
     use gateway_transport::pool::PoolSettings;
     use std::collections::HashMap;
     use std::time::Duration;

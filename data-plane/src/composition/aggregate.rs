@@ -18,7 +18,6 @@
 //! 502 problem+json naming it (the other parts are abandoned). The whole
 //! request therefore takes at most the slowest part's timeout.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,16 +30,16 @@ use gateway_transport::body::{RequestBody, ResponseBody};
 use gateway_transport::workers::Worker;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response};
 use http_body::Body as _;
 use http_body_util::{BodyExt as _, Limited};
 use tokio::time::Instant;
 
-use crate::balancer;
-use crate::config::{RouteEntry, UpstreamEntry};
-use crate::error::ProxyError;
+use crate::error::{PartFailure, ProxyError};
 use crate::metrics::{PartMetrics, PartOutcome};
-use crate::proxy;
+use crate::upstream::UpstreamEntry;
+use crate::upstream::balancer;
+use crate::upstream::proxy;
 
 /// Largest part body accepted, in bytes (1 MiB). A larger one fails the part.
 pub const MAX_PART_BODY: usize = 1 << 20;
@@ -191,52 +190,6 @@ impl PathTemplate {
     }
 }
 
-/// Why a part failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PartFailure {
-    /// No healthy instance whose breaker admits: failed without a network call.
-    Unavailable,
-    /// Connect error or broken exchange (retry included).
-    Unreachable,
-    /// No complete answer within the part's timeout.
-    Timeout,
-    /// A non-2xx answer.
-    Status(StatusCode),
-    /// A 2xx body that is not JSON.
-    InvalidJson,
-    /// A body over [`MAX_PART_BODY`].
-    TooLarge,
-}
-
-impl PartFailure {
-    /// The metrics label of this failure.
-    pub fn outcome(self) -> PartOutcome {
-        match self {
-            Self::Unavailable => PartOutcome::Unavailable,
-            Self::Unreachable => PartOutcome::Unreachable,
-            Self::Timeout => PartOutcome::Timeout,
-            Self::Status(_) => PartOutcome::Status,
-            Self::InvalidJson => PartOutcome::InvalidJson,
-            Self::TooLarge => PartOutcome::TooLarge,
-        }
-    }
-}
-
-impl fmt::Display for PartFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Unavailable => {
-                f.write_str("no instance is available (unhealthy or circuit open)")
-            }
-            Self::Unreachable => f.write_str("the upstream could not be reached"),
-            Self::Timeout => f.write_str("it did not answer within its timeout"),
-            Self::Status(s) => write!(f, "it answered {}", s.as_u16()),
-            Self::InvalidJson => f.write_str("its body is not JSON"),
-            Self::TooLarge => write!(f, "its body exceeds {MAX_PART_BODY} bytes"),
-        }
-    }
-}
-
 /// What a part's consistent-hash balancing may key on: the caller's verified
 /// user and address (a header key is read from the part's request).
 #[derive(Debug, Clone, Copy)]
@@ -254,7 +207,7 @@ pub struct Balance<'r> {
 #[allow(clippy::too_many_arguments)]
 pub async fn respond(
     agg: &Aggregate,
-    route: &RouteEntry,
+    prefix: &str,
     parts: &http::request::Parts,
     path: &str,
     balance: Balance<'_>,
@@ -263,12 +216,12 @@ pub async fn respond(
     worker: Worker,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let rest = path
-        .strip_prefix(&*route.prefix)
+        .strip_prefix(prefix)
         .unwrap_or_default()
         .trim_start_matches('/');
     let query = parts.uri.query();
     let headers = part_headers(&parts.headers);
-    let now = crate::signature::unix_now();
+    let now = crate::policy::signature::unix_now();
     let mut requests = Vec::with_capacity(agg.parts.len());
     for part in agg.parts.iter() {
         let uri = part.path.uri(rest, query).ok_or(ProxyError::BadRequest(
@@ -362,14 +315,18 @@ async fn fetch(
         .exact()
         .is_some_and(|n| n > MAX_PART_BODY as u64)
     {
-        return Err(PartFailure::TooLarge);
+        return Err(PartFailure::TooLarge {
+            limit: MAX_PART_BODY,
+        });
     }
     let body = tokio::time::timeout_at(deadline, Limited::new(body, MAX_PART_BODY).collect())
         .await
         .map_err(|_| PartFailure::Timeout)?
         .map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
-                PartFailure::TooLarge
+                PartFailure::TooLarge {
+                    limit: MAX_PART_BODY,
+                }
             } else {
                 PartFailure::Unreachable
             }

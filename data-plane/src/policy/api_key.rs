@@ -18,9 +18,9 @@ use gateway_proto::v1::ApiKey;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest as _, Sha256};
 
-use crate::hooks::Identity;
 use crate::metrics::PolicyRefusal;
-pub use crate::sanitize::X_API_KEY_NAME;
+use crate::policy::hooks::Identity;
+pub use crate::policy::sanitize::X_API_KEY_NAME;
 
 /// The request header holding the key (consumed: never forwarded).
 pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");

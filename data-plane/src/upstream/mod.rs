@@ -1,0 +1,173 @@
+//! Upstream selection: where a request goes and how it gets there.
+//!
+//! [`UpstreamEntry`] is one upstream of a configuration version, with its
+//! instances' long-lived [`InstanceState`] (pool, breaker, health, counters),
+//! carried over between versions by [`InstanceKey`]. Around it, one concern a
+//! file: [`balancer`] (round-robin, least-request, consistent hashing over
+//! healthy instances whose breaker admits), [`breaker`], [`health`] (active
+//! checks), [`dns`] (members found in DNS), [`retry`] (route retry policies and
+//! the per-upstream budget) and [`proxy`] (forwarding, with retries).
+
+pub mod balancer;
+pub mod breaker;
+pub mod dns;
+pub mod health;
+pub mod proxy;
+pub mod retry;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use gateway_transport::in_flight::{InFlight, InFlightCount};
+use gateway_transport::pool::{Pool, PoolSettings};
+
+use crate::metrics::InstanceMetrics;
+use crate::policy::signature::Signer;
+use balancer::Policy;
+use breaker::{Breaker, BreakerSettings};
+use health::HealthSettings;
+use retry::RetryBudget;
+
+/// An upstream of one version: settings plus its instances' long-lived state.
+///
+/// With DNS discovery, `instances` are the members resolved when this snapshot
+/// was compiled (sorted by address). A changed answer does not touch this
+/// entry: it makes a whole new snapshot (see [`dns`]), so a request
+/// sees one member list from start to end, and so do the ops views.
+#[derive(Debug)]
+pub struct UpstreamEntry {
+    /// Upstream name.
+    pub name: Arc<str>,
+    /// Instances in configuration order (static), or by address (discovered).
+    pub instances: Vec<Arc<InstanceState>>,
+    /// How requests are spread over the instances.
+    pub policy: Policy,
+    /// Where the instances come from when they are discovered in DNS.
+    pub discovery: Option<dns::Target>,
+    /// Breaker settings (explicit or the defaults).
+    pub breaker: BreakerSettings,
+    /// Active health checking, if configured.
+    pub health: Option<HealthSettings>,
+    /// Signs the identity of every request forwarded to it (`identity_signing_secret`).
+    pub signer: Option<Signer>,
+    /// Round-robin cursor.
+    pub(crate) cursor: AtomicUsize,
+    /// Retry budget and retry counters, carried over while the name stays.
+    pub retry: Arc<RetryBudget>,
+}
+
+impl UpstreamEntry {
+    /// An upstream entry (used by `compile` and by tests).
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        instances: Vec<Arc<InstanceState>>,
+        breaker: BreakerSettings,
+        health: Option<HealthSettings>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            instances,
+            policy: Policy::RoundRobin,
+            discovery: None,
+            breaker,
+            health,
+            signer: None,
+            cursor: AtomicUsize::new(0),
+            retry: Arc::default(),
+        }
+    }
+
+    /// The same entry, sharing `budget` (the previous version's, for an
+    /// upstream that keeps its name).
+    pub fn with_retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
+        self.retry = budget;
+        self
+    }
+
+    /// The same entry, signing identities with `signer`.
+    pub fn with_signer(mut self, signer: Option<Signer>) -> Self {
+        self.signer = signer;
+        self
+    }
+
+    /// The same entry with balancing `policy` (the default is round-robin).
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The same entry, marked as discovered through `target`.
+    pub fn with_discovery(mut self, target: dns::Target) -> Self {
+        self.discovery = Some(target);
+        self
+    }
+}
+
+/// Identity of an instance across versions: an instance that keeps its
+/// upstream name, id and url keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InstanceKey {
+    /// Upstream name.
+    pub upstream: Arc<str>,
+    /// Instance id.
+    pub id: Arc<str>,
+    /// Instance URL (`http://host:port`).
+    pub url: Arc<str>,
+}
+
+/// Everything about one upstream instance that outlives a configuration version.
+#[derive(Debug)]
+pub struct InstanceState {
+    /// Identity.
+    pub key: InstanceKey,
+    /// Instance id (same as `key.id`).
+    pub id: Arc<str>,
+    /// Keep-alive connections to it.
+    pub pool: Pool,
+    /// Its circuit breaker.
+    pub breaker: Breaker,
+    /// Result of active health checks; starts healthy so a new instance takes
+    /// traffic at once (its breaker guards it until the first checks have run).
+    healthy: AtomicBool,
+    in_flight: Arc<InFlightCount>,
+    /// Rendezvous-hashing seed, from the id (see [`crate::upstream::balancer`]).
+    pub(crate) hash_seed: u64,
+    /// Counters.
+    pub metrics: InstanceMetrics,
+}
+
+impl InstanceState {
+    /// State for an instance at `authority` (`host:port`).
+    pub fn new(key: InstanceKey, authority: &str, pool: PoolSettings) -> Self {
+        Self {
+            id: key.id.clone(),
+            hash_seed: balancer::instance_seed(&key.id),
+            key,
+            pool: Pool::new(authority, pool),
+            breaker: Breaker::new(),
+            healthy: AtomicBool::new(true),
+            in_flight: Arc::default(),
+            metrics: InstanceMetrics::default(),
+        }
+    }
+
+    /// Whether active health checks consider it healthy.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Sets the health state; returns the previous one.
+    pub fn set_healthy(&self, healthy: bool) -> bool {
+        self.healthy.swap(healthy, Ordering::Relaxed)
+    }
+
+    /// Requests in progress (until their response body ends).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.get()
+    }
+
+    /// Counts a request in progress until the guard drops.
+    pub fn start_request(&self) -> InFlight {
+        self.in_flight.start()
+    }
+}
