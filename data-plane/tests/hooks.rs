@@ -17,7 +17,7 @@ use common::*;
 use data_plane::DataPlane;
 use data_plane::args::Args;
 use data_plane::policy::hooks::{
-    AuthError, Authenticator, Identity, LimitKey, RateLimited, RateLimiter,
+    AuthError, Authenticator, Identity, LimitKey, RateLimited, RateLimiter, RouteLimit,
 };
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
@@ -58,11 +58,11 @@ struct TestLimiter {
 impl RateLimiter for TestLimiter {
     fn check<'a>(
         &'a self,
-        limits: &'a [RateLimit],
+        limits: &'a [RouteLimit],
         keys: &'a [LimitKey<'a>],
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>> {
         async move {
-            let limit = &limits[0];
+            let limit = &limits[0].policy;
             *self.last_key.lock() = keys
                 .iter()
                 .map(|key| match *key {
@@ -75,11 +75,11 @@ impl RateLimiter for TestLimiter {
                 .collect::<Vec<_>>()
                 .join(",");
             let used = self.used.fetch_add(1, Ordering::SeqCst) + 1;
-            if used > limit.limit {
+            if used > limit.limit() {
                 return Err(RateLimited::new(
-                    &limit.policy,
-                    limit.limit,
-                    limit.window_seconds,
+                    limit.name(),
+                    limit.limit(),
+                    limit.window_seconds(),
                     0,
                     42,
                 ));
@@ -87,7 +87,7 @@ impl RateLimiter for TestLimiter {
             let mut h = HeaderMap::new();
             h.insert(
                 "x-ratelimit-remaining",
-                HeaderValue::from(limit.limit - used),
+                HeaderValue::from(limit.limit() - used),
             );
             Ok(Some(h))
         }

@@ -94,7 +94,7 @@ pub mod stats;
 pub use headers::{Decision, Source, write_headers};
 pub use limiter::{RateLimitError, RateLimiter, RateLimiterOptions};
 pub use local::LocalLimiter;
-pub use policy::{Algorithm, Policy, PolicyError};
+pub use policy::{Algorithm, MAX_TOKEN_MILLIS, Policy, PolicyError};
 pub use redis::{FIXED_WINDOW_LUA, STACKED_LUA, TOKEN_BUCKET_LUA};
 pub use stacked::MAX_STACKED;
 pub use stats::{Stats, StatsSnapshot};

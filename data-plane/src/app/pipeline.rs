@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_proto::v1::{AuthMode, RateLimitKey};
+use gateway_proto::v1::AuthMode;
 use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
@@ -36,7 +36,7 @@ use crate::error::ProxyError;
 use crate::metrics::{Metrics, PolicyRefusal};
 use crate::policy::api_key::X_API_KEY;
 use crate::policy::cors::{Cors, preflight_method};
-use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitKey, RateLimiter};
+use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitBy, LimitKey, RateLimiter};
 use crate::policy::normalize::normalize_path;
 use crate::policy::router::host_of;
 use crate::policy::sanitize::{
@@ -484,20 +484,20 @@ impl Pipeline {
         let mut client = None;
         let mut keys = [LimitKey::Route(""); MAX_RATE_LIMITS];
         for (slot, limit) in keys.iter_mut().zip(limits) {
-            *slot = match (RateLimitKey::try_from(limit.key), identity) {
-                (Ok(RateLimitKey::KeyUser), Some(id)) => LimitKey::User(id.subject.as_bytes()),
+            *slot = match (&limit.by, identity) {
+                (LimitBy::User, Some(id)) => LimitKey::User(id.subject.as_bytes()),
                 (
-                    Ok(RateLimitKey::KeyApiKey),
+                    LimitBy::ApiKey,
                     Some(Identity {
                         api_key: Some(name),
                         ..
                     }),
                 ) => LimitKey::ApiKey(name.as_bytes()),
-                (Ok(RateLimitKey::KeyRoute), _) => LimitKey::Route(&route.name),
-                (Ok(RateLimitKey::KeyHeader), _) => LimitKey::Header(
+                (LimitBy::Route, _) => LimitKey::Route(&route.name),
+                (LimitBy::Header(name), _) => LimitKey::Header(
                     parts
                         .headers
-                        .get(limit.key_header.as_str())
+                        .get(name)
                         .map_or(&b""[..], HeaderValue::as_bytes),
                 ),
                 // KEY_IP, or (never, validation sees to it) an identity key without an identity.

@@ -28,6 +28,7 @@ use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::policy::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::policy::cors::{CorsError, CorsPolicy};
 use crate::policy::ip_rules::IpRules;
+use crate::policy::ratelimit::{RateLimitCompileError, RouteLimit};
 use crate::policy::router::{Router, RouterError};
 use crate::policy::sanitize::CidrError;
 use crate::policy::signature::Signer;
@@ -103,6 +104,16 @@ pub enum CompileError {
         /// Why.
         #[source]
         source: CorsError,
+    },
+    /// A rate limit that cannot be enforced (validation refuses it first;
+    /// kept so a limit is never silently off).
+    #[error("route {route:?}: {source}")]
+    RateLimit {
+        /// Route name.
+        route: String,
+        /// Why.
+        #[source]
+        source: RateLimitCompileError,
     },
     /// An API key that cannot be used (validation refuses it first).
     #[error(transparent)]
@@ -233,7 +244,16 @@ pub fn compile_with_members(
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
             policies: compile_policies(r)?,
             auth: AuthMode::try_from(r.auth).unwrap_or(AuthMode::AuthJwt),
-            rate_limits: r.rate_limit.iter().chain(&r.rate_limits).cloned().collect(),
+            rate_limits: r
+                .rate_limit
+                .iter()
+                .chain(&r.rate_limits)
+                .map(RouteLimit::compile)
+                .collect::<Result<_, _>>()
+                .map_err(|source| CompileError::RateLimit {
+                    route: r.name.clone(),
+                    source,
+                })?,
             timeout,
             target,
             coalesce: r

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use gateway_proto::v1::{AuthMode, RateLimit};
+use gateway_proto::v1::AuthMode;
 
 use crate::composition::aggregate::Aggregate;
 use crate::composition::coalesce::Coalescer;
@@ -22,6 +22,7 @@ use crate::metrics::RouteMetrics;
 use crate::policy::api_key::ApiKeys;
 use crate::policy::cors::CorsPolicy;
 use crate::policy::ip_rules::IpRules;
+use crate::policy::ratelimit::RouteLimit;
 use crate::policy::router::Router;
 use crate::policy::transform::HeaderTransform;
 use crate::upstream::UpstreamEntry;
@@ -66,7 +67,7 @@ pub struct RouteEntry {
     pub auth: AuthMode,
     /// Every rate limit of the route (`rate_limit` first, then
     /// `rate_limits`), applied together after authentication.
-    pub rate_limits: Box<[RateLimit]>,
+    pub rate_limits: Box<[RouteLimit]>,
     /// Time allowed until the upstream's response head.
     pub timeout: Duration,
     /// Where the traffic goes.

@@ -12,9 +12,10 @@
 use std::net::IpAddr;
 
 use futures::future::BoxFuture;
-use gateway_proto::v1::RateLimit;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
+
+pub use crate::policy::ratelimit::{LimitBy, RouteLimit};
 
 /// Who the caller is, after verification. Forwarded as `X-User-Id` / `X-User-Role`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +90,7 @@ impl RateLimited {
     }
 }
 
-/// What a rate limit is counted per.
+/// What a rate limit is counted per, for one request: the value of its [`LimitBy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitKey<'a> {
     /// The verified subject (`KEY_USER`).
@@ -115,7 +116,7 @@ pub trait RateLimiter: Send + Sync + 'static {
     /// response. `Err` answers 429 with the refusal's headers.
     fn check<'a>(
         &'a self,
-        limits: &'a [RateLimit],
+        limits: &'a [RouteLimit],
         keys: &'a [LimitKey<'a>],
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>>;
 

@@ -10,28 +10,95 @@
 //! or the refusing one); a refusal adds `Retry-After` (and becomes a 429
 //! problem document in `error.rs`).
 //!
-//! A `gateway_ratelimit::Policy` is built once per policy name, not per
-//! request: routes naming one policy share it (the control plane guarantees
-//! equal settings), so a small map keyed by name, checked against the route's
-//! settings on every hit, is all the caching needed. Lookups take a read lock
-//! for a hash probe and never hold it across `.await`.
-
-use parking_lot::RwLock;
-use std::collections::HashMap;
+//! A route's limits are compiled with the snapshot ([`RouteLimit::compile`]):
+//! the budget as a `gateway_ratelimit::Policy` and the key as a [`LimitBy`]
+//! (a header name parsed once). A limit that cannot be enforced exactly is a
+//! compile error, so the configuration is refused (NACK) instead of the route
+//! answering 429 to everyone; the request path only looks the values up.
 
 use futures::future::BoxFuture;
-use gateway_proto::v1::{RateLimit, RateLimitAlgorithm};
+use gateway_proto::v1::{RateLimit, RateLimitAlgorithm, RateLimitKey};
 use gateway_proto::validate::MAX_RATE_LIMITS;
-use gateway_ratelimit::{Algorithm, MAX_STACKED, Policy, RateLimiter as Limiter, write_headers};
+use gateway_ratelimit::{
+    Algorithm, MAX_STACKED, Policy, PolicyError, RateLimiter as Limiter, write_headers,
+};
 use http::HeaderMap;
+use http::header::HeaderName;
 
 use crate::policy::hooks::{LimitKey, RateLimited, RateLimiter};
+
+/// One rate limit of a route, compiled once per snapshot.
+#[derive(Debug, Clone)]
+pub struct RouteLimit {
+    /// The budget: name, algorithm, limit and window.
+    pub policy: Policy,
+    /// What the budget is counted per.
+    pub by: LimitBy,
+}
+
+/// What a limit's budget is counted per (`RateLimit.key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitBy {
+    /// The client address (`KEY_IP`).
+    Ip,
+    /// The verified subject (`KEY_USER`).
+    User,
+    /// The name of the API key that authenticated the caller (`KEY_API_KEY`).
+    ApiKey,
+    /// The whole route (`KEY_ROUTE`).
+    Route,
+    /// The value of this request header (`KEY_HEADER` with `key_header`).
+    Header(HeaderName),
+}
+
+/// Why a route's rate limit cannot be compiled (validation refuses each case first).
+#[derive(Debug, thiserror::Error)]
+pub enum RateLimitCompileError {
+    /// The budget cannot be enforced (name, zero limit or window, too large).
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// `key_header` is not a header name.
+    #[error("rate limit policy {policy:?}: key_header {header:?} is not a valid header name")]
+    Header {
+        /// Policy name.
+        policy: String,
+        /// The header.
+        header: String,
+    },
+}
+
+impl RouteLimit {
+    /// Compiles one `RateLimit` of a validated route.
+    pub fn compile(limit: &RateLimit) -> Result<Self, RateLimitCompileError> {
+        let algorithm = match RateLimitAlgorithm::try_from(limit.algorithm) {
+            Ok(RateLimitAlgorithm::FixedWindow) => Algorithm::FixedWindow,
+            Ok(RateLimitAlgorithm::SlidingWindow) => Algorithm::SlidingWindow,
+            // TOKEN_BUCKET is the proto default; validation rejects unknown values.
+            _ => Algorithm::TokenBucket,
+        };
+        let policy = Policy::new(&limit.policy, algorithm, limit.limit, limit.window_seconds)?;
+        let by = match RateLimitKey::try_from(limit.key) {
+            Ok(RateLimitKey::KeyUser) => LimitBy::User,
+            Ok(RateLimitKey::KeyApiKey) => LimitBy::ApiKey,
+            Ok(RateLimitKey::KeyRoute) => LimitBy::Route,
+            Ok(RateLimitKey::KeyHeader) => LimitBy::Header(
+                HeaderName::from_bytes(limit.key_header.to_ascii_lowercase().as_bytes()).map_err(
+                    |_| RateLimitCompileError::Header {
+                        policy: limit.policy.clone(),
+                        header: limit.key_header.clone(),
+                    },
+                )?,
+            ),
+            // KEY_IP is the proto default; validation rejects unknown values.
+            _ => LimitBy::Ip,
+        };
+        Ok(Self { policy, by })
+    }
+}
 
 /// Enforces route rate limits with `gateway-ratelimit`.
 pub struct RouteLimiter {
     limiter: Limiter,
-    /// Compiled policies by name; `None`: the settings cannot be compiled (refused, fail closed).
-    policies: RwLock<HashMap<Box<str>, Option<Policy>>>,
 }
 
 impl std::fmt::Debug for RouteLimiter {
@@ -44,80 +111,39 @@ impl std::fmt::Debug for RouteLimiter {
 
 // The pipeline passes at most MAX_RATE_LIMITS limits; the limiter takes that many at once.
 const _: () = assert!(MAX_RATE_LIMITS <= MAX_STACKED);
-
-fn algorithm(limit: &RateLimit) -> Algorithm {
-    match RateLimitAlgorithm::try_from(limit.algorithm) {
-        Ok(RateLimitAlgorithm::FixedWindow) => Algorithm::FixedWindow,
-        Ok(RateLimitAlgorithm::SlidingWindow) => Algorithm::SlidingWindow,
-        // TOKEN_BUCKET is the proto default; validation rejects unknown values.
-        _ => Algorithm::TokenBucket,
-    }
-}
-
-fn same_settings(p: &Policy, limit: &RateLimit) -> bool {
-    p.algorithm() == algorithm(limit)
-        && p.limit() == limit.limit
-        && p.window_seconds() == limit.window_seconds
-}
+// Validation refuses the budgets the limiter cannot count, by the same bound.
+const _: () =
+    assert!(gateway_proto::validate::MAX_BUDGET_MILLIS == gateway_ratelimit::MAX_TOKEN_MILLIS);
 
 impl RouteLimiter {
     /// Wraps a limiter.
     pub fn new(limiter: Limiter) -> Self {
-        Self {
-            limiter,
-            policies: RwLock::new(HashMap::new()),
-        }
+        Self { limiter }
     }
 
     /// The wrapped limiter (stats, whether Redis is in use).
     pub fn limiter(&self) -> &Limiter {
         &self.limiter
     }
-
-    /// The compiled policy of `limit`, built on first use and whenever its settings change.
-    fn policy(&self, limit: &RateLimit) -> Option<Policy> {
-        {
-            let map = self.policies.read();
-            match map.get(limit.policy.as_str()) {
-                Some(Some(p)) if same_settings(p, limit) => return Some(p.clone()),
-                Some(None) => return None,
-                _ => {}
-            }
-        }
-        let compiled = match Policy::new(
-            &limit.policy,
-            algorithm(limit),
-            limit.limit,
-            limit.window_seconds,
-        ) {
-            Ok(p) => Some(p),
-            Err(error) => {
-                tracing::warn!(%error, "rate limit policy cannot be enforced; its routes answer 429");
-                None
-            }
-        };
-        self.policies
-            .write()
-            .insert(limit.policy.as_str().into(), compiled.clone());
-        compiled
-    }
 }
 
-/// A refusal for a limit whose policy cannot be compiled: limits are never silently off.
-fn unusable(limit: &RateLimit) -> RateLimited {
+/// The refusal when more limits are passed than the limiter decides at once:
+/// limits are never silently dropped.
+fn too_many(limit: &RouteLimit) -> RateLimited {
+    let p = &limit.policy;
     RateLimited::new(
-        &limit.policy,
-        limit.limit,
-        limit.window_seconds,
+        p.name(),
+        p.limit(),
+        p.window_seconds(),
         0,
-        limit.window_seconds,
+        p.window_seconds(),
     )
 }
 
 impl RateLimiter for RouteLimiter {
     fn check<'a>(
         &'a self,
-        limits: &'a [RateLimit],
+        limits: &'a [RouteLimit],
         keys: &'a [LimitKey<'a>],
     ) -> BoxFuture<'a, Result<Option<HeaderMap>, RateLimited>> {
         Box::pin(async move {
@@ -126,7 +152,7 @@ impl RateLimiter for RouteLimiter {
                 return Ok(None);
             }
             if n > MAX_STACKED {
-                return Err(unusable(&limits[0]));
+                return Err(too_many(&limits[0]));
             }
             // An IP's text form, on the stack: no allocation per request. Every
             // KEY_IP limit of a request counts the same address.
@@ -146,29 +172,19 @@ impl RateLimiter for RouteLimiter {
                 }
             };
             let (policy, decision) = if n == 1 {
-                let policy = self
-                    .policy(&limits[0])
-                    .ok_or_else(|| unusable(&limits[0]))?;
-                let decision = self.limiter.check(&policy, subject(&keys[0])).await;
-                (policy, decision)
+                let policy = &limits[0].policy;
+                (policy, self.limiter.check(policy, subject(&keys[0])).await)
             } else {
-                let mut policies: [Option<Policy>; MAX_STACKED] = Default::default();
-                for (slot, limit) in policies.iter_mut().zip(&limits[..n]) {
-                    *slot = Some(self.policy(limit).ok_or_else(|| unusable(limit))?);
-                }
                 let mut stack: [(&Policy, &[u8]); MAX_STACKED] =
-                    [(policies[0].as_ref().expect("compiled above"), b""); MAX_STACKED];
-                for (i, slot) in stack[..n].iter_mut().enumerate() {
-                    *slot = (
-                        policies[i].as_ref().expect("compiled above"),
-                        subject(&keys[i]),
-                    );
+                    [(&limits[0].policy, b""); MAX_STACKED];
+                for (slot, (limit, key)) in stack.iter_mut().zip(limits.iter().zip(keys)) {
+                    *slot = (&limit.policy, subject(key));
                 }
                 let (i, decision) = self.limiter.check_all(&stack[..n]).await;
-                (stack[i].0.clone(), decision)
+                (stack[i].0, decision)
             };
             let mut headers = HeaderMap::with_capacity(5);
-            write_headers(&mut headers, &policy, &decision);
+            write_headers(&mut headers, policy, &decision);
             if decision.allowed {
                 Ok(Some(headers))
             } else {
@@ -205,10 +221,14 @@ mod tests {
         }
     }
 
+    fn compiled(limit: &RateLimit) -> RouteLimit {
+        RouteLimit::compile(limit).unwrap()
+    }
+
     #[tokio::test]
     async fn allowed_and_denied_requests_carry_the_budget_headers() {
         let l = local();
-        let rl = limit("api", 2, 60);
+        let rl = compiled(&limit("api", 2, 60));
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         for remaining in ["1", "0"] {
             let h = l
@@ -253,37 +273,39 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn policies_are_compiled_once_and_follow_setting_changes() {
-        let l = local();
-        let ip: IpAddr = "192.0.2.8".parse().unwrap();
-        for _ in 0..3 {
-            l.check(&[limit("api", 10, 60)], &[LimitKey::Ip(ip)])
-                .await
-                .unwrap();
+    #[test]
+    fn compiling_parses_the_key_once_and_refuses_what_cannot_be_enforced() {
+        let by_header = RateLimit {
+            key: RateLimitKey::KeyHeader as i32,
+            key_header: "X-Client".into(),
+            ..limit("client", 10, 60)
+        };
+        let c = compiled(&by_header);
+        assert_eq!(c.by, LimitBy::Header(HeaderName::from_static("x-client")));
+        assert_eq!(c.policy.name(), "client");
+        assert_eq!(c.policy.algorithm(), Algorithm::FixedWindow);
+        assert_eq!((c.policy.limit(), c.policy.window_seconds()), (10, 60));
+        for (key, by) in [
+            (RateLimitKey::KeyIp, LimitBy::Ip),
+            (RateLimitKey::KeyUser, LimitBy::User),
+            (RateLimitKey::KeyApiKey, LimitBy::ApiKey),
+            (RateLimitKey::KeyRoute, LimitBy::Route),
+        ] {
+            let l = RateLimit {
+                key: key as i32,
+                ..limit("k", 1, 1)
+            };
+            assert_eq!(compiled(&l).by, by);
         }
-        assert_eq!(l.policies.read().len(), 1);
-        // A new configuration changes the policy's limit: the new one applies.
-        let h = l
-            .check(&[limit("api", 50, 60)], &[LimitKey::Ip(ip)])
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(h["x-ratelimit-limit"], "50");
-        assert_eq!(l.policies.read().len(), 1);
-    }
-
-    #[tokio::test]
-    async fn an_unusable_policy_refuses_instead_of_admitting() {
-        let l = local();
-        // limit × window (ms) over 2^53 cannot be enforced exactly.
-        let rl = limit("huge", u32::MAX, 86_400);
-        let ip: IpAddr = "192.0.2.9".parse().unwrap();
-        let denied = l
-            .check(std::slice::from_ref(&rl), &[LimitKey::Ip(ip)])
-            .await
-            .unwrap_err();
-        assert!(denied.headers.contains_key(RETRY_AFTER));
+        // limit × window (ms) over 2^53 cannot be enforced exactly: refused, never admitted.
+        let err = RouteLimit::compile(&limit("huge", u32::MAX, 86_400)).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+        let bad_header = RateLimit {
+            key_header: "bad header".into(),
+            ..by_header
+        };
+        let err = RouteLimit::compile(&bad_header).unwrap_err();
+        assert!(err.to_string().contains("not a valid header name"), "{err}");
     }
 
     #[tokio::test]
@@ -303,7 +325,7 @@ mod tests {
             algorithm: RateLimitAlgorithm::SlidingWindow as i32,
             ..limit("ip", 100, 60)
         };
-        let limits = [per_ip, route, per_client];
+        let limits = [per_ip, route, per_client].map(|l| compiled(&l));
         let ip: IpAddr = "192.0.2.10".parse().unwrap();
         let keys = |client: &'static [u8]| {
             [

@@ -13,6 +13,11 @@ use crate::v1::{AuthMode, RateLimit, RateLimitAlgorithm, RateLimitKey, Route};
 /// Most rate limits one route may stack (`rate_limit` and `rate_limits` together).
 pub const MAX_RATE_LIMITS: usize = 8;
 
+/// The largest budget a rate limit may count, `limit × window_seconds` in
+/// milliseconds of tokens: 2^53, the integers a Lua number (a double) holds
+/// exactly. The data plane's limiter refuses larger policies with the same bound.
+pub const MAX_BUDGET_MILLIS: u64 = 1 << 53;
+
 /// Every rate limit of `r` with the field that holds it: `rate_limit` first,
 /// then `rate_limits[i]`. The order the data plane checks them in.
 pub fn route_limits(r: &Route) -> impl Iterator<Item = (String, &RateLimit)> {
@@ -105,6 +110,13 @@ impl Validator {
         if rl.window_seconds == 0 || rl.window_seconds > MAX_WINDOW_SECONDS {
             self.push(format!(
                 "{who}: {field}.window_seconds must be 1 to {MAX_WINDOW_SECONDS}"
+            ));
+        } else if u128::from(rl.limit) * u128::from(rl.window_seconds) * 1000
+            > u128::from(MAX_BUDGET_MILLIS)
+        {
+            self.push(format!(
+                "{who}: {field}: limit {} per {} s is too large to count exactly (limit × window_seconds × 1000 must not exceed 2^53)",
+                rl.limit, rl.window_seconds
             ));
         }
     }

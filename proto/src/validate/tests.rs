@@ -218,6 +218,17 @@ fn rate_limits() {
         ..limit("login", 5)
     });
     fails_with(check_route(r.clone()), "rate_limit.window_seconds must be");
+    // limit × window in ms over 2^53 cannot be counted exactly; the largest that fit pass.
+    r.rate_limit = Some(RateLimit {
+        window_seconds: 86_400,
+        ..limit("login", u32::MAX)
+    });
+    fails_with(check_route(r.clone()), "is too large to count exactly");
+    r.rate_limit = Some(RateLimit {
+        window_seconds: 86_400,
+        ..limit("login", 100_000_000)
+    });
+    assert!(check_route(r.clone()).is_ok());
     r.rate_limit = Some(limit("Bad Policy", 5));
     fails_with(check_route(r.clone()), "rate_limit.policy must match");
     r.rate_limit = Some(RateLimit {
