@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use gateway_transport::body::ResponseBody;
 use gateway_transport::h1_server::Refusal;
-use gateway_transport::pool::ConnectError;
+use gateway_transport::upstream_error::UpstreamError;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
@@ -109,15 +109,12 @@ pub enum ProxyError {
     /// Every instance is unhealthy or breaker-open (503).
     #[error("no instance of the upstream is available")]
     NoInstance,
-    /// The instance could not be reached, retry included (502).
-    #[error("the upstream could not be reached")]
-    Connect(#[source] ConnectError),
-    /// The connection to the instance failed during the exchange (502).
-    #[error("the upstream connection failed")]
-    Upstream(#[source] gateway_transport::h1::ExchangeError),
-    /// No response head within the route timeout (504).
-    #[error("the upstream did not answer within {0:?}")]
-    Timeout(Duration),
+    /// The last attempt at the upstream failed, retries included: no
+    /// connection (502 `upstream-unreachable`), no response head within the
+    /// route or per-try timeout (504 `upstream-timeout`), or the exchange
+    /// broke (502 `upstream-failed`).
+    #[error(transparent)]
+    Upstream(UpstreamError),
     /// A required part of an aggregation route failed (502, naming the part).
     #[error("required part {part:?} failed: {failure}")]
     AggregatePart {
@@ -195,10 +192,8 @@ impl ProxyError {
             Self::Unauthorized(_) | Self::ApiKey(_) => StatusCode::UNAUTHORIZED,
             Self::IpDenied | Self::CorsRefused => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::Connect(_) | Self::Upstream(_) | Self::AggregatePart { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
-            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Upstream(e) if e.is_timeout() => StatusCode::GATEWAY_TIMEOUT,
+            Self::Upstream(_) | Self::AggregatePart { .. } => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -224,9 +219,9 @@ impl ProxyError {
             Self::UpgradeRefused => "upgrade_refused",
             Self::RateLimited(_) => "rate_limited",
             Self::NoInstance => "no_instance",
-            Self::Connect(_) => "connect",
+            Self::Upstream(e) if e.is_connect() => "connect",
+            Self::Upstream(e) if e.is_timeout() => "timeout",
             Self::Upstream(_) => "upstream",
-            Self::Timeout(_) => "timeout",
             Self::AggregatePart { .. } => "aggregate_part",
         }
     }
@@ -409,23 +404,23 @@ impl ProxyError {
                 "Service unavailable",
                 "No instance of the upstream is available (unhealthy or circuit open)."
             ),
-            Self::Connect(_) => problem!(
+            Self::Upstream(e) if e.is_connect() => problem!(
                 502,
                 "upstream-unreachable",
                 "Bad gateway",
                 "The upstream could not be reached."
+            ),
+            Self::Upstream(e) if e.is_timeout() => problem!(
+                504,
+                "upstream-timeout",
+                "Gateway timeout",
+                "The upstream did not answer within the route's timeout."
             ),
             Self::Upstream(_) => problem!(
                 502,
                 "upstream-failed",
                 "Bad gateway",
                 "The upstream connection failed before a response was received."
-            ),
-            Self::Timeout(_) => problem!(
-                504,
-                "upstream-timeout",
-                "Gateway timeout",
-                "The upstream did not answer within the route's timeout."
             ),
             // The response itself names the part (see `document`).
             Self::AggregatePart { .. } => problem!(
@@ -508,6 +503,7 @@ pub fn refusal(refused: Refusal) -> Response<ResponseBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway_transport::upstream_error::Failure;
 
     fn all() -> Vec<ProxyError> {
         use NormalizeError as N;
@@ -541,7 +537,11 @@ mod tests {
             ProxyError::ApiKey(ApiKeyError::Invalid),
             ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)),
             ProxyError::NoInstance,
-            ProxyError::Timeout(Duration::from_secs(1)),
+            ProxyError::Upstream(UpstreamError::timeout(Duration::from_secs(1))),
+            ProxyError::Upstream(UpstreamError::not_sent(Failure::ConnectTimeout {
+                authority: "127.0.0.1:1".into(),
+            })),
+            ProxyError::Upstream(UpstreamError::sent(Failure::Closed)),
             ProxyError::BodyTimeout(Duration::from_secs(1)),
             ProxyError::HeadTimeout(Duration::from_secs(1)),
             ProxyError::TunnelLimit,
@@ -552,6 +552,54 @@ mod tests {
             },
         ]);
         v
+    }
+
+    #[test]
+    fn the_one_upstream_error_answers_by_what_failed() {
+        let slug = |e: UpstreamError| {
+            let e = ProxyError::Upstream(e);
+            let doc: serde_json::Value = serde_json::from_str(e.body()).unwrap();
+            (
+                e.status().as_u16(),
+                e.kind(),
+                doc["type"].as_str().unwrap().to_owned(),
+            )
+        };
+        let refused = UpstreamError::not_sent(Failure::Connect {
+            authority: "127.0.0.1:1".into(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        });
+        assert_eq!(
+            slug(refused),
+            (
+                502,
+                "connect",
+                "urn:gateway:problem:upstream-unreachable".into()
+            )
+        );
+        assert_eq!(
+            slug(UpstreamError::timeout(Duration::from_secs(3))),
+            (
+                504,
+                "timeout",
+                "urn:gateway:problem:upstream-timeout".into()
+            )
+        );
+        // A fresh connection that died before the request was written, and a
+        // broken exchange, are failures of the connection, not of connecting.
+        for e in [
+            UpstreamError::not_sent(Failure::Closed),
+            UpstreamError::sent(Failure::Invalid("x")),
+        ] {
+            assert_eq!(
+                slug(e),
+                (
+                    502,
+                    "upstream",
+                    "urn:gateway:problem:upstream-failed".into()
+                )
+            );
+        }
     }
 
     #[test]

@@ -7,9 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use crate::config::{Compiled, Target};
-use crate::metrics::{
-    CoalesceAlone, Metrics, PartOutcome, PolicyRefusal, UpstreamErrorKind, esc, header,
-};
+use crate::metrics::{CoalesceAlone, Metrics, PartOutcome, PolicyRefusal, esc, header};
 use crate::upstream::breaker::BreakerState;
 use crate::upstream::retry::RetryReason;
 
@@ -87,13 +85,11 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
         "Upstream failures by instance and kind (connect, timeout, protocol, status_5xx).",
     );
     for (u, i) in instances() {
-        for kind in UpstreamErrorKind::all() {
+        for (kind, n) in i.metrics.errors() {
             let _ = writeln!(
                 out,
-                "gateway_upstream_errors_total{{{},kind=\"{}\"}} {}",
+                "gateway_upstream_errors_total{{{},kind=\"{kind}\"}} {n}",
                 labels(&u.name, &i.id),
-                kind.as_str(),
-                i.metrics.errors(kind)
             );
         }
     }

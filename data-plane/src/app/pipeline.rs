@@ -44,6 +44,7 @@ use crate::policy::sanitize::{
     ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
 use crate::upstream::UpstreamEntry;
+use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::{self, Affinity};
 use crate::upstream::proxy::{self, upstream_request};
 
@@ -285,7 +286,7 @@ impl Pipeline {
         };
 
         // Coalesce: on a `coalesce` route identical concurrent GET/HEADs share one upstream call; after rate limiting, so every caller pays.
-        let trace = proxy::Trace {
+        let trace = Trace {
             span,
             tracestate,
             served_by: &mut seen.upstream,

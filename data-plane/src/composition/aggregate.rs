@@ -38,6 +38,7 @@ use tokio::time::Instant;
 use crate::error::{PartFailure, ProxyError};
 use crate::metrics::{PartMetrics, PartOutcome};
 use crate::upstream::UpstreamEntry;
+use crate::upstream::attempt::Trace;
 use crate::upstream::balancer;
 use crate::upstream::proxy;
 
@@ -294,7 +295,7 @@ async fn fetch(
     let pick = balancer::pick(&part.upstream, key, None).ok_or(PartFailure::Unavailable)?;
     let deadline = Instant::now() + part.timeout;
     let mut served_by = None;
-    let trace = proxy::Trace {
+    let trace = Trace {
         span,
         tracestate,
         served_by: &mut served_by,
@@ -302,7 +303,7 @@ async fn fetch(
     let resp = proxy::forward(&part.upstream, pick, req, part.timeout, None, trace, worker)
         .await
         .map_err(|e| match e {
-            ProxyError::Timeout(_) => PartFailure::Timeout,
+            ProxyError::Upstream(e) if e.is_timeout() => PartFailure::Timeout,
             ProxyError::NoInstance => PartFailure::Unavailable,
             _ => PartFailure::Unreachable,
         })?;

@@ -40,6 +40,7 @@ use bytes::{BufMut as _, Bytes, BytesMut};
 use gateway_telemetry::SpanParent;
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
 use gateway_transport::response_head;
+use gateway_transport::upstream_error::UpstreamError;
 use gateway_transport::workers::Worker;
 use http::header::{self, HeaderName};
 use http::request::Parts;
@@ -53,6 +54,7 @@ use crate::error::ProxyError;
 use crate::metrics::CoalesceAlone;
 use crate::policy::sanitize::{X_USER_ID, X_USER_ROLE};
 use crate::upstream::UpstreamEntry;
+use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::{self, Affinity};
 use crate::upstream::proxy::{self, RouteView, upstream_request};
 use crate::upstream::retry::RetryPolicy;
@@ -313,7 +315,7 @@ pub enum Coalesced<'s, 'a> {
     /// Answered, as a leader or a follower.
     Answered(Result<Response<ResponseBody>, ProxyError>),
     /// Not coalesced: proxy it as usual (everything handed back).
-    Alone(Parts, ClientBody, proxy::Trace<'s, 'a>),
+    Alone(Parts, ClientBody, Trace<'s, 'a>),
 }
 
 /// The coalescing stage of the pipeline, for a request of `route` (whose
@@ -330,7 +332,7 @@ pub async fn stage<'s, 'a>(
     body: ClientBody,
     path: &str,
     affinity: Affinity,
-    trace: proxy::Trace<'s, 'a>,
+    trace: Trace<'s, 'a>,
     worker: Worker,
 ) -> Coalesced<'s, 'a> {
     let key = if body.is_end_stream() {
@@ -385,7 +387,7 @@ async fn lead_call<'a>(
     upstream: &'a Arc<UpstreamEntry>,
     parts: Parts,
     path: &str,
-    trace: proxy::Trace<'_, 'a>,
+    trace: Trace<'_, 'a>,
     CallOptions {
         limits,
         affinity,
@@ -458,7 +460,7 @@ impl Call {
         let result = match balancer::pick(&self.upstream, self.affinity, None) {
             None => Err(ProxyError::NoInstance),
             Some(pick) => {
-                let trace = proxy::Trace {
+                let trace = Trace {
                     span: &self.span,
                     tracestate: self.tracestate.as_ref(),
                     served_by: &mut served_by,
@@ -508,7 +510,7 @@ impl Call {
                 let read = (!read.is_empty()).then_some(read);
                 let mine = Response::from_parts(head, ResponseBody::Resumed(read, Box::new(rest)));
                 let theirs = if timed_out {
-                    let e = ProxyError::Timeout(self.timeout);
+                    let e = ProxyError::Upstream(UpstreamError::timeout(self.timeout));
                     Outcome::Shared(Arc::new(Snapshot::of_error(&e)))
                 } else {
                     Outcome::Alone

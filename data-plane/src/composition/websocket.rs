@@ -32,12 +32,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use gateway_telemetry::inject;
 use gateway_transport::body::{RequestBody, ResponseBody, UpstreamBody};
 use gateway_transport::h1::Upgrade;
 use gateway_transport::in_flight::InFlight;
-use gateway_transport::pool::SendError;
 use gateway_transport::tunnels::Tunnel;
+use gateway_transport::upstream_error::{Failure, UpstreamError};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, Version};
@@ -47,11 +46,12 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::time::Instant;
 
 use crate::error::ProxyError;
-use crate::metrics::{PolicyRefusal, RouteMetrics, UpstreamErrorKind};
+use crate::metrics::{PolicyRefusal, RouteMetrics};
 use crate::policy::sanitize::{Strip, remove_hop_by_hop};
 use crate::upstream::UpstreamEntry;
+use crate::upstream::attempt::{Attempt, Trace};
 use crate::upstream::balancer::Pick;
-use crate::upstream::proxy::{RouteView, Trace, fail, report, upstream_request};
+use crate::upstream::proxy::{RouteView, upstream_request};
 
 /// `Sec-WebSocket-Key`.
 static SEC_WEBSOCKET_KEY: header::HeaderName = header::SEC_WEBSOCKET_KEY;
@@ -109,7 +109,7 @@ pub async fn forward<'a>(
     pick: Pick<'a>,
     mut parts: Parts,
     path: &str,
-    trace: Trace<'_, 'a>,
+    mut trace: Trace<'_, 'a>,
     max_idle: Duration,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let idle = route
@@ -133,53 +133,27 @@ pub async fn forward<'a>(
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
 
-    let Pick {
-        instance, permit, ..
-    } = pick;
-    instance.metrics.attempts.fetch_add(1, Ordering::Relaxed);
-    *trace.served_by = Some(&instance.id);
-    let mut client = trace.span.client_span(req.method());
-    client.set_upstream_instance(&instance.id);
-    inject(req.headers_mut(), &client.context(), trace.tracestate);
-    let in_flight = instance.start_request();
+    let attempt = Attempt::start(upstream, pick, &mut req, &mut trace, 0);
+    let instance = attempt.instance();
     let sent = tokio::time::timeout(route.timeout, instance.pool.send_upgrade(req)).await;
-    let failure = match sent {
-        Err(_) => Some((
-            UpstreamErrorKind::Timeout,
-            ProxyError::Timeout(route.timeout),
-        )),
-        Ok(Err(SendError::Connect { error, .. })) => {
-            Some((UpstreamErrorKind::Connect, ProxyError::Connect(error)))
-        }
-        Ok(Err(SendError::NotSent { error, .. })) => {
-            Some((UpstreamErrorKind::Connect, ProxyError::Upstream(error)))
-        }
-        Ok(Err(SendError::Failed { error, .. })) => {
-            Some((UpstreamErrorKind::Protocol, ProxyError::Upstream(error)))
-        }
+    let error = match sent {
+        Err(_) => UpstreamError::timeout(route.timeout),
+        Ok(Err(failed)) => failed.error,
         Ok(Ok(Upgrade::Switched(resp, _)))
             if let Err(why) = completes_handshake(resp.headers(), &expected_accept) =>
         {
             BAD_UPGRADES.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(upstream = %upstream.name, instance = %instance.id, why, "upstream 101 does not complete the WebSocket handshake");
-            Some((UpstreamErrorKind::Protocol, ProxyError::BadUpgrade(why)))
+            attempt.failed(&UpstreamError::sent(Failure::Invalid(why)));
+            return Err(ProxyError::BadUpgrade(why));
         }
         Ok(Ok(resp)) => {
-            client.set_status_code(resp.status().as_u16());
-            client.end();
-            if resp.status().is_server_error() {
-                fail(upstream, instance, permit, UpstreamErrorKind::Status5xx);
-            } else {
-                report(upstream, instance, permit.success());
-            }
+            let in_flight = attempt.answered(resp.status());
             return Ok(answer(resp, client_side, idle, route.metrics, in_flight));
         }
     };
-    let (kind, error) = failure.expect("every other arm returned");
-    client.set_status_error(kind_label(kind));
-    client.end();
-    fail(upstream, instance, permit, kind);
-    Err(error)
+    attempt.failed(&error);
+    Err(ProxyError::Upstream(error))
 }
 
 /// The GUID RFC 6455 appends to the key before hashing it.
@@ -250,14 +224,6 @@ pub fn write_metrics(out: &mut String) {
     for (name, kind, help, value) in families {
         crate::metrics::header(out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
-    }
-}
-
-fn kind_label(kind: UpstreamErrorKind) -> &'static str {
-    match kind {
-        UpstreamErrorKind::Timeout => "timeout",
-        UpstreamErrorKind::Connect => "connect",
-        _ => "upstream",
     }
 }
 

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use gateway_transport::upstream_error::UpstreamError;
 use http::{Method, StatusCode};
 
 mod composition;
@@ -157,40 +158,11 @@ impl RouteMetrics {
     }
 }
 
-/// Kinds of upstream errors, a label of `gateway_upstream_errors_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamErrorKind {
-    /// Could not connect (or the fresh connection died before the request was written).
-    Connect,
-    /// No response head within the route timeout.
-    Timeout,
-    /// The connection failed after the request was sent.
-    Protocol,
-    /// The instance answered 5xx.
-    Status5xx,
-}
-
-impl UpstreamErrorKind {
-    /// Every kind, in label order.
-    pub fn all() -> [Self; 4] {
-        [
-            Self::Connect,
-            Self::Timeout,
-            Self::Protocol,
-            Self::Status5xx,
-        ]
-    }
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Connect => "connect",
-            Self::Timeout => "timeout",
-            Self::Protocol => "protocol",
-            Self::Status5xx => "status_5xx",
-        }
-    }
-}
+/// The `kind` labels of `gateway_upstream_errors_total`, in order: could not
+/// connect (or nothing of the request was written), no response head in time,
+/// the exchange failed after the request was sent, the instance answered 5xx.
+const ERROR_KINDS: [&str; 4] = ["connect", "timeout", "protocol", "status_5xx"];
+const STATUS_5XX: usize = 3;
 
 /// Counters of one upstream instance.
 #[derive(Debug, Default)]
@@ -207,14 +179,26 @@ pub struct InstanceMetrics {
 }
 
 impl InstanceMetrics {
-    /// Counts an upstream error.
-    pub fn error(&self, kind: UpstreamErrorKind) {
-        self.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
+    /// Counts a failed attempt, by what failed.
+    pub fn failed(&self, error: &UpstreamError) {
+        let kind = if error.is_timeout() {
+            1
+        } else if error.never_reached() {
+            0
+        } else {
+            2
+        };
+        self.errors[kind].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Errors counted of one kind.
-    pub fn errors(&self, kind: UpstreamErrorKind) -> u64 {
-        self.errors[kind as usize].load(Ordering::Relaxed)
+    /// Counts a 5xx answer.
+    pub fn status_5xx(&self) {
+        self.errors[STATUS_5XX].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The error counters with their `kind` labels, in label order.
+    pub fn errors(&self) -> [(&'static str, u64); 4] {
+        std::array::from_fn(|i| (ERROR_KINDS[i], self.errors[i].load(Ordering::Relaxed)))
     }
 }
 

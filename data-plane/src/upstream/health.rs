@@ -26,7 +26,8 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use gateway_transport::body::RequestBody;
-use gateway_transport::h1::{Conn, ExchangeError, SendFailure};
+use gateway_transport::h1::Conn;
+use gateway_transport::upstream_error::UpstreamError;
 
 use crate::upstream::{InstanceKey, InstanceState, UpstreamEntry};
 
@@ -88,7 +89,7 @@ pub enum CheckError {
     Connect(#[source] std::io::Error),
     /// The HTTP exchange failed.
     #[error("HTTP error: {0}")]
-    Http(#[source] ExchangeError),
+    Http(#[source] UpstreamError),
     /// The request could not be built (bad path or authority).
     #[error("invalid check request: {0}")]
     Request(#[source] http::Error),
@@ -117,11 +118,7 @@ pub async fn check_once(authority: &str, path: &str, timeout: Duration) -> Resul
         let resp = Conn::new(stream)
             .send(Box::new(req), authority)
             .await
-            .map_err(|failure| {
-                CheckError::Http(match failure {
-                    SendFailure::NotSent(_, e) | SendFailure::Failed(e, _) => e,
-                })
-            })?;
+            .map_err(|failed| CheckError::Http(failed.error))?;
         if resp.status().is_success() {
             Ok(())
         } else {

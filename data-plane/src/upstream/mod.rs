@@ -6,8 +6,10 @@
 //! file: [`balancer`] (round-robin, least-request, consistent hashing over
 //! healthy instances whose breaker admits), [`breaker`], [`health`] (active
 //! checks), [`dns`] (members found in DNS), [`retry`] (route retry policies and
-//! the per-upstream budget) and [`proxy`] (forwarding, with retries).
+//! the per-upstream budget), [`attempt`] (one attempt: its span, in-flight
+//! count, breaker report and counters) and [`proxy`] (forwarding, with retries).
 
+pub mod attempt;
 pub mod balancer;
 pub mod breaker;
 pub mod dns;

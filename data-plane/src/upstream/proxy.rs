@@ -40,11 +40,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
-use gateway_telemetry::{ClientSpans, inject};
 use gateway_transport::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
 use gateway_transport::deadline;
-use gateway_transport::h1::ExchangeError;
-use gateway_transport::pool::SendError;
+use gateway_transport::upstream_error::{SendError, Side, UpstreamError};
 use gateway_transport::workers::Worker;
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
@@ -53,16 +51,16 @@ use http_body::Body as _;
 use tokio::time::Instant;
 
 use crate::error::ProxyError;
-use crate::metrics::{RouteMetrics, UpstreamErrorKind};
+use crate::metrics::RouteMetrics;
 use crate::policy::router::rewrite_path;
 use crate::policy::sanitize::{Strip, remove_hop_by_hop};
 use crate::policy::signature::{Signer, unix_now};
+use crate::upstream::UpstreamEntry;
+use crate::upstream::attempt::{Attempt, Trace};
 use crate::upstream::balancer::{self, Affinity, Pick};
-use crate::upstream::breaker::{Permit, Transition};
 use crate::upstream::retry::{
     MAX_REPLAY_BODY_BYTES, RetryPolicy, RetryReason, is_idempotent, is_retryable_status,
 };
-use crate::upstream::{InstanceState, UpstreamEntry};
 
 /// What forwarding needs of the route a request matched (the compiled route
 /// itself lives in [`crate::config`], above this layer).
@@ -229,68 +227,41 @@ impl Replay {
     }
 }
 
-/// Logs and counts a breaker transition of `instance`.
-pub(crate) fn report(upstream: &UpstreamEntry, instance: &InstanceState, t: Option<Transition>) {
-    match t {
-        Some(Transition::Opened) => {
-            instance
-                .metrics
-                .breaker_opened
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(upstream = %upstream.name, instance = %instance.id, "circuit breaker opened");
-        }
-        Some(Transition::Closed) => {
-            tracing::info!(upstream = %upstream.name, instance = %instance.id, "circuit breaker closed");
-        }
-        None => {}
-    }
-}
-
-/// Counts a failed attempt of `instance` and reports it to its breaker.
-pub(crate) fn fail(
-    upstream: &UpstreamEntry,
-    instance: &InstanceState,
-    permit: Permit<'_>,
-    kind: UpstreamErrorKind,
-) {
-    instance.metrics.error(kind);
-    report(upstream, instance, permit.failure());
-}
-
-/// The request's trace, for the attempts' CLIENT spans.
-pub struct Trace<'s, 'a> {
-    /// Parent of every attempt's CLIENT span: the request's SERVER span, or a
-    /// [`gateway_telemetry::SpanParent`] of it for calls in a task of their own.
-    pub span: &'s dyn ClientSpans,
-    /// The caller's validated `tracestate`, forwarded as is.
-    pub tracestate: Option<&'s HeaderValue>,
-    /// Set to the id of each instance tried; the last one answered (or failed).
-    pub served_by: &'s mut Option<&'a str>,
-}
-
-/// What the failed attempt leaves for the next one.
+/// What a failed attempt leaves for the next one.
 enum Failed {
-    /// The request never reached the instance and came back intact.
-    NotReached(Box<Request<RequestBody>>, ProxyError),
-    /// The request may have reached the instance; only a replay can follow.
-    Reached(ProxyError),
-    /// Like `Reached`, for a request without a body, handed back by the pool:
-    /// the default rules may send it again.
-    Sent(ProxyError, Box<Request<RequestBody>>),
+    /// The attempt failed; the request came back when it can be sent again as it is.
+    Error(SendError),
     /// The instance answered with a retryable 5xx; returned if no retry follows.
     Answered(Response<ResponseBody>),
 }
 
+impl Failed {
+    /// Whether the request never reached the instance and came back intact:
+    /// it may go to another instance whatever its method.
+    fn not_reached(&self) -> bool {
+        matches!(self, Self::Error(SendError { error, request: Some(_) }) if error.never_reached())
+    }
+
+    /// The outcome when no retry follows: a 5xx answer is returned as it is.
+    fn stands<'a>(self) -> Next<'a> {
+        Next::Done(match self {
+            Self::Answered(resp) => Ok(resp),
+            Self::Error(SendError { error, .. }) => Err(ProxyError::Upstream(error)),
+        })
+    }
+}
+
 /// Sends `req` to the instance in `first`, retrying per the module rules
 /// (`retry`: the route's policy; `None`: the default once-rules). Returns the
-/// upstream's response (hop-by-hop headers removed, body streaming).
+/// upstream's response (hop-by-hop headers removed, body streaming). Every
+/// attempt is an [`Attempt`].
 pub async fn forward<'a>(
     upstream: &'a UpstreamEntry,
     first: Pick<'a>,
     req: Box<Request<RequestBody>>,
     timeout: Duration,
     retry: Option<&RetryPolicy>,
-    trace: Trace<'_, 'a>,
+    mut trace: Trace<'_, 'a>,
     worker: Worker,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     // One clock reading for the deadline, the retry budget and the pool's idle check.
@@ -298,7 +269,7 @@ pub async fn forward<'a>(
     let deadline = started + timeout;
     upstream.retry.record_request(started, worker);
     // The default rules replay only a bodiless request, which the pool hands
-    // back when its exchange fails ([`SendError::Failed`]): no copy up front.
+    // back when its exchange fails ([`SendError::request`]): no copy up front.
     let (mut req, replay) = match retry {
         None => (req, None),
         Some(_) => Replay::buffered(req, deadline, timeout).await?,
@@ -308,30 +279,9 @@ pub async fn forward<'a>(
     let mut tried: Vec<usize> = Vec::new();
     let mut retries = 0u32;
     loop {
-        let Pick {
-            index,
-            instance,
-            permit,
-            key,
-        } = pick;
-        instance
-            .metrics
-            .attempts
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if retries > 0 {
-            instance
-                .metrics
-                .retries
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        *trace.served_by = Some(&instance.id);
-        let mut client = trace.span.client_span(req.method());
-        client.set_upstream_instance(&instance.id);
-        if retries > 0 {
-            client.set_attribute(gateway_telemetry::attr::ATTEMPT, retries + 1);
-        }
-        inject(req.headers_mut(), &client.context(), trace.tracestate);
-        let in_flight = instance.start_request();
+        let (index, key) = (pick.index, pick.key);
+        let attempt = Attempt::start(upstream, pick, &mut req, &mut trace, retries);
+        let instance = attempt.instance();
         // The first attempt without a retry policy follows `started` with no
         // `.await` between; any other reads the clock again.
         let now = if retries == 0 && retry.is_none() {
@@ -345,39 +295,30 @@ pub async fn forward<'a>(
         // (copying) the whole exchange future. `None`: the deadline passed.
         let send = std::pin::pin!(instance.pool.send(req, now, worker));
         let sent = deadline::within(attempt_deadline, send, worker).await;
-        match &sent {
-            None => client.set_status_error("timeout"),
-            Some(Ok((resp, _))) => client.set_status_code(resp.status().as_u16()),
-            Some(Err(SendError::Connect { .. } | SendError::NotSent { .. })) => {
-                client.set_status_error("connect")
-            }
-            Some(Err(SendError::Failed { .. })) => client.set_status_error("upstream"),
-        }
-        client.end();
         // Only a retrying route needs the list (no allocation otherwise).
         if retry.is_some() {
             tried.push(index);
         }
-        let (failed, reason, reused) = match sent {
+        let failed = match sent {
             None => {
-                fail(upstream, instance, permit, UpstreamErrorKind::Timeout);
-                if attempt_deadline >= deadline {
-                    return Err(ProxyError::Timeout(timeout));
+                let whole = attempt_deadline >= deadline;
+                let error = UpstreamError::timeout(if whole {
+                    timeout
+                } else {
+                    per_try.unwrap_or(timeout)
+                });
+                attempt.failed(&error);
+                if whole {
+                    return Err(ProxyError::Upstream(error));
                 }
-                let per_try = per_try.unwrap_or(timeout);
-                (
-                    Failed::Reached(ProxyError::Timeout(per_try)),
-                    RetryReason::Timeout,
-                    false,
-                )
+                Failed::Error(SendError {
+                    error,
+                    request: None,
+                })
             }
             Some(Ok((resp, checkin))) => {
                 let status = resp.status();
-                if status.is_server_error() {
-                    fail(upstream, instance, permit, UpstreamErrorKind::Status5xx);
-                } else {
-                    report(upstream, instance, permit.success());
-                }
+                let in_flight = attempt.answered(status);
                 let (mut parts, body) = resp.into_parts();
                 remove_hop_by_hop(&mut parts.headers, Strip::Response);
                 let body = UpstreamBody::new(body, checkin, in_flight);
@@ -385,44 +326,26 @@ pub async fn forward<'a>(
                 if !is_retryable_status(status) || retry.is_none() {
                     return Ok(resp);
                 }
-                (Failed::Answered(resp), RetryReason::Status5xx, false)
+                Failed::Answered(resp)
             }
-            // Never reached the instance: the request is intact.
-            Some(Err(SendError::Connect { req: back, error })) => {
-                fail(upstream, instance, permit, UpstreamErrorKind::Connect);
-                tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "connect failed");
-                let e = ProxyError::Connect(error);
-                let f = if back.body().was_polled() {
-                    Failed::Reached(e)
-                } else {
-                    Failed::NotReached(back, e)
-                };
-                (f, RetryReason::ConnectFailure, false)
-            }
-            Some(Err(SendError::NotSent { req: back, error })) => {
-                fail(upstream, instance, permit, UpstreamErrorKind::Connect);
-                let e = ProxyError::Upstream(error);
-                let f = if back.body().was_polled() {
-                    Failed::Reached(e)
-                } else {
-                    Failed::NotReached(back, e)
-                };
-                (f, RetryReason::ConnectFailure, false)
-            }
-            Some(Err(SendError::Failed { error, req, reused })) => {
-                // The client's body failed, not the instance: nothing to report.
-                let error = match error {
-                    ExchangeError::Body(e) => return Err(client_body_error(e)),
-                    other => other,
-                };
-                fail(upstream, instance, permit, UpstreamErrorKind::Protocol);
-                tracing::debug!(upstream = %upstream.name, instance = %instance.id, error = %error, "upstream exchange failed");
-                let e = ProxyError::Upstream(error);
-                let f = match req {
-                    Some(back) => Failed::Sent(e, back),
-                    None => Failed::Reached(e),
-                };
-                (f, RetryReason::ConnectFailure, reused)
+            Some(Err(mut failed)) => {
+                attempt.failed(&failed.error);
+                // The client's body failed, not the instance: answered for the client.
+                if failed.error.side() == Side::Client {
+                    return Err(match failed.error.into_client_body() {
+                        Ok(e) => client_body_error(e),
+                        Err(e) => ProxyError::Upstream(e),
+                    });
+                }
+                // A request whose body was read cannot be sent again as it is.
+                if failed
+                    .request
+                    .as_ref()
+                    .is_some_and(|r| r.body().was_polled())
+                {
+                    failed.request = None;
+                }
+                Failed::Error(failed)
             }
         };
         let next = match retry {
@@ -432,12 +355,11 @@ pub async fn forward<'a>(
                 key,
                 &tried,
                 retries,
-                reason,
                 replay.as_ref(),
                 failed,
                 worker,
             ),
-            None => default_retry(upstream, key, index, retries, reused, failed),
+            None => default_retry(upstream, key, index, retries, failed),
         };
         (pick, req) = match next {
             Next::Retry(p, r) => (p, r),
@@ -453,16 +375,6 @@ enum Next<'a> {
     Done(Result<Response<ResponseBody>, ProxyError>),
 }
 
-impl Failed {
-    /// The outcome when no retry follows: a 5xx answer is returned as it is.
-    fn stands<'a>(self) -> Next<'a> {
-        Next::Done(match self {
-            Self::Answered(resp) => Ok(resp),
-            Self::NotReached(_, e) | Self::Reached(e) | Self::Sent(e, _) => Err(e),
-        })
-    }
-}
-
 /// The next attempt under the default rules (no route `retry`), at most one:
 /// a request that never reached the instance goes to another one whatever its
 /// method; a bodiless GET/HEAD/OPTIONS cut off before its response head is
@@ -473,32 +385,35 @@ fn default_retry<'a>(
     key: Affinity,
     index: usize,
     retries: u32,
-    reused: bool,
     failed: Failed,
 ) -> Next<'a> {
     if retries > 0 {
         return failed.stands();
     }
     match failed {
-        Failed::NotReached(back, e) => match balancer::pick(upstream, key, Some(index)) {
+        Failed::Error(SendError {
+            error,
+            request: Some(back),
+        }) if error.never_reached() => match balancer::pick(upstream, key, Some(index)) {
             Some(p) => Next::Retry(p, back),
-            None => Next::Done(Err(e)),
+            None => Next::Done(Err(ProxyError::Upstream(error))),
         },
-        Failed::Sent(e, back)
-            if matches!(*back.method(), Method::GET | Method::HEAD | Method::OPTIONS) =>
-        {
+        Failed::Error(SendError {
+            error,
+            request: Some(back),
+        }) if matches!(*back.method(), Method::GET | Method::HEAD | Method::OPTIONS) => {
             let next = balancer::pick(upstream, key, Some(index)).or_else(|| {
-                reused
+                error
+                    .reused()
                     .then(|| balancer::pick(upstream, key, None))
                     .flatten()
             });
             match next {
                 Some(p) => Next::Retry(p, back),
-                None => Next::Done(Err(e)),
+                None => Next::Done(Err(ProxyError::Upstream(error))),
             }
         }
-        Failed::Reached(e) | Failed::Sent(e, _) => Next::Done(Err(e)),
-        answered @ Failed::Answered(_) => answered.stands(),
+        other => other.stands(),
     }
 }
 
@@ -516,18 +431,21 @@ fn policy_retry<'a>(
     key: Affinity,
     tried: &[usize],
     retries: u32,
-    reason: RetryReason,
     replay: Option<&Replay>,
     failed: Failed,
     worker: Worker,
 ) -> Next<'a> {
+    let reason = match &failed {
+        Failed::Answered(_) => RetryReason::Status5xx,
+        Failed::Error(f) => RetryReason::of(&f.error),
+    };
+    let not_reached = failed.not_reached();
     let listed = policy.retries(reason) && retries < policy.attempts;
-    let once = !policy.retries(reason) && retries == 0 && matches!(failed, Failed::NotReached(..));
+    let once = !policy.retries(reason) && retries == 0 && not_reached;
     if !listed && !once {
         return failed.stands();
     }
-    let sendable = matches!(failed, Failed::NotReached(..)) || replay.is_some();
-    if !sendable {
+    if !not_reached && replay.is_none() {
         return failed.stands();
     }
     let Some(pick) = balancer::pick_excluding(upstream, key, tried) else {
@@ -537,9 +455,15 @@ fn policy_retry<'a>(
         return failed.stands();
     }
     let req = match (failed, replay) {
-        (Failed::NotReached(back, _), _) => back,
+        (
+            Failed::Error(SendError {
+                request: Some(back),
+                ..
+            }),
+            _,
+        ) if not_reached => back,
         (_, Some(r)) => r.request(),
-        // Excluded by `sendable` above.
+        // Excluded above.
         (f, None) => return f.stands(),
     };
     Next::Retry(pick, req)

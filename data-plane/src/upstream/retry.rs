@@ -25,6 +25,7 @@ use gateway_proto::v1::{Retry, RetryOn};
 use http::Method;
 use tokio::time::Instant;
 
+use gateway_transport::upstream_error::UpstreamError;
 use gateway_transport::workers::Worker;
 
 /// Length of the budget's sliding window.
@@ -59,6 +60,17 @@ impl RetryReason {
             Self::ConnectFailure => "connect_failure",
             Self::Status5xx => "status_5xx",
             Self::Timeout => "timeout",
+        }
+    }
+
+    /// The reason a failed attempt falls under: `TIMEOUT` when its time ran
+    /// out, `CONNECT_FAILURE` for every other failure (not reached, or the
+    /// connection broke before the response head).
+    pub fn of(error: &UpstreamError) -> Self {
+        if error.is_timeout() {
+            Self::Timeout
+        } else {
+            Self::ConnectFailure
         }
     }
 }

@@ -14,11 +14,12 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-use crate::h1::{ExchangeError, H1Body};
+use crate::h1::H1Body;
 use crate::h1_server::PipedBody;
 use crate::in_flight::InFlight;
 use crate::pool::Checkin;
 use crate::response_head::RawFields;
+use crate::upstream_error::UpstreamError;
 
 /// Why the client's request body could not be forwarded.
 #[derive(Debug, thiserror::Error)]
@@ -340,12 +341,12 @@ impl UpstreamBody {
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = ExchangeError;
+    type Error = UpstreamError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         let this = self.get_mut();
         let polled = match &mut this.inner {
             Some(b) => Pin::new(b).poll_frame(cx),
@@ -422,12 +423,12 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = ExchangeError;
+    type Error = UpstreamError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         match self.get_mut() {
             Self::Upstream(b) => Pin::new(b).poll_frame(cx),
             Self::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),

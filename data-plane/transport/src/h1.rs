@@ -47,10 +47,11 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio_util::io::poll_read_buf;
 
-use crate::body::{RequestBody, RequestBodyError};
+use crate::body::RequestBody;
 use crate::framing::{Decoder, Step, content_length};
 use crate::response_head::{Kept, RawFields};
 use crate::rewind::Rewind;
+use crate::upstream_error::{Failure, SendError, UpstreamError};
 
 /// Most header fields a response head may have.
 pub const MAX_HEADERS: usize = 100;
@@ -58,36 +59,6 @@ pub const MAX_HEADERS: usize = 100;
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Room made in the read buffer before each read.
 const READ_CHUNK: usize = 8 * 1024;
-
-/// Why an exchange with an upstream failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ExchangeError {
-    /// Reading from or writing to the upstream failed.
-    #[error("upstream connection I/O failed")]
-    Io(#[source] io::Error),
-    /// The upstream closed the connection before its response was complete.
-    #[error("the upstream closed the connection before the response was complete")]
-    Closed,
-    /// The upstream's response is not valid HTTP/1.1 (or exceeds a limit).
-    #[error("the upstream sent an invalid response: {0}")]
-    Invalid(&'static str),
-    /// The request body did not match its own `Content-Length`.
-    #[error("the request body does not match its content-length")]
-    BodyLength,
-    /// The client's request body could not be forwarded.
-    #[error("the request body could not be forwarded")]
-    Body(#[source] RequestBodyError),
-}
-
-/// A failed [`Conn::send`].
-#[derive(Debug)]
-pub enum SendFailure {
-    /// Not a byte of the request was written: it comes back untouched.
-    NotSent(Box<Request<RequestBody>>, ExchangeError),
-    /// The request was (at least partly) written. A request without a body
-    /// comes back too (nothing of it was consumed), for a replay.
-    Failed(ExchangeError, Option<Box<Request<RequestBody>>>),
-}
 
 /// One HTTP/1.1 connection to an upstream instance, idle between exchanges.
 /// Always boxed (one allocation per connection, not per exchange), so the
@@ -137,7 +108,7 @@ impl Conn {
         self: Box<Self>,
         req: Box<Request<RequestBody>>,
         authority: &'a str,
-    ) -> impl Future<Output = Result<Response<H1Body>, SendFailure>> + Send + 'a {
+    ) -> impl Future<Output = Result<Response<H1Body>, SendError>> + Send + 'a {
         self.exchange(req, authority, false)
     }
 
@@ -148,7 +119,7 @@ impl Conn {
         mut req: Box<Request<RequestBody>>,
         authority: &str,
         upgrade: bool,
-    ) -> Result<Response<H1Body>, SendFailure> {
+    ) -> Result<Response<H1Body>, SendError> {
         let framing = if req.body().is_end_stream() {
             ReqFraming::Empty
         } else {
@@ -161,15 +132,15 @@ impl Conn {
         let mut written = 0;
         while written < self.head.len() {
             let e = match self.io.write(&self.head[written..]).await {
-                Ok(0) => ExchangeError::Io(io::ErrorKind::WriteZero.into()),
+                Ok(0) => Failure::Io(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     written += n;
                     continue;
                 }
-                Err(e) => ExchangeError::Io(e),
+                Err(e) => Failure::Io(e),
             };
             return Err(if written == 0 {
-                SendFailure::NotSent(req, e)
+                SendError::not_sent(req, e)
             } else {
                 failed(e, req, framing)
             });
@@ -195,8 +166,8 @@ impl Conn {
                             match done {
                                 Ok(()) => {}
                                 // The client's body failed: nothing to wait for.
-                                Err(e @ ExchangeError::Body(_)) => {
-                                    return Err(SendFailure::Failed(e, None));
+                                Err(e @ Failure::ClientBody(_)) => {
+                                    return Err(SendError::sent(e, None));
                                 }
                                 Err(e) => write_failed = Some(e),
                             }
@@ -244,7 +215,7 @@ impl Conn {
         self: Box<Self>,
         req: Box<Request<RequestBody>>,
         authority: &str,
-    ) -> Result<Upgrade, SendFailure> {
+    ) -> Result<Upgrade, SendError> {
         let resp = self.exchange(req, authority, true).await?;
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // Never pooled: the connection closes with the body.
@@ -280,9 +251,9 @@ impl Upgrade {
 }
 
 /// A failure after the request was (partly) written: a bodiless request comes back.
-fn failed(e: ExchangeError, req: Box<Request<RequestBody>>, framing: ReqFraming) -> SendFailure {
+fn failed(e: Failure, req: Box<Request<RequestBody>>, framing: ReqFraming) -> SendError {
     let back = matches!(framing, ReqFraming::Empty).then_some(req);
-    SendFailure::Failed(e, back)
+    SendError::sent(e, back)
 }
 
 /// Writes the request line and header fields into `out` (cleared first).
@@ -340,11 +311,11 @@ async fn write_body<W: tokio::io::AsyncWrite + Unpin>(
     wr: &mut W,
     body: &mut RequestBody,
     framing: ReqFraming,
-) -> Result<(), ExchangeError> {
+) -> Result<(), Failure> {
     let mut sent: u64 = 0;
     let mut chunk = Vec::new();
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-        let frame = frame.map_err(ExchangeError::Body)?;
+        let frame = frame.map_err(Failure::ClientBody)?;
         // Trailers are not forwarded.
         let Ok(data) = frame.into_data() else {
             continue;
@@ -354,22 +325,22 @@ async fn write_body<W: tokio::io::AsyncWrite + Unpin>(
         }
         sent += data.len() as u64;
         match framing {
-            ReqFraming::Length(n) if sent > n => return Err(ExchangeError::BodyLength),
+            ReqFraming::Length(n) if sent > n => return Err(Failure::BodyLength),
             ReqFraming::Chunked => {
                 chunk.clear();
                 chunk_line(&mut chunk, data.len());
                 chunk.extend_from_slice(&data);
                 chunk.extend_from_slice(b"\r\n");
-                wr.write_all(&chunk).await.map_err(ExchangeError::Io)?;
+                wr.write_all(&chunk).await.map_err(Failure::Io)?;
                 continue;
             }
             _ => {}
         }
-        wr.write_all(&data).await.map_err(ExchangeError::Io)?;
+        wr.write_all(&data).await.map_err(Failure::Io)?;
     }
     match framing {
-        ReqFraming::Length(n) if sent != n => Err(ExchangeError::BodyLength),
-        ReqFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(ExchangeError::Io),
+        ReqFraming::Length(n) if sent != n => Err(Failure::BodyLength),
+        ReqFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(Failure::Io),
         _ => Ok(()),
     }
 }
@@ -440,7 +411,7 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
     buf: &mut BytesMut,
     head_request: bool,
     upgrade: bool,
-) -> Result<Head, ExchangeError> {
+) -> Result<Head, Failure> {
     loop {
         if !buf.is_empty()
             && let Some(head) = parse_head(buf, head_request, upgrade)?
@@ -450,9 +421,9 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
         buf.reserve(READ_CHUNK);
         let n = std::future::poll_fn(|cx| poll_read_buf(Pin::new(&mut *rd), cx, buf))
             .await
-            .map_err(ExchangeError::Io)?;
+            .map_err(Failure::Io)?;
         if n == 0 {
-            return Err(ExchangeError::Closed);
+            return Err(Failure::Closed);
         }
     }
 }
@@ -465,7 +436,7 @@ pub(crate) fn parse_head(
     buf: &mut BytesMut,
     head_request: bool,
     upgrade: bool,
-) -> Result<Option<Head>, ExchangeError> {
+) -> Result<Option<Head>, Failure> {
     loop {
         // Uninitialised: a response head is parsed per exchange, and zeroing
         // room for 100 fields cost more than parsing a short head.
@@ -479,20 +450,20 @@ pub(crate) fn parse_head(
         let len = match parsed {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
-                return Err(ExchangeError::Invalid("response head too large"));
+                return Err(Failure::Invalid("response head too large"));
             }
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(httparse::Error::TooManyHeaders) => {
-                return Err(ExchangeError::Invalid("too many response header fields"));
+                return Err(Failure::Invalid("too many response header fields"));
             }
-            Err(_) => return Err(ExchangeError::Invalid("malformed response head")),
+            Err(_) => return Err(Failure::Invalid("malformed response head")),
         };
         if len > MAX_HEAD_BYTES {
-            return Err(ExchangeError::Invalid("response head too large"));
+            return Err(Failure::Invalid("response head too large"));
         }
         let code = res.code.unwrap_or(0);
-        let status = StatusCode::from_u16(code)
-            .map_err(|_| ExchangeError::Invalid("invalid response status"))?;
+        let status =
+            StatusCode::from_u16(code).map_err(|_| Failure::Invalid("invalid response status"))?;
         let version = if res.version == Some(0) {
             Version::HTTP_10
         } else {
@@ -501,7 +472,7 @@ pub(crate) fn parse_head(
         let switched = status == StatusCode::SWITCHING_PROTOCOLS;
         if status.is_informational() && !(switched && upgrade) {
             if switched {
-                return Err(ExchangeError::Invalid("unexpected 101 Switching Protocols"));
+                return Err(Failure::Invalid("unexpected 101 Switching Protocols"));
             }
             buf.advance(len);
             if buf.is_empty() {
@@ -598,7 +569,7 @@ impl FieldSpans {
     /// frozen, starting where the parsed buffer started), with room for
     /// `room` more fields: those the proxy adds go in without the map
     /// growing (a rehash of every field was ~1.1k instructions per request).
-    pub(crate) fn header_map(&self, head: &Bytes, room: usize) -> Result<HeaderMap, ExchangeError> {
+    pub(crate) fn header_map(&self, head: &Bytes, room: usize) -> Result<HeaderMap, Failure> {
         let spans = self.as_slice().iter().map(|s| s.map(|n| n as usize));
         fields_map(head, spans, room)
     }
@@ -611,13 +582,13 @@ pub(crate) fn fields_map(
     head: &Bytes,
     spans: impl ExactSizeIterator<Item = [usize; 4]>,
     room: usize,
-) -> Result<HeaderMap, ExchangeError> {
+) -> Result<HeaderMap, Failure> {
     let mut headers = HeaderMap::with_capacity(spans.len() + room);
     for [ns, nl, vs, vl] in spans {
         let name = HeaderName::from_bytes(&head[ns..ns + nl])
-            .map_err(|_| ExchangeError::Invalid("invalid header field name"))?;
+            .map_err(|_| Failure::Invalid("invalid header field name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
-            .map_err(|_| ExchangeError::Invalid("invalid header field value"))?;
+            .map_err(|_| Failure::Invalid("invalid header field value"))?;
         headers.append(name, value);
     }
     Ok(headers)
@@ -662,7 +633,7 @@ fn framing_of(
     version: Version,
     fields: &[httparse::Header<'_>],
     head_request: bool,
-) -> Result<(RespFraming, bool, bool), ExchangeError> {
+) -> Result<(RespFraming, bool, bool), Failure> {
     let mut keep_alive = version == Version::HTTP_11;
     let mut transfer_coding: Option<&[u8]> = None;
     let mut length: Option<u64> = None;
@@ -709,10 +680,10 @@ fn framing_of(
         });
     }
     if invalid {
-        return Err(ExchangeError::Invalid("invalid content-length"));
+        return Err(Failure::Invalid("invalid content-length"));
     }
     if conflicting {
-        return Err(ExchangeError::Invalid("conflicting content-length values"));
+        return Err(Failure::Invalid("conflicting content-length values"));
     }
     Ok(match length {
         Some(n) => (RespFraming::Length(n), keep_alive, false),
@@ -773,30 +744,26 @@ impl H1Body {
     }
 
     /// Reads more bytes into the buffer; `Closed` at end of stream.
-    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ExchangeError>> {
+    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
         self.conn.buf.reserve(READ_CHUNK);
         let n = ready!(poll_read_buf(
             Pin::new(&mut self.conn.io),
             cx,
             &mut self.conn.buf
         ))
-        .map_err(ExchangeError::Io)?;
-        Poll::Ready(if n == 0 {
-            Err(ExchangeError::Closed)
-        } else {
-            Ok(())
-        })
+        .map_err(Failure::Io)?;
+        Poll::Ready(if n == 0 { Err(Failure::Closed) } else { Ok(()) })
     }
 }
 
 impl Body for H1Body {
     type Data = Bytes;
-    type Error = ExchangeError;
+    type Error = UpstreamError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         let this = self.get_mut();
         loop {
             match &mut this.state {
@@ -805,21 +772,21 @@ impl Body for H1Body {
                     Ok(Step::Done) => return Poll::Ready(None),
                     Ok(Step::More) => {
                         if let Err(e) = ready!(this.fill(cx)) {
-                            return Poll::Ready(Some(Err(e)));
+                            return Poll::Ready(Some(Err(e.into())));
                         }
                     }
-                    Err(why) => return Poll::Ready(Some(Err(ExchangeError::Invalid(why)))),
+                    Err(why) => return Poll::Ready(Some(Err(Failure::Invalid(why).into()))),
                 },
                 State::UntilClose => {
                     if this.conn.buf.is_empty() {
                         match ready!(this.fill(cx)) {
                             Ok(()) => {}
-                            Err(ExchangeError::Closed) => {
+                            Err(Failure::Closed) => {
                                 this.state = State::Framed(Decoder::Done);
                                 this.keep_alive = false;
                                 return Poll::Ready(None);
                             }
-                            Err(e) => return Poll::Ready(Some(Err(e))),
+                            Err(e) => return Poll::Ready(Some(Err(e.into()))),
                         }
                     }
                     let data = this.conn.buf.split().freeze();
@@ -1092,7 +1059,7 @@ mod tests {
             let answer: &'static [u8] = Box::leak(answer.to_vec().into_boxed_slice());
             let (conn, _server) = upstream(answer, 0).await;
             match conn.send(get("/"), "up").await {
-                Err(SendFailure::Failed(e, _)) => {
+                Err(SendError { error: e, .. }) if !e.never_reached() => {
                     assert!(e.to_string().contains(want), "{e} for {answer:?}")
                 }
                 other => panic!("{other:?}"),
@@ -1105,7 +1072,9 @@ mod tests {
         let big: &'static [u8] = Box::leak(big.into_boxed_slice());
         let (conn, _server) = upstream(big, 0).await;
         match conn.send(get("/"), "up").await {
-            Err(SendFailure::Failed(e, _)) => assert!(e.to_string().contains("too"), "{e}"),
+            Err(SendError { error: e, .. }) if !e.never_reached() => {
+                assert!(e.to_string().contains("too"), "{e}")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -1120,8 +1089,8 @@ mod tests {
             "abc"
         );
         assert!(matches!(
-            body.frame().await.unwrap(),
-            Err(ExchangeError::Closed)
+            body.frame().await.unwrap().map_err(|e| e.failure().to_string()),
+            Err(e) if e == Failure::Closed.to_string()
         ));
 
         // An idle connection the upstream closed is not reusable.
@@ -1148,7 +1117,10 @@ mod tests {
             .body(RequestBody::empty())
             .unwrap();
         match conn.send(Box::new(req), "up").await {
-            Err(SendFailure::Failed(ExchangeError::Closed, Some(back))) => {
+            Err(SendError {
+                error,
+                request: Some(back),
+            }) if matches!(error.failure(), Failure::Closed) && !error.never_reached() => {
                 assert_eq!(back.uri(), "/again");
                 assert_eq!(back.headers()["x-k"], "v");
                 assert!(!back.body().was_polled());
@@ -1162,7 +1134,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             conn.send(Box::new(req), "up").await,
-            Err(SendFailure::Failed(_, None))
+            Err(SendError { request: None, .. })
         ));
     }
 
@@ -1223,7 +1195,7 @@ mod tests {
         let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
         let failed = conn.send(get("/"), "up").await.unwrap_err();
         assert!(
-            matches!(failed, SendFailure::Failed(ExchangeError::Invalid(_), _)),
+            matches!(failed.error.failure(), Failure::Invalid(_)) && !failed.error.never_reached(),
             "{failed:?}"
         );
     }

@@ -33,6 +33,7 @@ pub mod rewind;
 pub mod send_progress;
 pub mod server;
 pub mod tunnels;
+pub mod upstream_error;
 pub mod workers;
 
 #[doc(hidden)]

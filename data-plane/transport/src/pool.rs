@@ -20,7 +20,6 @@
 //! never hops threads; `max_idle` applies per list.
 
 use parking_lot::Mutex;
-use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +28,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::RequestBody;
-use crate::h1::{Conn, ExchangeError, H1Body, SendFailure, Upgrade};
+use crate::h1::{Conn, H1Body, Upgrade};
+use crate::upstream_error::{Failure, SendError};
 use crate::workers::Worker;
 
 /// Pool limits, the same for every instance.
@@ -57,56 +57,6 @@ impl Default for PoolSettings {
             slots: 1,
         }
     }
-}
-
-/// Why a new connection could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// TCP connect failed (refused, unreachable, DNS failure).
-    #[error("connecting to {authority} failed")]
-    Io {
-        /// host:port of the instance.
-        authority: Arc<str>,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// TCP connect did not finish within the connect timeout.
-    #[error("connecting to {authority} timed out")]
-    Timeout {
-        /// host:port of the instance.
-        authority: Arc<str>,
-    },
-}
-
-/// The outcome of a failed [`Pool::send`].
-#[derive(Debug)]
-pub enum SendError {
-    /// No connection could be made: the request never left and is handed back.
-    Connect {
-        /// The untouched request.
-        req: Box<Request<RequestBody>>,
-        /// Why.
-        error: ConnectError,
-    },
-    /// A fresh connection died before the request was written: handed back.
-    NotSent {
-        /// The untouched request.
-        req: Box<Request<RequestBody>>,
-        /// Why.
-        error: ExchangeError,
-    },
-    /// The request was (at least partly) written; it may have reached the instance.
-    Failed {
-        /// Why.
-        error: ExchangeError,
-        /// The request, when it had no body (nothing of it was consumed): what
-        /// a replay sends.
-        req: Option<Box<Request<RequestBody>>>,
-        /// Whether the connection had served earlier requests (a stale keep-alive
-        /// connection closed by the upstream, rather than a broken instance).
-        reused: bool,
-    },
 }
 
 struct Idle {
@@ -224,17 +174,17 @@ impl Pool {
     }
 
     /// A new TCP connection to the instance.
-    async fn connect_tcp(&self) -> Result<TcpStream, ConnectError> {
+    async fn connect_tcp(&self) -> Result<TcpStream, Failure> {
         let authority = &self.inner.authority;
         let stream = tokio::time::timeout(
             self.inner.settings.connect_timeout,
             TcpStream::connect(&**authority),
         )
         .await
-        .map_err(|_| ConnectError::Timeout {
+        .map_err(|_| Failure::ConnectTimeout {
             authority: authority.clone(),
         })?
-        .map_err(|source| ConnectError::Io {
+        .map_err(|source| Failure::Connect {
             authority: authority.clone(),
             source,
         })?;
@@ -248,23 +198,13 @@ impl Pool {
     /// Sends an upgrade request (a WebSocket handshake) on a new connection of
     /// its own, which never joins the idle list: after a 101 its socket belongs
     /// to the tunnel, and after any other answer it is closed with the
-    /// response body. Errors as in [`Pool::send`] (never `Failed { reused: true }`).
+    /// response body. Errors as in [`Pool::send`] (never on a reused connection).
     pub async fn send_upgrade(&self, req: Box<Request<RequestBody>>) -> Result<Upgrade, SendError> {
         let stream = match self.connect_tcp().await {
             Ok(s) => s,
-            Err(error) => return Err(SendError::Connect { req, error }),
+            Err(failure) => return Err(SendError::not_sent(req, failure)),
         };
-        Conn::new(stream)
-            .upgrade(req, &self.inner.authority)
-            .await
-            .map_err(|failure| match failure {
-                SendFailure::NotSent(req, error) => SendError::NotSent { req, error },
-                SendFailure::Failed(error, req) => SendError::Failed {
-                    error,
-                    req,
-                    reused: false,
-                },
-            })
+        Conn::new(stream).upgrade(req, &self.inner.authority).await
     }
 
     /// Sends `req` on an idle connection, or on a new one. A reused connection
@@ -286,7 +226,7 @@ impl Pool {
                 Some(c) => (c, true),
                 None => match self.connect_tcp().await {
                     Ok(s) => (Conn::new(s), false),
-                    Err(error) => return Err(SendError::Connect { req, error }),
+                    Err(failure) => return Err(SendError::not_sent(req, failure)),
                 },
             };
             match conn.send(req, &self.inner.authority).await {
@@ -297,12 +237,17 @@ impl Pool {
                     };
                     return Ok((resp, checkin));
                 }
-                Err(SendFailure::NotSent(back, _)) if reused => req = back,
-                Err(SendFailure::NotSent(back, error)) => {
-                    return Err(SendError::NotSent { req: back, error });
-                }
-                Err(SendFailure::Failed(error, req)) => {
-                    return Err(SendError::Failed { error, req, reused });
+                // A reused connection closed before the request was written:
+                // the request comes back and goes on the next one.
+                Err(SendError {
+                    error,
+                    request: Some(back),
+                }) if reused && error.never_reached() => req = back,
+                Err(SendError { error, request }) => {
+                    return Err(SendError {
+                        error: error.on_reused(reused),
+                        request,
+                    });
                 }
             }
         }

@@ -392,7 +392,9 @@ async fn a_body_that_stalls_past_the_deadline_is_handed_back() {
 
 #[test]
 fn an_error_snapshot_is_the_problem_response() {
-    let s = Snapshot::of_error(&ProxyError::Timeout(Duration::from_secs(1)));
+    let s = Snapshot::of_error(&ProxyError::Upstream(UpstreamError::timeout(
+        Duration::from_secs(1),
+    )));
     let resp = s.response();
     assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(
