@@ -57,9 +57,10 @@ use crate::policy::sanitize::{Strip, remove_hop_by_hop};
 use crate::policy::signature::{Signer, unix_now};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::{Attempt, Trace};
-use crate::upstream::balancer::{self, Affinity, Pick};
+use crate::upstream::balancer::{self, Pick};
 use crate::upstream::retry::{
-    MAX_REPLAY_BODY_BYTES, RetryPolicy, RetryReason, is_idempotent, is_retryable_status,
+    Failed, MAX_REPLAY_BODY_BYTES, RetryPolicy, Verdict, default_rule, is_idempotent,
+    is_retryable_status,
 };
 
 /// What forwarding needs of the route a request matched (the compiled route
@@ -228,26 +229,20 @@ impl Replay {
 }
 
 /// What a failed attempt leaves for the next one.
-enum Failed {
+enum Outcome {
     /// The attempt failed; the request came back when it can be sent again as it is.
     Error(SendError),
     /// The instance answered with a retryable 5xx; returned if no retry follows.
     Answered(Response<ResponseBody>),
 }
 
-impl Failed {
-    /// Whether the request never reached the instance and came back intact:
-    /// it may go to another instance whatever its method.
-    fn not_reached(&self) -> bool {
-        matches!(self, Self::Error(SendError { error, request: Some(_) }) if error.never_reached())
-    }
-
+impl Outcome {
     /// The outcome when no retry follows: a 5xx answer is returned as it is.
-    fn stands<'a>(self) -> Next<'a> {
-        Next::Done(match self {
+    fn stands(self) -> Result<Response<ResponseBody>, ProxyError> {
+        match self {
             Self::Answered(resp) => Ok(resp),
             Self::Error(SendError { error, .. }) => Err(ProxyError::Upstream(error)),
-        })
+        }
     }
 }
 
@@ -299,7 +294,7 @@ pub async fn forward<'a>(
         if retry.is_some() {
             tried.push(index);
         }
-        let failed = match sent {
+        let outcome = match sent {
             None => {
                 let whole = attempt_deadline >= deadline;
                 let error = UpstreamError::timeout(if whole {
@@ -311,7 +306,7 @@ pub async fn forward<'a>(
                 if whole {
                     return Err(ProxyError::Upstream(error));
                 }
-                Failed::Error(SendError {
+                Outcome::Error(SendError {
                     error,
                     request: None,
                 })
@@ -326,7 +321,7 @@ pub async fn forward<'a>(
                 if !is_retryable_status(status) || retry.is_none() {
                     return Ok(resp);
                 }
-                Failed::Answered(resp)
+                Outcome::Answered(resp)
             }
             Some(Err(mut failed)) => {
                 attempt.failed(&failed.error);
@@ -345,128 +340,57 @@ pub async fn forward<'a>(
                 {
                     failed.request = None;
                 }
-                Failed::Error(failed)
+                Outcome::Error(failed)
             }
         };
-        let next = match retry {
-            Some(policy) => policy_retry(
-                upstream,
-                policy,
-                key,
-                &tried,
-                retries,
-                replay.as_ref(),
-                failed,
-                worker,
-            ),
-            None => default_retry(upstream, key, index, retries, failed),
+        // The retry rules decide from the failure alone; then an instance is
+        // picked and, for a budgeted retry, the budget asked (only retries
+        // actually sent are charged).
+        let failed = match &outcome {
+            Outcome::Answered(_) => Failed::status_5xx(),
+            Outcome::Error(f) => Failed::of(&f.error, f.request.is_some()),
         };
-        (pick, req) = match next {
-            Next::Retry(p, r) => (p, r),
-            Next::Done(outcome) => return outcome,
+        let verdict = match (retry, &outcome) {
+            (Some(policy), _) => policy.decide(&failed, replay.is_some(), retries),
+            (
+                None,
+                Outcome::Error(SendError {
+                    request: Some(r), ..
+                }),
+            ) => default_rule(&failed, r.method(), retries),
+            (None, _) => Verdict::Stands,
         };
+        let next = match verdict {
+            Verdict::Stands => None,
+            Verdict::Elsewhere { budgeted } => match retry {
+                Some(_) => balancer::pick_excluding(upstream, key, &tried),
+                None => balancer::pick(upstream, key, Some(index)),
+            }
+            .filter(|_| !budgeted || upstream.retry.try_retry(failed.reason, worker)),
+            Verdict::ElsewhereOrSame => balancer::pick(upstream, key, Some(index))
+                .or_else(|| balancer::pick(upstream, key, None)),
+        };
+        let Some(next) = next else {
+            return outcome.stands();
+        };
+        // What is sent again: the request itself when it came back (never
+        // reached an instance, or the default rules' bodiless replay), else
+        // the retrying route's copy.
+        req = match (outcome, &replay) {
+            (
+                Outcome::Error(SendError {
+                    request: Some(back),
+                    ..
+                }),
+                _,
+            ) if failed.not_reached || retry.is_none() => back,
+            (_, Some(r)) => r.request(),
+            // `decide` retries a reached request only when it is replayable.
+            (outcome, None) => return outcome.stands(),
+        };
+        pick = next;
         retries += 1;
     }
-}
-
-/// After a failed attempt: another one, or the request's outcome.
-enum Next<'a> {
-    Retry(Pick<'a>, Box<Request<RequestBody>>),
-    Done(Result<Response<ResponseBody>, ProxyError>),
-}
-
-/// The next attempt under the default rules (no route `retry`), at most one:
-/// a request that never reached the instance goes to another one whatever its
-/// method; a bodiless GET/HEAD/OPTIONS cut off before its response head is
-/// replayed (on the same instance only when a stale keep-alive connection
-/// was to blame and there is no other). Not charged to the retry budget.
-fn default_retry<'a>(
-    upstream: &'a UpstreamEntry,
-    key: Affinity,
-    index: usize,
-    retries: u32,
-    failed: Failed,
-) -> Next<'a> {
-    if retries > 0 {
-        return failed.stands();
-    }
-    match failed {
-        Failed::Error(SendError {
-            error,
-            request: Some(back),
-        }) if error.never_reached() => match balancer::pick(upstream, key, Some(index)) {
-            Some(p) => Next::Retry(p, back),
-            None => Next::Done(Err(ProxyError::Upstream(error))),
-        },
-        Failed::Error(SendError {
-            error,
-            request: Some(back),
-        }) if matches!(*back.method(), Method::GET | Method::HEAD | Method::OPTIONS) => {
-            let next = balancer::pick(upstream, key, Some(index)).or_else(|| {
-                error
-                    .reused()
-                    .then(|| balancer::pick(upstream, key, None))
-                    .flatten()
-            });
-            match next {
-                Some(p) => Next::Retry(p, back),
-                None => Next::Done(Err(ProxyError::Upstream(error))),
-            }
-        }
-        other => other.stands(),
-    }
-}
-
-/// The next attempt under a route's `retry`: the failure is one the policy
-/// lists and tries are left, the request can be sent again (it never reached
-/// the instance, or it is idempotent with a replayable body), an instance not
-/// yet tried is available, and the upstream's budget allows it (checked last,
-/// so only retries actually sent are charged). Otherwise the failure stands.
-/// A request that never reached an instance also keeps the default
-/// once-rule, unbudgeted, when the policy does not list `CONNECT_FAILURE`.
-#[allow(clippy::too_many_arguments)]
-fn policy_retry<'a>(
-    upstream: &'a UpstreamEntry,
-    policy: &RetryPolicy,
-    key: Affinity,
-    tried: &[usize],
-    retries: u32,
-    replay: Option<&Replay>,
-    failed: Failed,
-    worker: Worker,
-) -> Next<'a> {
-    let reason = match &failed {
-        Failed::Answered(_) => RetryReason::Status5xx,
-        Failed::Error(f) => RetryReason::of(&f.error),
-    };
-    let not_reached = failed.not_reached();
-    let listed = policy.retries(reason) && retries < policy.attempts;
-    let once = !policy.retries(reason) && retries == 0 && not_reached;
-    if !listed && !once {
-        return failed.stands();
-    }
-    if !not_reached && replay.is_none() {
-        return failed.stands();
-    }
-    let Some(pick) = balancer::pick_excluding(upstream, key, tried) else {
-        return failed.stands();
-    };
-    if listed && !upstream.retry.try_retry(reason, worker) {
-        return failed.stands();
-    }
-    let req = match (failed, replay) {
-        (
-            Failed::Error(SendError {
-                request: Some(back),
-                ..
-            }),
-            _,
-        ) if not_reached => back,
-        (_, Some(r)) => r.request(),
-        // Excluded above.
-        (f, None) => return f.stands(),
-    };
-    Next::Retry(pick, req)
 }
 
 #[cfg(test)]

@@ -126,6 +126,95 @@ impl RetryPolicy {
     pub fn retries(&self, reason: RetryReason) -> bool {
         self.on[reason as usize]
     }
+
+    /// The rule of a route with this policy, after `retries` retries: a
+    /// failure it lists with tries left is retried on an instance not yet
+    /// tried, charged to the budget, when the request can be sent again (it
+    /// never reached the instance, or `replayable`: idempotent with its body
+    /// kept); a request that never reached an instance keeps the default
+    /// once-rule, unbudgeted, when the policy does not list its failure.
+    pub fn decide(&self, failed: &Failed, replayable: bool, retries: u32) -> Verdict {
+        let listed = self.retries(failed.reason) && retries < self.attempts;
+        let once = !self.retries(failed.reason) && retries == 0 && failed.not_reached;
+        if !(listed || once) || !(failed.not_reached || replayable) {
+            return Verdict::Stands;
+        }
+        Verdict::Elsewhere { budgeted: listed }
+    }
+}
+
+/// A failed attempt as the retry rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failed {
+    /// What it falls under.
+    pub reason: RetryReason,
+    /// The request never reached the instance and came back intact.
+    pub not_reached: bool,
+    /// The request was sent (may have reached the instance) and came back
+    /// because it had no body, so it can be replayed as it is.
+    pub returned: bool,
+    /// The connection had served earlier requests (a stale keep-alive
+    /// connection rather than a broken instance).
+    pub reused: bool,
+}
+
+impl Failed {
+    /// The facts of `error`, whose request came back (`returned`) or not.
+    pub fn of(error: &UpstreamError, returned: bool) -> Self {
+        Self {
+            reason: RetryReason::of(error),
+            not_reached: returned && error.never_reached(),
+            returned: returned && !error.never_reached(),
+            reused: error.reused(),
+        }
+    }
+
+    /// A retryable 5xx answer.
+    pub fn status_5xx() -> Self {
+        Self {
+            reason: RetryReason::Status5xx,
+            not_reached: false,
+            returned: false,
+            reused: false,
+        }
+    }
+}
+
+/// Whether and where a failed attempt is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// No retry: the failure (or the 5xx answer) stands.
+    Stands,
+    /// On an instance not tried yet; first charged to the upstream's
+    /// [`RetryBudget`] when `budgeted` (the retry is not made when it is spent).
+    Elsewhere {
+        /// Whether the retry budget must allow it.
+        budgeted: bool,
+    },
+    /// On another instance, or on the same one when there is no other (a
+    /// stale keep-alive connection was to blame). Never budgeted.
+    ElsewhereOrSame,
+}
+
+/// The default once-rules of a route without `retry`, after `retries`
+/// retries: at most one retry, not budgeted. A request that never reached the
+/// instance goes to another one whatever its method; a bodiless GET, HEAD or
+/// OPTIONS cut off before its response head is replayed, on the same instance
+/// only when a reused connection was to blame and there is no other.
+pub fn default_rule(failed: &Failed, method: &Method, retries: u32) -> Verdict {
+    if retries > 0 {
+        Verdict::Stands
+    } else if failed.not_reached {
+        Verdict::Elsewhere { budgeted: false }
+    } else if failed.returned && matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        if failed.reused {
+            Verdict::ElsewhereOrSame
+        } else {
+            Verdict::Elsewhere { budgeted: false }
+        }
+    } else {
+        Verdict::Stands
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -271,6 +360,75 @@ fn current(b: &mut [Bucket; 10], now: u64) -> &mut Bucket {
 mod tests {
     use super::*;
     use gateway_transport::workers::OFF_WORKER;
+
+    #[test]
+    fn the_default_rules_retry_once_what_never_reached_and_bodiless_safe_reads() {
+        use gateway_transport::upstream_error::Failure;
+        let refused = UpstreamError::not_sent(Failure::Closed);
+        let cut = UpstreamError::sent(Failure::Closed);
+        let stale = UpstreamError::sent(Failure::Closed).on_reused(true);
+        let elsewhere = Verdict::Elsewhere { budgeted: false };
+        // Never reached: any method, once.
+        assert_eq!(
+            default_rule(&Failed::of(&refused, true), &Method::POST, 0),
+            elsewhere
+        );
+        assert_eq!(
+            default_rule(&Failed::of(&refused, true), &Method::POST, 1),
+            Verdict::Stands
+        );
+        // Not handed back (its body was read): nothing to send.
+        assert_eq!(
+            default_rule(&Failed::of(&refused, false), &Method::GET, 0),
+            Verdict::Stands
+        );
+        // Cut off after it was sent: only a bodiless GET/HEAD/OPTIONS, and the
+        // same instance only after a stale keep-alive connection.
+        assert_eq!(
+            default_rule(&Failed::of(&cut, true), &Method::GET, 0),
+            elsewhere
+        );
+        assert_eq!(
+            default_rule(&Failed::of(&cut, true), &Method::DELETE, 0),
+            Verdict::Stands
+        );
+        assert_eq!(
+            default_rule(&Failed::of(&stale, true), &Method::HEAD, 0),
+            Verdict::ElsewhereOrSame
+        );
+        let timeout = UpstreamError::timeout(Duration::from_secs(1));
+        assert_eq!(
+            default_rule(&Failed::of(&timeout, false), &Method::GET, 0),
+            Verdict::Stands
+        );
+        assert_eq!(
+            default_rule(&Failed::status_5xx(), &Method::GET, 0),
+            Verdict::Stands
+        );
+    }
+
+    #[test]
+    fn a_policy_retries_what_it_lists_while_tries_are_left_and_the_request_can_be_resent() {
+        use gateway_transport::upstream_error::Failure;
+        let p = policy(&[RetryOn::Status5xx, RetryOn::Timeout], 0);
+        let budgeted = Verdict::Elsewhere { budgeted: true };
+        assert_eq!(p.decide(&Failed::status_5xx(), true, 0), budgeted);
+        assert_eq!(p.decide(&Failed::status_5xx(), true, 2), Verdict::Stands);
+        // Sent and not replayable (not idempotent, or its body not kept).
+        assert_eq!(p.decide(&Failed::status_5xx(), false, 0), Verdict::Stands);
+        let timeout = Failed::of(&UpstreamError::timeout(Duration::from_secs(1)), false);
+        assert_eq!(p.decide(&timeout, true, 1), budgeted);
+        // CONNECT_FAILURE not listed: a request that never reached an
+        // instance still gets the default once-rule, unbudgeted.
+        let refused = Failed::of(&UpstreamError::not_sent(Failure::Closed), true);
+        assert_eq!(
+            p.decide(&refused, false, 0),
+            Verdict::Elsewhere { budgeted: false }
+        );
+        assert_eq!(p.decide(&refused, false, 1), Verdict::Stands);
+        let broken = Failed::of(&UpstreamError::sent(Failure::Closed), false);
+        assert_eq!(p.decide(&broken, true, 0), Verdict::Stands);
+    }
 
     fn policy(on: &[RetryOn], per_try: u32) -> RetryPolicy {
         RetryPolicy::from_proto(&Retry {
