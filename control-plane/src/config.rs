@@ -104,6 +104,7 @@ impl Config {
 
     /// Validates the whole configuration with the rules data planes also apply.
     pub fn validate(&self) -> Result<(), StoreError> {
+        // The typed form is the data planes'; the control plane stores the messages.
         gateway_proto::validate_config(&self.routes, &self.upstreams)?;
         gateway_proto::validate::validate_api_keys(&self.api_keys)?;
         Ok(())

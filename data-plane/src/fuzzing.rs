@@ -143,7 +143,7 @@ pub fn config(data: &[u8]) {
     let Ok(snapshot) = gateway_proto::v1::ConfigSnapshot::decode(data) else {
         return;
     };
-    let routes = gateway_proto::validate_config(&snapshot.routes, &snapshot.upstreams);
+    let routes = gateway_proto::validate_config(&snapshot.routes, &snapshot.upstreams).map(drop);
     let keys = gateway_proto::validate::validate_api_keys(&snapshot.api_keys);
     for refused in [&routes, &keys] {
         if let Err(e) = refused {

@@ -5,6 +5,7 @@
 pub mod cidr;
 pub mod defaults;
 pub mod hash;
+pub mod spec;
 pub mod validate;
 
 /// Generated protobuf types and gRPC stubs of package `gateway.v1`.

@@ -66,8 +66,12 @@ impl fmt::Display for ValidationError {
     }
 }
 
-/// Validate a complete configuration. `Ok` means a data plane can compile it.
-pub fn validate_config(routes: &[Route], upstreams: &[Upstream]) -> Result<(), ValidationError> {
+/// Validates a complete configuration and returns it typed and defaulted
+/// ([`ConfigSpec`](crate::spec::ConfigSpec)). `Ok` means a data plane can compile it.
+pub fn validate_config<'a>(
+    routes: &'a [Route],
+    upstreams: &'a [Upstream],
+) -> Result<crate::spec::ConfigSpec<'a>, ValidationError> {
     let mut v = Validator::default();
     let mut upstream_names = HashSet::new();
     for u in upstreams {
@@ -125,7 +129,10 @@ pub fn validate_config(routes: &[Route], upstreams: &[Upstream]) -> Result<(), V
         }
         same.push(r);
     }
-    v.finish()
+    v.finish()?;
+    crate::spec::build(routes, upstreams).map_err(|problem| ValidationError {
+        problems: vec![problem],
+    })
 }
 
 /// Two method lists collide when both are "any", or both name a common method.
@@ -611,3 +618,9 @@ mod proxy_tests;
 
 #[cfg(test)]
 mod limits_tests;
+
+/// [`validate_config`] for the tests, which look at the verdict only.
+#[cfg(test)]
+fn valid(routes: &[Route], upstreams: &[Upstream]) -> Result<(), ValidationError> {
+    validate_config(routes, upstreams).map(drop)
+}

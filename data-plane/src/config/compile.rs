@@ -1,8 +1,12 @@
 //! Turns a pushed (or cached) snapshot into a [`Compiled`] configuration.
 //!
 //! Runs off the request path. The snapshot is validated with the same
-//! `gateway_proto::validate_config` the control plane uses; anything that fails
-//! here is NACKed and the previous snapshot stays in service.
+//! `gateway_proto::validate_config` the control plane uses, which hands back
+//! the configuration typed and defaulted (`gateway_proto::spec`: methods,
+//! networks, timeouts, rate limits, retry policies, balancing, discovery,
+//! health checks, instance authorities); compiling builds the request path's
+//! objects from those and parses nothing again. Anything that fails here is
+//! NACKed and the previous snapshot stays in service.
 //!
 //! Upstreams with DNS discovery take their instances from the [`Members`]
 //! given to [`compile_with_members`]; a new member set is compiled the same
@@ -10,15 +14,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use gateway_proto::defaults;
-use gateway_proto::v1::{AuthMode, ConfigSnapshot, Route, Upstream};
-use gateway_proto::validate::{parse_instance_url, validate_api_keys};
+use gateway_proto::spec::{RouteSpec, UpstreamSpec};
+use gateway_proto::v1::{AuthMode, ConfigSnapshot};
+use gateway_proto::validate::validate_api_keys;
 use gateway_proto::{ValidationError, validate_config};
-use http::Method;
 
-use super::{Compiled, DEFAULT_ROUTE_TIMEOUT, RouteEntry, RoutePolicies, Target};
+use super::{Compiled, RouteEntry, RoutePolicies, Target};
 use crate::upstream::{InstanceKey, InstanceState, UpstreamEntry};
 use gateway_transport::pool::PoolSettings;
 
@@ -30,7 +32,6 @@ use crate::policy::cors::{CorsError, CorsPolicy};
 use crate::policy::ip_rules::IpRules;
 use crate::policy::ratelimit::{RateLimitCompileError, RouteLimit};
 use crate::policy::router::{Router, RouterError};
-use crate::policy::sanitize::CidrError;
 use crate::policy::signature::Signer;
 use crate::policy::transform::{HeaderTransform, TransformError};
 use crate::upstream::balancer::Policy;
@@ -45,14 +46,6 @@ pub enum CompileError {
     /// The shared validation refused it.
     #[error("invalid configuration: {0}")]
     Invalid(#[from] ValidationError),
-    /// A method name the HTTP library does not accept.
-    #[error("route {route:?}: method {method:?} is not a valid HTTP method")]
-    Method {
-        /// Route name.
-        route: String,
-        /// The method.
-        method: String,
-    },
     /// A route naming an upstream that is not in the snapshot.
     #[error("route {route:?}: upstream {upstream:?} does not exist")]
     UnknownUpstream {
@@ -60,28 +53,6 @@ pub enum CompileError {
         route: String,
         /// The missing upstream.
         upstream: String,
-    },
-    /// An instance URL that cannot be connected to.
-    #[error("upstream {upstream:?}: instance {id:?}: url {url:?} {reason}")]
-    InstanceUrl {
-        /// Upstream name.
-        upstream: String,
-        /// Instance id.
-        id: String,
-        /// The URL.
-        url: String,
-        /// Why.
-        reason: &'static str,
-    },
-    /// An `ip_allow` / `ip_deny` entry that is not a network (validation
-    /// refuses it first; kept so compiling never panics).
-    #[error("route {route:?}: {source}")]
-    IpRule {
-        /// Route name.
-        route: String,
-        /// Why.
-        #[source]
-        source: CidrError,
     },
     /// A header transform naming an invalid header or value (validation
     /// refuses it first; kept so compiling never panics).
@@ -149,7 +120,7 @@ pub fn compile_with_members(
     pool: PoolSettings,
     members: &Members,
 ) -> Result<Compiled, CompileError> {
-    validate_config(&snapshot.routes, &snapshot.upstreams)?;
+    let spec = validate_config(&snapshot.routes, &snapshot.upstreams)?;
     validate_api_keys(&snapshot.api_keys)?;
     let api_keys = ApiKeys::compile(&snapshot.api_keys)?;
 
@@ -184,37 +155,24 @@ pub fn compile_with_members(
         .iter()
         .map(|u| (&*u.name, &u.retry))
         .collect();
-    let mut upstreams: Vec<Arc<UpstreamEntry>> = snapshot
+    let mut upstreams: Vec<Arc<UpstreamEntry>> = spec
         .upstreams
         .iter()
         .map(|u| {
-            let entry = compile_upstream(u, &old_instances, pool, members)?;
-            Ok::<_, CompileError>(Arc::new(match old_budgets.get(u.name.as_str()) {
+            let entry = compile_upstream(u, &old_instances, pool, members);
+            Arc::new(match old_budgets.get(u.proto.name.as_str()) {
                 Some(b) => entry.with_retry_budget(Arc::clone(b)),
                 None => entry,
-            }))
+            })
         })
-        .collect::<Result<_, _>>()?;
+        .collect();
     upstreams.sort_by(|a, b| a.name.cmp(&b.name));
     let by_name: HashMap<&str, &Arc<UpstreamEntry>> =
         upstreams.iter().map(|u| (&*u.name, u)).collect();
 
     let mut router = Router::new();
-    for r in &snapshot.routes {
-        let methods = r
-            .methods
-            .iter()
-            .map(|m| {
-                Method::from_bytes(m.as_bytes()).map_err(|_| CompileError::Method {
-                    route: r.name.clone(),
-                    method: m.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let timeout = match r.timeout_ms {
-            0 => DEFAULT_ROUTE_TIMEOUT,
-            ms => Duration::from_millis(ms.into()),
-        };
+    for spec in &spec.routes {
+        let r = spec.proto;
         let upstream = |name: &str| {
             by_name
                 .get(name)
@@ -227,54 +185,39 @@ pub fn compile_with_members(
         let target = match &r.aggregate {
             None => Target::Upstream(upstream(&r.upstream)?),
             Some(_) => Target::Aggregate(Arc::new(compile_aggregate(
-                r,
-                timeout,
+                spec,
                 upstream,
                 &old_part_metrics,
             )?)),
-        };
-        // An aggregate route with no methods listed serves GET only (validated as such).
-        let methods = match (&target, methods.is_empty()) {
-            (Target::Aggregate(_), true) => vec![Method::GET],
-            _ => methods,
         };
         let entry = RouteEntry {
             name: r.name.as_str().into(),
             prefix: r.path_prefix.as_str().into(),
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
-            policies: compile_policies(r)?,
+            policies: compile_policies(spec)?,
             auth: AuthMode::try_from(r.auth).unwrap_or(AuthMode::AuthJwt),
-            rate_limits: r
-                .rate_limit
+            rate_limits: spec
+                .rate_limits
                 .iter()
-                .chain(&r.rate_limits)
                 .map(RouteLimit::compile)
                 .collect::<Result<_, _>>()
                 .map_err(|source| CompileError::RateLimit {
                     route: r.name.clone(),
                     source,
                 })?,
-            timeout,
+            timeout: spec.timeout,
             target,
             coalesce: r
                 .coalesce
                 .then(|| Arc::new(Coalescer::new(CoalesceLimits::default()))),
-            retry: r.retry.as_ref().map(RetryPolicy::from_proto),
-            websocket: r.websocket.then(|| {
-                Duration::from_millis(
-                    match r.websocket_idle_timeout_ms {
-                        0 => defaults::WEBSOCKET_IDLE_TIMEOUT_MS,
-                        ms => ms,
-                    }
-                    .into(),
-                )
-            }),
+            retry: spec.retry.as_ref().map(RetryPolicy::from_spec),
+            websocket: spec.websocket_idle,
             metrics: old_route_metrics
                 .get(r.name.as_str())
                 .map_or_else(Default::default, |m| Arc::clone(m)),
         };
         router
-            .insert(&r.hosts, &r.path_prefix, &methods, entry)
+            .insert(&r.hosts, &r.path_prefix, &spec.methods, entry)
             .map_err(|source| CompileError::Router {
                 route: r.name.clone(),
                 source,
@@ -294,18 +237,15 @@ pub fn compile_with_members(
 /// The parts of aggregate route `r`, keeping the counters of parts the
 /// previous snapshot had under the same route and part names.
 fn compile_aggregate(
-    r: &Route,
-    route_timeout: Duration,
+    spec: &RouteSpec<'_>,
     upstream: impl Fn(&str) -> Result<Arc<UpstreamEntry>, CompileError>,
     old_metrics: &HashMap<(&str, &str), &Arc<PartMetrics>>,
 ) -> Result<Aggregate, CompileError> {
+    let r = spec.proto;
     let parts = r.aggregate.iter().flat_map(|a| &a.parts);
     let parts = parts
-        .map(|p| {
-            let timeout = match p.timeout_ms {
-                0 => route_timeout,
-                ms => Duration::from_millis(ms.into()),
-            };
+        .zip(&spec.part_timeouts)
+        .map(|(p, &timeout)| {
             let metrics = old_metrics
                 .get(&(r.name.as_str(), p.name.as_str()))
                 .map_or_else(Default::default, |m| Arc::clone(m));
@@ -323,20 +263,21 @@ fn compile_aggregate(
 }
 
 fn compile_upstream(
-    u: &Upstream,
+    spec: &UpstreamSpec<'_>,
     old: &HashMap<&InstanceKey, &Arc<InstanceState>>,
     pool: PoolSettings,
     members: &Members,
-) -> Result<UpstreamEntry, CompileError> {
+) -> UpstreamEntry {
+    let u = spec.proto;
     let name: Arc<str> = u.name.as_str().into();
-    let target = u.discovery.as_ref().map(dns::Target::from_proto);
-    // (id, url) of every instance: listed, or one per discovered address
-    // (id "ADDRESS:port", url "http://ADDRESS:port").
-    let listed: Vec<(Arc<str>, Arc<str>)> = match &target {
-        None => u
+    let target = spec.discovery.as_ref().map(dns::Target::from_spec);
+    // (id, url, authority) of every instance: listed, or one per discovered
+    // address (id "ADDRESS:port", url "http://ADDRESS:port").
+    let listed: Vec<(Arc<str>, Arc<str>, String)> = match &target {
+        None => spec
             .instances
             .iter()
-            .map(|i| (i.id.as_str().into(), i.url.as_str().into()))
+            .map(|i| (i.id.into(), i.url.into(), i.authority.to_owned()))
             .collect(),
         Some(_) => members
             .addrs(&u.name)
@@ -344,23 +285,12 @@ fn compile_upstream(
             .map(|addr| {
                 let id = addr.to_string();
                 let url = format!("http://{id}");
-                (id.into(), url.into())
+                (id.as_str().into(), url.into(), id)
             })
             .collect(),
     };
     let mut instances = Vec::with_capacity(listed.len());
-    for (id, url) in listed {
-        let url_error = |reason| CompileError::InstanceUrl {
-            upstream: u.name.clone(),
-            id: id.to_string(),
-            url: url.to_string(),
-            reason,
-        };
-        parse_instance_url(&url).map_err(url_error)?;
-        let authority = url
-            .strip_prefix("http://")
-            .ok_or_else(|| url_error("must start with http://"))?
-            .to_owned();
+    for (id, url, authority) in listed {
         let key = InstanceKey {
             upstream: name.clone(),
             id,
@@ -372,31 +302,25 @@ fn compile_upstream(
         };
         instances.push(state);
     }
-    let breaker = u
-        .circuit_breaker
-        .as_ref()
-        .map_or_else(BreakerSettings::default, |cb| BreakerSettings {
-            failure_threshold: cb.failure_threshold,
-            reset_timeout: Duration::from_millis(cb.reset_timeout_ms.into()),
-            half_open_max_requests: cb.half_open_max_requests,
-        });
-    let health = u.health_check.as_ref().map(HealthSettings::from_proto);
+    let breaker = BreakerSettings {
+        failure_threshold: spec.breaker.failure_threshold,
+        reset_timeout: spec.breaker.reset_timeout,
+        half_open_max_requests: spec.breaker.half_open_max_requests,
+    };
+    let health = spec.health_check.as_ref().map(HealthSettings::from_spec);
     let entry = UpstreamEntry::new(name, instances, breaker, health)
-        .with_policy(Policy::from_proto(u))
+        .with_policy(Policy::from_spec(&spec.balancing))
         .with_signer(Signer::new(&u.identity_signing_secret));
-    Ok(match target {
+    match target {
         Some(t) => entry.with_discovery(t),
         None => entry,
-    })
+    }
 }
 
 /// Parses a route's policies once, off the request path.
-fn compile_policies(r: &Route) -> Result<RoutePolicies, CompileError> {
-    let ip_rules =
-        IpRules::compile(&r.ip_allow, &r.ip_deny).map_err(|source| CompileError::IpRule {
-            route: r.name.clone(),
-            source,
-        })?;
+fn compile_policies(spec: &RouteSpec<'_>) -> Result<RoutePolicies, CompileError> {
+    let r = spec.proto;
+    let ip_rules = IpRules::new(&spec.ip_allow, &spec.ip_deny);
     let transform = |field, t| {
         HeaderTransform::compile(t).map_err(|source| CompileError::Transform {
             route: r.name.clone(),
@@ -418,7 +342,9 @@ fn compile_policies(r: &Route) -> Result<RoutePolicies, CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gateway_proto::v1::{CircuitBreaker, Instance, Route};
+    use gateway_proto::v1::{CircuitBreaker, Instance, Route, Upstream};
+    use http::Method;
+    use std::time::Duration;
 
     fn snapshot(version: u64, instances: &[(&str, &str)]) -> ConfigSnapshot {
         ConfigSnapshot {
@@ -457,7 +383,10 @@ mod tests {
         assert_eq!((c.version, c.hash.as_str(), c.loaded), (3, "h3", true));
         let r = c.router.find(None, &Method::GET, "/api/orders/1").unwrap();
         assert_eq!(&*r.name, "orders");
-        assert_eq!(r.timeout, DEFAULT_ROUTE_TIMEOUT);
+        assert_eq!(
+            r.timeout,
+            Duration::from_millis(gateway_proto::defaults::ROUTE_TIMEOUT_MS.into())
+        );
         assert_eq!(r.rewrite.as_deref(), Some("/orders"));
         assert!(r.coalesce.is_none());
         let Target::Upstream(u) = &r.target else {

@@ -31,10 +31,6 @@ use crate::upstream::retry::RetryPolicy;
 
 pub use compile::{CompileError, compile, compile_with_members};
 
-/// Upstream response timeout of a route with `timeout_ms` 0.
-pub const DEFAULT_ROUTE_TIMEOUT: Duration =
-    Duration::from_millis(gateway_proto::defaults::ROUTE_TIMEOUT_MS as u64);
-
 /// One immutable configuration version, ready for the request path.
 #[derive(Debug, Default)]
 pub struct Compiled {

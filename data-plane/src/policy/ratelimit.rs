@@ -17,13 +17,13 @@
 //! answering 429 to everyone; the request path only looks the values up.
 
 use futures::future::BoxFuture;
-use gateway_proto::v1::{RateLimit, RateLimitAlgorithm, RateLimitKey};
+use gateway_proto::spec::RateLimitSpec;
+use gateway_proto::v1::RateLimitAlgorithm;
 use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_ratelimit::{
     Algorithm, MAX_STACKED, Policy, PolicyError, RateLimiter as Limiter, write_headers,
 };
 use http::HeaderMap;
-use http::header::HeaderName;
 
 use crate::policy::hooks::{LimitKey, RateLimited, RateLimiter};
 
@@ -36,63 +36,28 @@ pub struct RouteLimit {
     pub by: LimitBy,
 }
 
-/// What a limit's budget is counted per (`RateLimit.key`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LimitBy {
-    /// The client address (`KEY_IP`).
-    Ip,
-    /// The verified subject (`KEY_USER`).
-    User,
-    /// The name of the API key that authenticated the caller (`KEY_API_KEY`).
-    ApiKey,
-    /// The whole route (`KEY_ROUTE`).
-    Route,
-    /// The value of this request header (`KEY_HEADER` with `key_header`).
-    Header(HeaderName),
-}
+/// What a limit's budget is counted per: the typed `RateLimit.key`
+/// (`KEY_HEADER` carries its header name, parsed once).
+pub use gateway_proto::spec::LimitKey as LimitBy;
 
-/// Why a route's rate limit cannot be compiled (validation refuses each case first).
-#[derive(Debug, thiserror::Error)]
-pub enum RateLimitCompileError {
-    /// The budget cannot be enforced (name, zero limit or window, too large).
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
-    /// `key_header` is not a header name.
-    #[error("rate limit policy {policy:?}: key_header {header:?} is not a valid header name")]
-    Header {
-        /// Policy name.
-        policy: String,
-        /// The header.
-        header: String,
-    },
-}
+/// Why a route's rate limit cannot be compiled: the limiter refuses the
+/// budget (validation refuses each such case first; kept so a limit is never
+/// silently off).
+pub type RateLimitCompileError = PolicyError;
 
 impl RouteLimit {
-    /// Compiles one `RateLimit` of a validated route.
-    pub fn compile(limit: &RateLimit) -> Result<Self, RateLimitCompileError> {
-        let algorithm = match RateLimitAlgorithm::try_from(limit.algorithm) {
-            Ok(RateLimitAlgorithm::FixedWindow) => Algorithm::FixedWindow,
-            Ok(RateLimitAlgorithm::SlidingWindow) => Algorithm::SlidingWindow,
-            // TOKEN_BUCKET is the proto default; validation rejects unknown values.
-            _ => Algorithm::TokenBucket,
+    /// Compiles one validated rate limit of a route.
+    pub fn compile(limit: &RateLimitSpec<'_>) -> Result<Self, RateLimitCompileError> {
+        let algorithm = match limit.algorithm {
+            RateLimitAlgorithm::FixedWindow => Algorithm::FixedWindow,
+            RateLimitAlgorithm::SlidingWindow => Algorithm::SlidingWindow,
+            RateLimitAlgorithm::TokenBucket => Algorithm::TokenBucket,
         };
-        let policy = Policy::new(&limit.policy, algorithm, limit.limit, limit.window_seconds)?;
-        let by = match RateLimitKey::try_from(limit.key) {
-            Ok(RateLimitKey::KeyUser) => LimitBy::User,
-            Ok(RateLimitKey::KeyApiKey) => LimitBy::ApiKey,
-            Ok(RateLimitKey::KeyRoute) => LimitBy::Route,
-            Ok(RateLimitKey::KeyHeader) => LimitBy::Header(
-                HeaderName::from_bytes(limit.key_header.to_ascii_lowercase().as_bytes()).map_err(
-                    |_| RateLimitCompileError::Header {
-                        policy: limit.policy.clone(),
-                        header: limit.key_header.clone(),
-                    },
-                )?,
-            ),
-            // KEY_IP is the proto default; validation rejects unknown values.
-            _ => LimitBy::Ip,
-        };
-        Ok(Self { policy, by })
+        let policy = Policy::new(limit.policy, algorithm, limit.limit, limit.window_seconds)?;
+        Ok(Self {
+            policy,
+            by: limit.key.clone(),
+        })
     }
 }
 
@@ -201,8 +166,8 @@ impl RateLimiter for RouteLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gateway_proto::v1::RateLimitKey;
     use gateway_ratelimit::RateLimiterOptions;
+    use http::header::HeaderName;
     use http::header::RETRY_AFTER;
     use std::net::IpAddr;
 
@@ -210,18 +175,17 @@ mod tests {
         RouteLimiter::new(Limiter::new(None, RateLimiterOptions::default()).unwrap())
     }
 
-    fn limit(policy: &str, limit: u32, window_seconds: u32) -> RateLimit {
-        RateLimit {
-            policy: policy.into(),
-            algorithm: RateLimitAlgorithm::FixedWindow as i32,
-            key: RateLimitKey::KeyIp as i32,
+    fn limit(policy: &str, limit: u32, window_seconds: u32) -> RateLimitSpec<'_> {
+        RateLimitSpec {
+            policy,
+            algorithm: RateLimitAlgorithm::FixedWindow,
+            key: LimitBy::Ip,
             limit,
             window_seconds,
-            key_header: String::new(),
         }
     }
 
-    fn compiled(limit: &RateLimit) -> RouteLimit {
+    fn compiled(limit: &RateLimitSpec<'_>) -> RouteLimit {
         RouteLimit::compile(limit).unwrap()
     }
 
@@ -274,10 +238,9 @@ mod tests {
     }
 
     #[test]
-    fn compiling_parses_the_key_once_and_refuses_what_cannot_be_enforced() {
-        let by_header = RateLimit {
-            key: RateLimitKey::KeyHeader as i32,
-            key_header: "X-Client".into(),
+    fn compiling_builds_the_budget_and_refuses_what_cannot_be_enforced() {
+        let by_header = RateLimitSpec {
+            key: LimitBy::Header(HeaderName::from_static("x-client")),
             ..limit("client", 10, 60)
         };
         let c = compiled(&by_header);
@@ -285,44 +248,25 @@ mod tests {
         assert_eq!(c.policy.name(), "client");
         assert_eq!(c.policy.algorithm(), Algorithm::FixedWindow);
         assert_eq!((c.policy.limit(), c.policy.window_seconds()), (10, 60));
-        for (key, by) in [
-            (RateLimitKey::KeyIp, LimitBy::Ip),
-            (RateLimitKey::KeyUser, LimitBy::User),
-            (RateLimitKey::KeyApiKey, LimitBy::ApiKey),
-            (RateLimitKey::KeyRoute, LimitBy::Route),
-        ] {
-            let l = RateLimit {
-                key: key as i32,
-                ..limit("k", 1, 1)
-            };
-            assert_eq!(compiled(&l).by, by);
-        }
         // limit × window (ms) over 2^53 cannot be enforced exactly: refused, never admitted.
         let err = RouteLimit::compile(&limit("huge", u32::MAX, 86_400)).unwrap_err();
         assert!(err.to_string().contains("too large"), "{err}");
-        let bad_header = RateLimit {
-            key_header: "bad header".into(),
-            ..by_header
-        };
-        let err = RouteLimit::compile(&bad_header).unwrap_err();
-        assert!(err.to_string().contains("not a valid header name"), "{err}");
     }
 
     #[tokio::test]
     async fn stacked_limits_admit_only_together_and_report_the_most_restrictive() {
         let l = local();
-        let route = RateLimit {
-            key: RateLimitKey::KeyRoute as i32,
-            algorithm: RateLimitAlgorithm::TokenBucket as i32,
+        let route = RateLimitSpec {
+            key: LimitBy::Route,
+            algorithm: RateLimitAlgorithm::TokenBucket,
             ..limit("whole", 3, 3600)
         };
-        let per_client = RateLimit {
-            key: RateLimitKey::KeyHeader as i32,
-            key_header: "x-client".into(),
+        let per_client = RateLimitSpec {
+            key: LimitBy::Header(HeaderName::from_static("x-client")),
             ..limit("client", 2, 3600)
         };
-        let per_ip = RateLimit {
-            algorithm: RateLimitAlgorithm::SlidingWindow as i32,
+        let per_ip = RateLimitSpec {
+            algorithm: RateLimitAlgorithm::SlidingWindow,
             ..limit("ip", 100, 60)
         };
         let limits = [per_ip, route, per_client].map(|l| compiled(&l));

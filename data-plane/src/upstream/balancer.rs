@@ -27,7 +27,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use gateway_proto::v1::{HashOn as ProtoHashOn, LbPolicy, Upstream};
+use gateway_proto::spec::{Balancing, HashKey};
 use http::HeaderMap;
 use http::header::HeaderName;
 use rand::Rng as _;
@@ -59,21 +59,16 @@ pub enum HashOn {
 }
 
 impl Policy {
-    /// From a validated upstream (unknown values fall back to round-robin;
-    /// validation has refused them already).
-    pub fn from_proto(u: &Upstream) -> Self {
-        match u.lb_policy() {
-            LbPolicy::RoundRobin => Self::RoundRobin,
-            LbPolicy::LeastRequest => Self::LeastRequest,
-            LbPolicy::ConsistentHash => match u.hash_on() {
-                ProtoHashOn::User => Self::ConsistentHash(HashOn::User),
-                ProtoHashOn::Ip => Self::ConsistentHash(HashOn::Ip),
-                ProtoHashOn::Header => HeaderName::from_bytes(u.hash_header.as_bytes())
-                    .map_or(Self::RoundRobin, |h| {
-                        Self::ConsistentHash(HashOn::Header(h))
-                    }),
-                ProtoHashOn::Unspecified => Self::RoundRobin,
-            },
+    /// From a validated upstream's balancing.
+    pub fn from_spec(b: &Balancing) -> Self {
+        match b {
+            Balancing::RoundRobin => Self::RoundRobin,
+            Balancing::LeastRequest => Self::LeastRequest,
+            Balancing::ConsistentHash(HashKey::User) => Self::ConsistentHash(HashOn::User),
+            Balancing::ConsistentHash(HashKey::Ip) => Self::ConsistentHash(HashOn::Ip),
+            Balancing::ConsistentHash(HashKey::Header(h)) => {
+                Self::ConsistentHash(HashOn::Header(h.clone()))
+            }
         }
     }
 
@@ -583,31 +578,37 @@ mod tests {
     }
 
     #[test]
-    fn policy_from_proto() {
+    fn policy_from_spec() {
+        use gateway_proto::v1::{HashOn as ProtoHashOn, Instance, LbPolicy, Upstream};
         let u = |policy: LbPolicy, on: ProtoHashOn, header: &str| Upstream {
+            name: "u".into(),
+            instances: vec![Instance {
+                id: "a".into(),
+                url: "http://127.0.0.1:1".into(),
+            }],
             lb_policy: policy as i32,
             hash_on: on as i32,
             hash_header: header.into(),
             ..Default::default()
         };
+        let policy = |u: Upstream| {
+            let spec = gateway_proto::validate_config(&[], std::slice::from_ref(&u)).unwrap();
+            Policy::from_spec(&spec.upstreams[0].balancing)
+        };
         assert_eq!(
-            Policy::from_proto(&u(LbPolicy::RoundRobin, ProtoHashOn::Unspecified, "")),
+            policy(u(LbPolicy::RoundRobin, ProtoHashOn::Unspecified, "")),
             Policy::RoundRobin
         );
         assert_eq!(
-            Policy::from_proto(&u(LbPolicy::LeastRequest, ProtoHashOn::Unspecified, "")),
+            policy(u(LbPolicy::LeastRequest, ProtoHashOn::Unspecified, "")),
             Policy::LeastRequest
         );
         assert_eq!(
-            Policy::from_proto(&u(
-                LbPolicy::ConsistentHash,
-                ProtoHashOn::Header,
-                "X-Tenant"
-            )),
+            policy(u(LbPolicy::ConsistentHash, ProtoHashOn::Header, "X-Tenant")),
             Policy::ConsistentHash(HashOn::Header(HeaderName::from_static("x-tenant")))
         );
         assert_eq!(
-            Policy::from_proto(&u(LbPolicy::ConsistentHash, ProtoHashOn::Ip, "")).as_str(),
+            policy(u(LbPolicy::ConsistentHash, ProtoHashOn::Ip, "")).as_str(),
             "consistent_hash"
         );
     }

@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
 use gateway_proto::defaults;
+use gateway_proto::spec::DiscoverySpec;
 use gateway_proto::v1::{DnsDiscovery, Upstream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -96,7 +97,18 @@ pub struct Target {
 }
 
 impl Target {
-    /// From the (validated) protobuf message; `refresh_ms` 0 is the default.
+    /// From a validated upstream's `discovery`.
+    pub fn from_spec(d: &DiscoverySpec<'_>) -> Self {
+        Self {
+            dns_name: d.dns_name.into(),
+            port: d.port,
+            refresh: d.refresh,
+        }
+    }
+
+    /// From the protobuf message of a configuration not validated yet (the
+    /// members a new one needs are resolved before it is compiled);
+    /// `refresh_ms` 0 is the default, as in [`DiscoverySpec`].
     pub fn from_proto(d: &DnsDiscovery) -> Self {
         let ms = match d.refresh_ms {
             0 => defaults::DNS_REFRESH_MS,

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_proto::v1::HealthCheck;
+use gateway_proto::spec::HealthCheckSpec;
 use http::{Request, header};
 use rand::Rng as _;
 use tokio::net::TcpStream;
@@ -47,14 +47,14 @@ pub struct HealthSettings {
 }
 
 impl HealthSettings {
-    /// From the (validated) protobuf message.
-    pub fn from_proto(hc: &HealthCheck) -> Self {
+    /// From a validated upstream's `health_check`.
+    pub fn from_spec(hc: &HealthCheckSpec<'_>) -> Self {
         Self {
-            path: hc.path.as_str().into(),
-            interval: Duration::from_millis(hc.interval_ms.into()),
-            timeout: Duration::from_millis(hc.timeout_ms.into()),
-            unhealthy_threshold: hc.unhealthy_threshold.max(1),
-            healthy_threshold: hc.healthy_threshold.max(1),
+            path: hc.path.into(),
+            interval: hc.interval,
+            timeout: hc.timeout,
+            unhealthy_threshold: hc.unhealthy_threshold,
+            healthy_threshold: hc.healthy_threshold,
         }
     }
 }

@@ -21,7 +21,8 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use gateway_proto::v1::{Retry, RetryOn};
+use gateway_proto::spec::RetrySpec;
+use gateway_proto::v1::RetryOn;
 use http::Method;
 use tokio::time::Instant;
 
@@ -103,22 +104,21 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Compiles a validated `Retry` (unknown or unspecified conditions are ignored).
-    pub fn from_proto(r: &Retry) -> Self {
+    /// Compiles a validated route's `retry`.
+    pub fn from_spec(r: &RetrySpec) -> Self {
         let mut on = [false; 3];
         for v in &r.on {
-            match RetryOn::try_from(*v) {
-                Ok(RetryOn::ConnectFailure) => on[RetryReason::ConnectFailure as usize] = true,
-                Ok(RetryOn::Status5xx) => on[RetryReason::Status5xx as usize] = true,
-                Ok(RetryOn::Timeout) => on[RetryReason::Timeout as usize] = true,
-                _ => {}
+            match v {
+                RetryOn::ConnectFailure => on[RetryReason::ConnectFailure as usize] = true,
+                RetryOn::Status5xx => on[RetryReason::Status5xx as usize] = true,
+                RetryOn::Timeout => on[RetryReason::Timeout as usize] = true,
+                RetryOn::Unspecified => {}
             }
         }
         Self {
             attempts: r.attempts,
             on,
-            per_try_timeout: (r.per_try_timeout_ms > 0)
-                .then(|| Duration::from_millis(r.per_try_timeout_ms.into())),
+            per_try_timeout: r.per_try_timeout,
         }
     }
 
@@ -431,10 +431,10 @@ mod tests {
     }
 
     fn policy(on: &[RetryOn], per_try: u32) -> RetryPolicy {
-        RetryPolicy::from_proto(&Retry {
+        RetryPolicy::from_spec(&RetrySpec {
             attempts: 2,
-            on: on.iter().map(|o| *o as i32).collect(),
-            per_try_timeout_ms: per_try,
+            on: on.to_vec(),
+            per_try_timeout: (per_try > 0).then(|| Duration::from_millis(per_try.into())),
         })
     }
 

@@ -43,7 +43,7 @@ fn overview() -> Route {
 }
 
 fn check(r: Route) -> Result<(), String> {
-    validate_config(&[r], &[upstream("users"), upstream("orders")]).map_err(|e| e.to_string())
+    valid(&[r], &[upstream("users"), upstream("orders")]).map_err(|e| e.to_string())
 }
 
 #[track_caller]
@@ -111,7 +111,7 @@ fn an_empty_method_list_counts_as_get_when_matchers_collide() {
         methods: vec!["GET".into()],
         ..Default::default()
     };
-    let err = validate_config(
+    let err = valid(
         &[overview(), get_route.clone()],
         &[upstream("users"), upstream("orders")],
     )
@@ -127,7 +127,7 @@ fn an_empty_method_list_counts_as_get_when_matchers_collide() {
         ..get_route
     };
     assert_eq!(
-        validate_config(
+        valid(
             &[overview(), post_route],
             &[upstream("users"), upstream("orders")]
         ),
@@ -199,7 +199,7 @@ fn part_upstream_is_required_and_must_exist() {
         "route \"overview\": aggregate.parts[0] \"a\": upstream \"nope\" does not exist",
     );
     // Deleting an upstream that only a part uses is refused by the same whole-config check.
-    let err = validate_config(&[overview()], &[upstream("users")]).unwrap_err();
+    let err = valid(&[overview()], &[upstream("users")]).unwrap_err();
     assert!(
         err.to_string()
             .contains("upstream \"orders\" does not exist"),

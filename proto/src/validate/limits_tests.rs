@@ -39,7 +39,7 @@ fn limit(policy: &str, key: RateLimitKey) -> RateLimit {
 }
 
 fn check(routes: &[Route]) -> Result<(), String> {
-    validate_config(routes, &[upstream()]).map_err(|e| e.to_string())
+    valid(routes, &[upstream()]).map_err(|e| e.to_string())
 }
 
 #[track_caller]

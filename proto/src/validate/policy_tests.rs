@@ -24,7 +24,7 @@ fn route() -> Route {
 }
 
 fn check(r: Route) -> Result<(), String> {
-    validate_config(&[r], &[upstream()]).map_err(|e| e.to_string())
+    valid(&[r], &[upstream()]).map_err(|e| e.to_string())
 }
 
 #[track_caller]
@@ -205,7 +205,7 @@ fn allow_identity_and_host_opens_exactly_identity_set_remove_and_request_host_se
         response_headers: allowed(transform(&[("x-user-id", "hidden")], &[], &["X-User-Role"])),
         ..route()
     };
-    validate_config(&[ok], &[upstream()]).unwrap();
+    valid(&[ok], &[upstream()]).unwrap();
     // Still refused with the flag: adding identity, removing Host, Host on the
     // response, and every other protected header.
     for (r, needle) in [

@@ -49,7 +49,7 @@ fn retry(attempts: u32, on: &[RetryOn], per_try_timeout_ms: u32) -> Option<Retry
 }
 
 fn check(r: Route) -> Result<(), String> {
-    validate_config(&[r], &[upstream()]).map_err(|e| e.to_string())
+    valid(&[r], &[upstream()]).map_err(|e| e.to_string())
 }
 
 #[track_caller]

@@ -49,11 +49,11 @@ fn limit(policy: &str, n: u32) -> RateLimit {
 
 /// Validates one route against the `users` upstream and returns the joined error text.
 fn check_route(r: Route) -> Result<(), String> {
-    validate_config(&[r], &[upstream("users")]).map_err(|e| e.to_string())
+    valid(&[r], &[upstream("users")]).map_err(|e| e.to_string())
 }
 
 fn check_upstream(u: Upstream) -> Result<(), String> {
-    validate_config(&[], &[u]).map_err(|e| e.to_string())
+    valid(&[], &[u]).map_err(|e| e.to_string())
 }
 
 #[track_caller]
@@ -77,7 +77,7 @@ fn a_complete_valid_config_passes() {
     users.rewrite_prefix = "/users".into();
     users.timeout_ms = 2000;
     assert_eq!(
-        validate_config(&[users, route("root", "/")], &[upstream("users")]),
+        valid(&[users, route("root", "/")], &[upstream("users")]),
         Ok(())
     );
 }
@@ -97,12 +97,12 @@ fn names() {
 
 #[test]
 fn duplicate_names() {
-    let err = validate_config(&[route("a", "/a"), route("a", "/b")], &[upstream("users")]);
+    let err = valid(&[route("a", "/a"), route("a", "/b")], &[upstream("users")]);
     fails_with(
         err.map_err(|e| e.to_string()),
         "route \"a\": duplicate name",
     );
-    let err = validate_config(&[], &[upstream("u"), upstream("u")]);
+    let err = valid(&[], &[upstream("u"), upstream("u")]);
     fails_with(
         err.map_err(|e| e.to_string()),
         "upstream \"u\": duplicate name",
@@ -184,7 +184,7 @@ fn route_upstream_must_exist() {
 #[test]
 fn deleting_a_used_upstream_is_refused() {
     // Whole-config validation is what catches a delete of an upstream in use.
-    let err = validate_config(&[route("a", "/")], &[]).unwrap_err();
+    let err = valid(&[route("a", "/")], &[]).unwrap_err();
     assert!(
         err.to_string()
             .contains("upstream \"users\" does not exist")
@@ -255,9 +255,9 @@ fn shared_policies_must_agree() {
     a.rate_limit = Some(limit("api", 20));
     let mut b = route("b", "/b");
     b.rate_limit = Some(limit("api", 20));
-    assert!(validate_config(&[a.clone(), b.clone()], &[upstream("users")]).is_ok());
+    assert!(valid(&[a.clone(), b.clone()], &[upstream("users")]).is_ok());
     b.rate_limit = Some(limit("api", 21));
-    let err = validate_config(&[a, b], &[upstream("users")]).unwrap_err();
+    let err = valid(&[a, b], &[upstream("users")]).unwrap_err();
     assert!(
         err.to_string()
             .contains("is already defined differently by route \"a\"")
@@ -268,7 +268,7 @@ fn shared_policies_must_agree() {
 fn identical_matchers_are_refused() {
     let a = route("a", "/x");
     let b = route("b", "/x");
-    let err = validate_config(&[a.clone(), b.clone()], &[upstream("users")]).unwrap_err();
+    let err = valid(&[a.clone(), b.clone()], &[upstream("users")]).unwrap_err();
     assert!(
         err.to_string()
             .contains("same hosts, path_prefix and methods as route \"a\"")
@@ -276,18 +276,18 @@ fn identical_matchers_are_refused() {
     // Different methods, or a specific method next to "any", are fine.
     let mut get = b.clone();
     get.methods = vec!["GET".into()];
-    assert!(validate_config(&[a.clone(), get.clone()], &[upstream("users")]).is_ok());
+    assert!(valid(&[a.clone(), get.clone()], &[upstream("users")]).is_ok());
     let mut get_post = route("c", "/x");
     get_post.methods = vec!["POST".into(), "GET".into()];
-    let err = validate_config(&[get, get_post], &[upstream("users")]).unwrap_err();
+    let err = valid(&[get, get_post], &[upstream("users")]).unwrap_err();
     assert!(err.to_string().contains("route \"c\""));
     // Different hosts are fine too; host order does not matter.
     let mut h1 = route("h1", "/x");
     h1.hosts = vec!["a.com".into(), "b.com".into()];
     let mut h2 = route("h2", "/x");
     h2.hosts = vec!["b.com".into(), "a.com".into()];
-    assert!(validate_config(&[a.clone(), h1.clone()], &[upstream("users")]).is_ok());
-    assert!(validate_config(&[h1, h2], &[upstream("users")]).is_err());
+    assert!(valid(&[a.clone(), h1.clone()], &[upstream("users")]).is_ok());
+    assert!(valid(&[h1, h2], &[upstream("users")]).is_err());
 }
 
 #[test]
@@ -431,7 +431,7 @@ fn circuit_breaker_ranges() {
 fn every_problem_is_reported() {
     let mut r = route("Bad", "nope");
     r.upstream = "missing".into();
-    let err = validate_config(&[r], &[]).unwrap_err();
+    let err = valid(&[r], &[]).unwrap_err();
     assert_eq!(err.problems.len(), 3, "{err}");
 }
 
