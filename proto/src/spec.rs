@@ -18,7 +18,8 @@ use http::header::HeaderName;
 use crate::cidr::Cidr;
 use crate::defaults;
 use crate::v1::{
-    HashOn, LbPolicy, RateLimit, RateLimitAlgorithm, RateLimitKey, RetryOn, Route, Upstream,
+    AuthMode, HashOn, LbPolicy, RateLimit, RateLimitAlgorithm, RateLimitKey, RetryOn, Route,
+    Upstream,
 };
 use crate::validate::{parse_instance_url, route_limits};
 
@@ -39,6 +40,8 @@ pub struct RouteSpec<'a> {
     /// The methods it answers (empty: every method); an aggregation route
     /// with none listed answers GET only.
     pub methods: Vec<Method>,
+    /// How callers authenticate (`auth`).
+    pub auth: Auth,
     /// Time allowed until the upstream's response head (`timeout_ms`, default
     /// [`defaults::ROUTE_TIMEOUT_MS`]).
     pub timeout: Duration,
@@ -66,6 +69,17 @@ pub struct RetrySpec {
     pub on: Vec<RetryOn>,
     /// Time to the response head allowed to each attempt (`None`: only the route timeout).
     pub per_try_timeout: Option<Duration>,
+}
+
+/// How a route's callers authenticate (`Route.auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    /// Nobody is authenticated (`AUTH_NONE`, the default).
+    None,
+    /// A bearer access JWT (`AUTH_JWT`).
+    Jwt,
+    /// An API key (`AUTH_API_KEY`).
+    ApiKey,
 }
 
 /// A validated rate limit.
@@ -249,8 +263,15 @@ fn route(r: &Route) -> Result<RouteSpec<'_>, SpecError> {
             t => ms(t),
         })
         .collect();
+    let auth = match AuthMode::try_from(r.auth) {
+        Ok(AuthMode::AuthNone) => Auth::None,
+        Ok(AuthMode::AuthJwt) => Auth::Jwt,
+        Ok(AuthMode::AuthApiKey) => Auth::ApiKey,
+        Err(_) => return Err(format!("{}: auth: unknown value {}", who(), r.auth)),
+    };
     Ok(RouteSpec {
         proto: r,
+        auth,
         methods,
         timeout,
         websocket_idle: r.websocket.then(|| {
@@ -460,6 +481,7 @@ mod tests {
             [Method::GET, Method::from_bytes(b"PURGE").unwrap()]
         );
         assert_eq!(api.timeout, Duration::from_secs(15));
+        assert_eq!(api.auth, Auth::None, "the proto default");
         assert_eq!(api.websocket_idle, Some(Duration::from_secs(300)));
         assert_eq!(api.ip_allow, ["10.0.0.0/8".parse::<Cidr>().unwrap()]);
         assert_eq!(

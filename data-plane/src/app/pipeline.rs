@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_proto::v1::AuthMode;
+use gateway_proto::spec::Auth;
 use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
@@ -429,9 +429,9 @@ impl Pipeline {
         parts: &mut Parts,
     ) -> Result<Option<Identity>, ProxyError> {
         match route.auth {
-            AuthMode::AuthJwt => {}
-            AuthMode::AuthApiKey => return authenticate_api_key(cfg, route, parts).map(Some),
-            AuthMode::AuthNone => return Ok(None),
+            Auth::Jwt => {}
+            Auth::ApiKey => return authenticate_api_key(cfg, route, parts).map(Some),
+            Auth::None => return Ok(None),
         }
         let verifier = self
             .authenticator

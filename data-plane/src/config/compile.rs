@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use gateway_proto::spec::{RouteSpec, UpstreamSpec};
-use gateway_proto::v1::{AuthMode, ConfigSnapshot};
+use gateway_proto::v1::ConfigSnapshot;
 use gateway_proto::validate::validate_api_keys;
 use gateway_proto::{ValidationError, validate_config};
 
@@ -195,7 +195,7 @@ pub fn compile_with_members(
             prefix: r.path_prefix.as_str().into(),
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
             policies: compile_policies(spec)?,
-            auth: AuthMode::try_from(r.auth).unwrap_or(AuthMode::AuthJwt),
+            auth: spec.auth,
             rate_limits: spec
                 .rate_limits
                 .iter()

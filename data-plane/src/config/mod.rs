@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use gateway_proto::v1::AuthMode;
+use gateway_proto::spec::Auth;
 
 use crate::composition::aggregate::Aggregate;
 use crate::composition::coalesce::Coalescer;
@@ -60,7 +60,7 @@ pub struct RouteEntry {
     /// Route policies (IP rules, header transforms, CORS), applied by their pipeline stages.
     pub policies: RoutePolicies,
     /// Authentication the route requires.
-    pub auth: AuthMode,
+    pub auth: Auth,
     /// Every rate limit of the route (`rate_limit` first, then
     /// `rate_limits`), applied together after authentication.
     pub rate_limits: Box<[RouteLimit]>,
