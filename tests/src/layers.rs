@@ -5,9 +5,9 @@
 //! it any cycle between groups, fails `cargo test` (and `scripts/test`).
 //!
 //! What counts as a use: every `crate::<group>` path in code, `use` lines
-//! and inline paths alike. Comments (doc links included) and test code
-//! (`tests.rs` files, and everything from a file's `#[cfg(test)]` on) are
-//! not read: a test may reach across layers.
+//! and inline paths alike. Comments (doc links included) and test modules
+//! (`tests.rs` files, and `#[cfg(test)] mod …` in a file) are not read: a
+//! test may reach across layers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -145,13 +145,32 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The lines of `text` that are code, numbered from 0: comments dropped,
-/// nothing from the first `#[cfg(test)]` on.
-fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.lines()
-        .enumerate()
-        .take_while(|(_, l)| l.trim() != "#[cfg(test)]")
-        .map(|(i, l)| (i, l.find("//").map_or(l, |c| &l[..c])))
+/// The lines of `text` that are code, numbered from 0, comments dropped. A
+/// top-level `#[cfg(test)] mod name { … }` is left out up to its closing
+/// brace at column 0, and a `#[cfg(test)] mod name;` line too; any other
+/// `#[cfg(test)]` item is read like code (stricter, never silently skipped).
+fn code_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut lines = text.lines().enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        if line == "#[cfg(test)]"
+            && let Some((_, next)) = lines.peek()
+            && (next.starts_with("mod ") || next.starts_with("pub(crate) mod "))
+        {
+            let inline = next.trim_end().ends_with('{');
+            lines.next();
+            if inline {
+                for (_, l) in lines.by_ref() {
+                    if l == "}" {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push((i, line.find("//").map_or(line, |c| &line[..c])));
+    }
+    out
 }
 
 /// The group of every `crate::<group>` path on `line`, also inside a
@@ -381,6 +400,16 @@ mod tests {
             v.to_string()
                 .contains("import runs back up: b -> a (b.rs:1)")
         );
+    }
+
+    #[test]
+    fn only_test_modules_are_skipped_and_code_after_them_is_read() {
+        let text = "use crate::a::X;\n#[cfg(test)]\nmod tests {\n    use crate::b::Y;\n}\n#[cfg(test)]\nfn helper() { crate::c::z(); }\nuse crate::d::W;\n";
+        let paths: Vec<String> = code_lines(text)
+            .into_iter()
+            .flat_map(|(_, l)| crate_paths(l))
+            .collect();
+        assert_eq!(paths, ["a", "c", "d"]);
     }
 
     #[test]
