@@ -35,7 +35,6 @@ use crate::policy::router::{Router, RouterError};
 use crate::policy::signature::Signer;
 use crate::policy::transform::{HeaderTransform, TransformError};
 use crate::upstream::balancer::Policy;
-use crate::upstream::breaker::BreakerSettings;
 use crate::upstream::dns::{self, Members};
 use crate::upstream::health::HealthSettings;
 use crate::upstream::retry::{RetryBudget, RetryPolicy};
@@ -302,13 +301,8 @@ fn compile_upstream(
         };
         instances.push(state);
     }
-    let breaker = BreakerSettings {
-        failure_threshold: spec.breaker.failure_threshold,
-        reset_timeout: spec.breaker.reset_timeout,
-        half_open_max_requests: spec.breaker.half_open_max_requests,
-    };
     let health = spec.health_check.as_ref().map(HealthSettings::from_spec);
-    let entry = UpstreamEntry::new(name, instances, breaker, health)
+    let entry = UpstreamEntry::new(name, instances, spec.breaker, health)
         .with_policy(Policy::from_spec(&spec.balancing))
         .with_signer(Signer::new(&u.identity_signing_secret));
     match target {
@@ -392,7 +386,10 @@ mod tests {
         let Target::Upstream(u) = &r.target else {
             panic!("a proxied route");
         };
-        assert_eq!(u.breaker, BreakerSettings::default());
+        assert_eq!(
+            u.breaker,
+            crate::upstream::breaker::BreakerSettings::default()
+        );
         assert!(u.health.is_none());
         assert_eq!(u.instances[0].pool.authority(), "127.0.0.1:1");
     }

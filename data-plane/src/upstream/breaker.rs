@@ -20,30 +20,12 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::time::Duration;
 
-use gateway_proto::defaults;
 use tokio::time::Instant;
 
-/// Breaker settings of an upstream (per instance state, shared settings).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BreakerSettings {
-    /// Consecutive failures that open the breaker.
-    pub failure_threshold: u32,
-    /// How long it stays open before admitting probes.
-    pub reset_timeout: Duration,
-    /// Probes admitted at once while half-open.
-    pub half_open_max_requests: u32,
-}
-
-impl Default for BreakerSettings {
-    /// The defaults of an upstream without `circuit_breaker`: 5 failures, 10 s, 1 probe.
-    fn default() -> Self {
-        Self {
-            failure_threshold: defaults::BREAKER_FAILURE_THRESHOLD,
-            reset_timeout: Duration::from_millis(defaults::BREAKER_RESET_TIMEOUT_MS.into()),
-            half_open_max_requests: defaults::BREAKER_HALF_OPEN_MAX_REQUESTS,
-        }
-    }
-}
+/// Breaker settings of an upstream (per instance state, shared settings):
+/// the typed configuration's, defaults included (5 failures, 10 s, 1 probe
+/// for an upstream without `circuit_breaker`).
+pub use gateway_proto::spec::BreakerSpec as BreakerSettings;
 
 /// The three breaker states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
