@@ -312,34 +312,14 @@ fn cycles(groups: &BTreeSet<String>, graph: &BTreeMap<&str, BTreeSet<&str>>) -> 
 mod tests {
     use super::*;
 
-    fn tree(files: &[(&str, &str)]) -> tempdir::Dir {
-        let dir = tempdir::Dir::new();
+    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
         for (path, text) in files {
-            let p = dir.0.join(path);
+            let p = dir.path().join(path);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, text).unwrap();
         }
         dir
-    }
-
-    mod tempdir {
-        /// A scratch folder removed on drop.
-        pub(super) struct Dir(pub(super) std::path::PathBuf);
-        impl Dir {
-            pub(super) fn new() -> Self {
-                static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-                let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let p = std::env::temp_dir().join(format!("layers-{}-{n}", std::process::id()));
-                let _ = std::fs::remove_dir_all(&p);
-                std::fs::create_dir_all(&p).unwrap();
-                Self(p)
-            }
-        }
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
     }
 
     #[test]
@@ -364,7 +344,7 @@ mod tests {
                 "// use crate::high::x; (a comment)\nfn f() { crate::high::g(); }\n",
             ),
         ]);
-        let v = check(&t.0, &["high", "low"]).unwrap();
+        let v = check(t.path(), &["high", "low"]).unwrap();
         assert_eq!(v.cycles, [vec!["high".to_owned(), "low".to_owned()]]);
         assert_eq!(v.upward.len(), 1);
         assert_eq!(v.upward[0].to_string(), "low -> high (low.rs:2)");
@@ -383,18 +363,18 @@ mod tests {
             ),
             ("b/tests.rs", "use crate::a::X;\n"),
         ]);
-        let v = check(&t.0, &["a", "b"]).unwrap();
+        let v = check(t.path(), &["a", "b"]).unwrap();
         assert!(v.is_empty(), "{v}");
     }
 
     #[test]
     fn an_upward_use_without_a_cycle_and_an_unlisted_group_fail() {
         let t = tree(&[("a.rs", ""), ("b.rs", "use crate::a::X;\n"), ("c.rs", "")]);
-        let v = check(&t.0, &["b", "a"]).unwrap();
+        let v = check(t.path(), &["b", "a"]).unwrap();
         assert!(v.cycles.is_empty());
         assert!(v.upward.is_empty());
         assert_eq!(v.unknown, ["c"]);
-        let v = check(&t.0, &["a", "b", "c"]).unwrap();
+        let v = check(t.path(), &["a", "b", "c"]).unwrap();
         assert_eq!(v.upward.len(), 1);
         assert!(
             v.to_string()
@@ -419,7 +399,7 @@ mod tests {
             ("b.rs", "use crate::c::X;\n"),
             ("c.rs", "use crate::a::X;\n"),
         ]);
-        let v = check(&t.0, &["a", "b", "c"]).unwrap();
+        let v = check(t.path(), &["a", "b", "c"]).unwrap();
         assert_eq!(v.cycles.len(), 1);
         assert_eq!(v.cycles[0].len(), 3);
     }
