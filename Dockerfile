@@ -9,7 +9,7 @@ WORKDIR /src
 # Protobuf is compiled by protox (pure Rust) and SQLite is bundled: nothing to apt-get here.
 COPY . .
 # The `production` profile: whole-program optimisation, one code-generation unit (Cargo.toml).
-RUN cargo build --profile production --locked \
+RUN cargo build --profile production --locked --features data-plane/jemalloc \
       --bin control-plane --bin data-plane --bin auth-service --bin mock-service \
  && mkdir -p /out \
  && cp target/production/control-plane target/production/data-plane \

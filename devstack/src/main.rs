@@ -13,11 +13,6 @@ use devstack::args::Cli;
 use devstack::{Stack, StackError, prereq, serve};
 use tokio::signal::unix::{SignalKind, signal};
 
-// The data plane's allocator (data-plane/src/main.rs says why): devstack's
-// binary runs the data planes of the stack.
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 fn main() -> ExitCode {
     let mut args = std::env::args_os();
     let program = args.next();

@@ -1,14 +1,12 @@
 //! `cargo run --release -p devstack` (the README's run command) must compile
 //! the tree once: the dependencies it resolves for devstack alone must have
-//! the features the whole workspace resolves, or devstack's nested build of
-//! the services (and any `cargo build --workspace` before or after) compiles
-//! every crate whose features differ, and everything above it, a second time.
-//! devstack depends on the four services' libraries for this
-//! (devstack/Cargo.toml); this test fails when a new dependency or feature
-//! makes the two differ as `cargo tree` shows them, and names the crates.
-//! `cargo tree` does not show everything cargo's unit graph differs in: a
-//! cold `cargo run --release -p devstack` still compiles 23 crates (ring,
-//! rustls and those above them) a second time (devstack/README.md).
+//! the features the whole workspace resolves, or any `cargo build
+//! --workspace` before or after it compiles every crate whose features
+//! differ, and everything above it, a second time. devstack depends on the
+//! four services' libraries for this (devstack/Cargo.toml) and runs every
+//! program from its own binary, so there is no second build; this test fails
+//! when a new dependency or feature makes the two differ as `cargo tree`
+//! shows them, and names the crates.
 #![allow(
     clippy::unwrap_used,
     reason = "test code: unwrap stops the test where it failed"
