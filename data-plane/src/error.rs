@@ -12,9 +12,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use gateway_transport::body::ResponseBody;
 use gateway_transport::h1_server::Refusal;
+use gateway_transport::response::Response;
 use gateway_transport::upstream_error::UpstreamError;
+use http::StatusCode;
 use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
 
 use crate::metrics::PartOutcome;
 use crate::policy::api_key::ApiKeyError;
@@ -454,7 +455,7 @@ impl ProxyError {
     pub fn to_response(&self) -> Response<ResponseBody> {
         let mut resp = Response::new(ResponseBody::full(self.document()));
         *resp.status_mut() = self.status();
-        let h = resp.headers_mut();
+        let h = resp.fields_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         match self {
@@ -476,7 +477,7 @@ impl ProxyError {
             }
             Self::RateLimited(rl) => {
                 for (name, value) in &rl.headers {
-                    h.append(name, value.clone());
+                    h.append(name.clone(), value.clone());
                 }
             }
             Self::HeadersTooLarge { .. } | Self::BodyTooLarge { .. } | Self::ClientBody(_) => {
@@ -637,14 +638,14 @@ mod tests {
             assert!(!doc["detail"].as_str().unwrap().is_empty());
             let resp = e.into_response();
             assert_eq!(resp.status(), status);
-            assert_eq!(resp.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+            assert_eq!(resp.fields().get_str("content-type"), Some(PROBLEM_JSON));
         }
     }
 
     #[test]
     fn auth_and_rate_limit_headers() {
         let r = ProxyError::Unauthorized(AuthError::Missing).into_response();
-        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        assert_eq!(r.fields().get_str("www-authenticate"), Some("Bearer"));
         for (e, slug) in [
             (ApiKeyError::Missing, "api-key-missing"),
             (ApiKeyError::Invalid, "api-key-invalid"),
@@ -652,14 +653,15 @@ mod tests {
             let r = ProxyError::ApiKey(e).into_response();
             assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
             assert_eq!(
-                r.headers()[header::WWW_AUTHENTICATE],
-                "ApiKey header=\"X-API-Key\""
+                r.fields().get_str("www-authenticate"),
+                Some("ApiKey header=\"X-API-Key\"")
             );
             let doc: serde_json::Value =
                 serde_json::from_str(ProxyError::ApiKey(e).body()).unwrap();
             assert_eq!(doc["type"], format!("urn:gateway:problem:{slug}"));
         }
         let r = ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)).into_response();
+        let r = r.into_http();
         let h = r.headers();
         assert_eq!(h[header::RETRY_AFTER], "7");
         assert_eq!(h["x-ratelimit-limit"], "20");

@@ -13,8 +13,9 @@
 use std::sync::atomic::Ordering;
 
 use gateway_transport::body::ResponseBody;
+use gateway_transport::response::Response;
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, StatusCode};
 use serde_json::{Value, json};
 
 use crate::app::exposition::render;
@@ -31,9 +32,9 @@ fn respond(
 ) -> Response<ResponseBody> {
     let mut r = Response::new(ResponseBody::full(body));
     *r.status_mut() = status;
-    r.headers_mut()
+    r.fields_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r.headers_mut()
+    r.fields_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
@@ -59,7 +60,7 @@ pub fn handle<B>(
             "text/plain",
             "method not allowed\n",
         );
-        r.headers_mut()
+        r.fields_mut()
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;
     }

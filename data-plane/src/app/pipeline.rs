@@ -18,13 +18,14 @@ use std::time::Duration;
 
 use gateway_proto::spec::Auth;
 use gateway_proto::validate::MAX_RATE_LIMITS;
+use gateway_telemetry::propagation::TRACERESPONSE;
 use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
-use gateway_transport::response_head;
+use gateway_transport::response::Response;
 use gateway_transport::workers::Worker;
+use http::Request;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response};
 use http_body::Body as _;
 use tokio::time::Instant;
 
@@ -165,13 +166,13 @@ impl Pipeline {
         let mut resp = match ran {
             // Response headers: the route's transforms on the upstream's answer (never the gateway's own errors), before the gateway's own headers below so those cannot be changed.
             Ok(mut resp) => {
-                if let Some(route) = seen.route.filter(|_| !seen.preflight) {
-                    // These read and change the upstream's fields: they need them as a map.
-                    if !route.policies.response_headers.is_empty() || route.policies.cors.is_some()
-                    {
-                        response_head::materialize(&mut resp);
-                    }
-                    route.policies.response_headers.apply(resp.headers_mut());
+                if let Some(route) = seen.route.filter(|_| !seen.preflight)
+                    && !route.policies.response_headers.is_empty()
+                {
+                    route
+                        .policies
+                        .response_headers
+                        .apply(resp.fields_mut().map_mut());
                 }
                 resp
             }
@@ -181,22 +182,24 @@ impl Pipeline {
             }
         };
         if let Some(id) = seen.request_id {
-            resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+            resp.fields_mut().insert(X_REQUEST_ID.clone(), id);
         }
         if let Some(extra) = seen.response_headers {
-            resp.headers_mut().extend(extra);
+            resp.fields_mut().extend(extra);
         }
         // CORS: `Vary: Origin` on every response of a CORS route, the Access-Control-* headers when the origin is allowed (errors included, so scripts can read them).
         if let Some(cors) = seen.route.and_then(|r| r.policies.cors.as_ref())
             && !seen.preflight
         {
-            cors.decorate(resp.headers_mut(), seen.cors_origin.as_ref());
+            cors.decorate(resp.fields_mut().map_mut(), seen.cors_origin.as_ref());
         }
         let status = resp.status();
         let latency = started.elapsed();
         let metrics = seen.route.map_or(&self.metrics.unmatched, |r| &*r.metrics);
         metrics.record(&method, status, latency);
-        span.record_response(status.as_u16(), resp.headers_mut());
+        span.set_status_code(status.as_u16());
+        resp.fields_mut()
+            .insert(TRACERESPONSE, span.context().to_header_value());
         access_log(&AccessLog {
             method: method.as_str(),
             route: seen.route.map(|r| &*r.name),

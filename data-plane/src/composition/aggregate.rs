@@ -27,10 +27,11 @@ use futures::stream::FuturesUnordered;
 use gateway_proto::validate::REST_PLACEHOLDER;
 use gateway_telemetry::ServerSpan;
 use gateway_transport::body::{RequestBody, ResponseBody};
+use gateway_transport::response::Response;
 use gateway_transport::workers::Worker;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Request};
 use http_body::Body as _;
 use http_body_util::{BodyExt as _, Limited};
 use tokio::time::Instant;
@@ -369,7 +370,7 @@ fn assemble(parts: &[Part], bodies: &[Option<Bytes>]) -> Response<ResponseBody> 
     }
     out.put_u8(b'}');
     let mut resp = Response::new(ResponseBody::full(out.freeze()));
-    let h = resp.headers_mut();
+    let h = resp.fields_mut();
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

@@ -39,12 +39,12 @@ use std::time::Duration;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use gateway_telemetry::SpanParent;
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
-use gateway_transport::response_head;
+use gateway_transport::response::{Fields, Response};
 use gateway_transport::upstream_error::UpstreamError;
 use gateway_transport::workers::Worker;
 use http::header::{self, HeaderName};
 use http::request::Parts;
-use http::{HeaderMap, Method, Response, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt as _;
 use tokio::sync::watch;
@@ -171,29 +171,32 @@ fn no_cache(headers: &HeaderMap) -> bool {
 #[derive(Debug)]
 pub struct Snapshot {
     status: StatusCode,
-    headers: HeaderMap,
+    /// The leader's fields as they are (an upstream's kept as bytes stay so:
+    /// a copy shares them).
+    fields: Fields,
     body: Bytes,
 }
 
 impl Snapshot {
     /// A copy of the answer for one caller.
     pub fn response(&self) -> Response<ResponseBody> {
-        let mut resp = Response::new(ResponseBody::full(self.body.clone()));
-        *resp.status_mut() = self.status;
-        *resp.headers_mut() = self.headers.clone();
-        resp
+        Response::from_parts(
+            self.status,
+            self.fields.clone(),
+            ResponseBody::full(self.body.clone()),
+        )
     }
 
     /// The answer a gateway error gives (problem documents are complete bodies).
     fn of_error(e: &ProxyError) -> Self {
-        let (head, body) = e.to_response().into_parts();
+        let (status, fields, body) = e.to_response().into_parts();
         let body = match body {
             ResponseBody::Full(b) => b.unwrap_or_default(),
             _ => Bytes::new(),
         };
         Self {
-            status: head.status,
-            headers: head.headers,
+            status,
+            fields,
             body,
         }
     }
@@ -479,25 +482,23 @@ impl Call {
         };
         let served =
             served_by.and_then(|id| self.upstream.instances.iter().position(|i| *i.id == *id));
-        let mut resp = match result {
+        let resp = match result {
             Ok(resp) => resp,
             Err(e) => {
                 let theirs = Outcome::Shared(Arc::new(Snapshot::of_error(&e)));
                 return (Err(e), theirs, served);
             }
         };
-        // The head is shared with the followers as a map.
-        response_head::materialize(&mut resp);
-        let (head, body) = resp.into_parts();
+        let (status, fields, body) = resp.into_parts();
         if body.size_hint().lower() > self.max_body as u64 {
-            let mine = Response::from_parts(head, body);
+            let mine = Response::from_parts(status, fields, body);
             return (Ok(mine), Outcome::Alone, served);
         }
         let (mine, theirs) = match read(body, self.max_body, deadline).await {
             Read::Complete(bytes) => {
                 let snapshot = Arc::new(Snapshot {
-                    status: head.status,
-                    headers: head.headers,
+                    status,
+                    fields,
                     body: bytes,
                 });
                 (Ok(snapshot.response()), Outcome::Shared(snapshot))
@@ -508,7 +509,11 @@ impl Call {
                 timed_out,
             } => {
                 let read = (!read.is_empty()).then_some(read);
-                let mine = Response::from_parts(head, ResponseBody::Resumed(read, Box::new(rest)));
+                let mine = Response::from_parts(
+                    status,
+                    fields,
+                    ResponseBody::Resumed(read, Box::new(rest)),
+                );
                 let theirs = if timed_out {
                     let e = ProxyError::Upstream(UpstreamError::timeout(self.timeout));
                     Outcome::Shared(Arc::new(Snapshot::of_error(&e)))

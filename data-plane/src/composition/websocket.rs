@@ -35,11 +35,12 @@ use std::time::Duration;
 use gateway_transport::body::{RequestBody, ResponseBody, UpstreamBody};
 use gateway_transport::h1::Upgrade;
 use gateway_transport::in_flight::InFlight;
+use gateway_transport::response::{Fields, Response};
 use gateway_transport::tunnels::Tunnel;
 use gateway_transport::upstream_error::{Failure, UpstreamError};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
-use http::{Method, Response, Version};
+use http::{Method, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
@@ -47,7 +48,7 @@ use tokio::time::Instant;
 
 use crate::error::ProxyError;
 use crate::metrics::{PolicyRefusal, RouteMetrics};
-use crate::policy::sanitize::{Strip, remove_hop_by_hop};
+use crate::policy::sanitize::remove_hop_by_hop_fields;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::{Attempt, Trace};
 use crate::upstream::balancer::Pick;
@@ -60,9 +61,17 @@ static SEC_WEBSOCKET_VERSION: header::HeaderName = header::SEC_WEBSOCKET_VERSION
 
 /// Whether `headers` has `name` listing `token` (comma-separated, any case).
 fn has_token(headers: &HeaderMap, name: &header::HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    lists_token(
+        headers.get_all(name).iter().map(HeaderValue::as_bytes),
+        token,
+    )
+}
+
+/// Whether one of `values` (comma-separated lists) holds `token` (any case).
+fn lists_token<'a>(mut values: impl Iterator<Item = &'a [u8]>, token: &str) -> bool {
+    values.any(|v| {
+        v.split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
     })
 }
 
@@ -140,7 +149,7 @@ pub async fn forward<'a>(
         Err(_) => UpstreamError::timeout(route.timeout),
         Ok(Err(failed)) => failed.error,
         Ok(Ok(Upgrade::Switched(resp, _)))
-            if let Err(why) = completes_handshake(resp.headers(), &expected_accept) =>
+            if let Err(why) = completes_handshake(resp.fields(), &expected_accept) =>
         {
             BAD_UPGRADES.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(upstream = %upstream.name, instance = %instance.id, why, "upstream 101 does not complete the WebSocket handshake");
@@ -173,15 +182,15 @@ pub fn accept_for(key: &[u8]) -> String {
 /// `Connection: upgrade` and the `Sec-WebSocket-Accept` that answers the key
 /// sent. Otherwise the upstream is not speaking WebSocket to us (or is
 /// something else answering 101), and no tunnel is opened.
-fn completes_handshake(headers: &HeaderMap, expected_accept: &str) -> Result<(), &'static str> {
-    if !has_token(headers, &header::UPGRADE, "websocket") {
+fn completes_handshake(fields: &Fields, expected_accept: &str) -> Result<(), &'static str> {
+    if !lists_token(fields.get_all("upgrade"), "websocket") {
         return Err("no Upgrade: websocket");
     }
-    if !has_token(headers, &header::CONNECTION, "upgrade") {
+    if !lists_token(fields.get_all("connection"), "upgrade") {
         return Err("no Connection: upgrade");
     }
-    match headers.get(header::SEC_WEBSOCKET_ACCEPT) {
-        Some(v) if v.as_bytes() == expected_accept.as_bytes() => Ok(()),
+    match fields.get("sec-websocket-accept") {
+        Some(v) if v == expected_accept.as_bytes() => Ok(()),
         Some(_) => Err("a wrong Sec-WebSocket-Accept"),
         None => Err("no Sec-WebSocket-Accept"),
     }
@@ -236,22 +245,21 @@ fn answer(
     metrics: &Arc<RouteMetrics>,
     in_flight: InFlight,
 ) -> Response<ResponseBody> {
-    let (mut parts, upstream_side) = match upstream {
+    let (status, mut fields, upstream_side) = match upstream {
         Upgrade::Answered(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            remove_hop_by_hop(&mut parts.headers, Strip::Response);
+            let (status, mut fields, body) = resp.into_parts();
+            remove_hop_by_hop_fields(&mut fields);
             let body = UpstreamBody::unpooled(body, in_flight);
-            return Response::from_parts(parts, ResponseBody::Upstream(body));
+            return Response::from_parts(status, fields, ResponseBody::Upstream(body));
         }
-        Upgrade::Switched(resp, upgraded) => (resp.into_parts().0, upgraded),
+        Upgrade::Switched(resp, upgraded) => {
+            let (status, fields, ()) = resp.into_parts();
+            (status, fields, upgraded)
+        }
     };
-    remove_hop_by_hop(&mut parts.headers, Strip::Response);
-    parts
-        .headers
-        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    parts
-        .headers
-        .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    remove_hop_by_hop_fields(&mut fields);
+    fields.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    fields.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     let guard = TunnelGuard::open(metrics.clone());
     tokio::spawn(async move {
         let _guard = guard;
@@ -264,7 +272,7 @@ fn answer(
             Err(e) => tracing::debug!(error = %e, "websocket upgrade did not complete"),
         }
     });
-    Response::from_parts(parts, ResponseBody::empty())
+    Response::from_parts(status, fields, ResponseBody::empty())
 }
 
 /// How a tunnel ended.
@@ -436,7 +444,7 @@ mod tests {
                     HeaderValue::from_str(v).unwrap(),
                 );
             }
-            completes_handshake(&h, &accept)
+            completes_handshake(&Fields::from(h), &accept)
         };
         let good = [
             ("upgrade", "WebSocket"),

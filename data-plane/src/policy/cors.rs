@@ -19,9 +19,10 @@
 
 use gateway_proto::v1;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue, InvalidHeaderValue};
-use http::{Method, Response, StatusCode};
+use http::{Method, StatusCode};
 
 use gateway_transport::body::ResponseBody;
+use gateway_transport::response::Response;
 
 /// Methods allowed when `allow_methods` is empty (the CORS-safelisted ones).
 const DEFAULT_METHODS: &str = "GET, HEAD, POST";
@@ -184,7 +185,7 @@ impl CorsPolicy {
         }
         let mut resp = Response::new(ResponseBody::empty());
         *resp.status_mut() = StatusCode::NO_CONTENT;
-        let h = resp.headers_mut();
+        let h = resp.fields_mut();
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
         h.insert(
             header::ACCESS_CONTROL_ALLOW_METHODS,

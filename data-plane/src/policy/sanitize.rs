@@ -14,6 +14,7 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 
+use gateway_transport::response::Fields;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::Authority;
 use rand::Rng as _;
@@ -184,6 +185,15 @@ fn is_protected_from_connection(name: &[u8]) -> bool {
             | b"traceparent"
             | b"tracestate"
     )
+}
+
+/// Removes the hop-by-hop fields of an upstream's answer ([`remove_hop_by_hop`]
+/// with [`Strip::Response`]). Fields kept as bytes lost theirs when they were
+/// read (`gateway_transport::response_head`): nothing to do then.
+pub fn remove_hop_by_hop_fields(fields: &mut Fields) {
+    if !fields.kept_as_bytes() {
+        remove_hop_by_hop(fields.map_mut(), Strip::Response);
+    }
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection`

@@ -42,18 +42,19 @@ use std::time::Duration;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use gateway_transport::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
 use gateway_transport::deadline;
+use gateway_transport::response::Response;
 use gateway_transport::upstream_error::{SendError, Side, UpstreamError};
 use gateway_transport::workers::Worker;
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::{HeaderMap, Method, Request, Response, Version};
+use http::{HeaderMap, Method, Request, Version};
 use http_body::Body as _;
 use tokio::time::Instant;
 
 use crate::error::ProxyError;
 use crate::metrics::RouteMetrics;
 use crate::policy::router::rewrite_path;
-use crate::policy::sanitize::{Strip, remove_hop_by_hop};
+use crate::policy::sanitize::remove_hop_by_hop_fields;
 use crate::policy::signature::{Signer, unix_now};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::{Attempt, Trace};
@@ -314,10 +315,10 @@ pub async fn forward<'a>(
             Some(Ok((resp, checkin))) => {
                 let status = resp.status();
                 let in_flight = attempt.answered(status);
-                let (mut parts, body) = resp.into_parts();
-                remove_hop_by_hop(&mut parts.headers, Strip::Response);
+                let (status, mut fields, body) = resp.into_parts();
+                remove_hop_by_hop_fields(&mut fields);
                 let body = UpstreamBody::new(body, checkin, in_flight);
-                let resp = Response::from_parts(parts, ResponseBody::Upstream(body));
+                let resp = Response::from_parts(status, fields, ResponseBody::Upstream(body));
                 if !is_retryable_status(status) || retry.is_none() {
                     return Ok(resp);
                 }

@@ -18,7 +18,6 @@ use crate::h1::H1Body;
 use crate::h1_server::PipedBody;
 use crate::in_flight::InFlight;
 use crate::pool::Checkin;
-use crate::response_head::RawFields;
 use crate::upstream_error::UpstreamError;
 
 /// Why the client's request body could not be forwarded.
@@ -293,22 +292,16 @@ pub struct UpstreamBody {
     inner: Option<H1Body>,
     checkin: Option<Checkin>,
     _in_flight: InFlight,
-    /// The response's header fields kept as bytes ([`crate::response_head`]):
-    /// outside `inner`, which goes when the body ends.
-    fields: Option<Box<RawFields>>,
 }
 
 impl UpstreamBody {
     /// Wraps an upstream response body. `checkin` returns the connection to its
     /// pool at the end of the body; `in_flight` counts the request until then.
-    /// The response's header fields, when kept as bytes, come along.
-    pub fn new(mut inner: H1Body, checkin: Checkin, in_flight: InFlight) -> Self {
-        let fields = inner.take_fields();
+    pub fn new(inner: H1Body, checkin: Checkin, in_flight: InFlight) -> Self {
         let mut body = Self {
             inner: Some(inner),
             checkin: Some(checkin),
             _in_flight: in_flight,
-            fields,
         };
         // Bodiless responses (HEAD, 204, 304) may never be polled: return now.
         if body.is_end_stream() {
@@ -319,13 +312,11 @@ impl UpstreamBody {
 
     /// Wraps the body of a response whose connection is never pooled (the
     /// non-101 answer to an upgrade request): the connection closes with it.
-    pub fn unpooled(mut inner: H1Body, in_flight: InFlight) -> Self {
-        let fields = inner.take_fields();
+    pub fn unpooled(inner: H1Body, in_flight: InFlight) -> Self {
         Self {
             inner: Some(inner),
             checkin: None,
             _in_flight: in_flight,
-            fields,
         }
     }
 
@@ -399,25 +390,6 @@ impl ResponseBody {
     /// An empty body.
     pub fn empty() -> Self {
         Self::Full(None)
-    }
-
-    /// The upstream response's header fields, when they are kept as bytes
-    /// (the response's map then holds only the gateway's own).
-    pub fn fields(&self) -> Option<&RawFields> {
-        match self {
-            Self::Upstream(b) => b.fields.as_deref(),
-            Self::Full(_) => None,
-            Self::Resumed(_, rest) => rest.fields(),
-        }
-    }
-
-    /// Takes the fields [`fields`](Self::fields) returns out of the body.
-    pub fn take_fields(&mut self) -> Option<Box<RawFields>> {
-        match self {
-            Self::Upstream(b) => b.fields.take(),
-            Self::Full(_) => None,
-            Self::Resumed(_, rest) => rest.take_fields(),
-        }
     }
 }
 

@@ -41,7 +41,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Request, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
@@ -49,6 +49,7 @@ use tokio_util::io::poll_read_buf;
 
 use crate::body::RequestBody;
 use crate::framing::{Decoder, Step, content_length};
+use crate::response::{Fields, Response};
 use crate::response_head::{Kept, RawFields};
 use crate::rewind::Rewind;
 use crate::upstream_error::{Failure, SendError, UpstreamError};
@@ -190,21 +191,17 @@ impl Conn {
 
     /// The response whose `head` was read; its body reads this connection.
     fn response(self: Box<Self>, head: Head, early: bool) -> Response<H1Body> {
+        // The version read is not forwarded: the gateway answers in its own.
         let Head {
             status,
-            version,
+            version: _,
             headers,
             fields,
             framing,
             keep_alive,
         } = head;
-        let mut body = H1Body::new(self, framing, keep_alive && !early);
-        body.fields = fields;
-        let mut resp = Response::new(body);
-        *resp.status_mut() = status;
-        *resp.version_mut() = version;
-        *resp.headers_mut() = headers;
-        resp
+        let body = H1Body::new(self, framing, keep_alive && !early);
+        Response::from_parts(status, Fields::upstream(headers, fields), body)
     }
 
     /// Sends an upgrade request (bodiless; origin-form URI, `Connection:
@@ -221,10 +218,10 @@ impl Conn {
             // Never pooled: the connection closes with the body.
             return Ok(Upgrade::Answered(resp));
         }
-        let (parts, body) = resp.into_parts();
+        let (status, fields, body) = resp.into_parts();
         let conn = body.conn;
         Ok(Upgrade::Switched(
-            Response::from_parts(parts, ()),
+            Response::from_parts(status, fields, ()),
             Rewind::new(conn.buf.freeze(), conn.io),
         ))
     }
@@ -707,9 +704,6 @@ pub struct H1Body {
     pub(crate) conn: Box<Conn>,
     state: State,
     keep_alive: bool,
-    /// The response's header fields, when they were kept as bytes (the
-    /// response's map is empty then); see [`crate::response_head`].
-    fields: Option<Box<RawFields>>,
 }
 
 impl H1Body {
@@ -723,14 +717,7 @@ impl H1Body {
             conn,
             state,
             keep_alive,
-            fields: None,
         }
-    }
-
-    /// The response's header fields kept as bytes, taken out (the response's
-    /// map holds them otherwise).
-    pub fn take_fields(&mut self) -> Option<Box<RawFields>> {
-        self.fields.take()
     }
 
     /// The connection, if the body is complete and it may carry another
@@ -911,13 +898,7 @@ mod tests {
 
     /// The response's header fields as a map, wherever they are kept.
     fn headers_of(resp: &mut Response<H1Body>) -> HeaderMap {
-        match resp.body_mut().take_fields() {
-            Some(raw) => {
-                assert!(resp.headers().is_empty(), "fields are kept in one place");
-                raw.header_map(0)
-            }
-            None => resp.headers().clone(),
-        }
+        resp.fields_mut().map_mut().clone()
     }
 
     async fn body_of(resp: Response<H1Body>) -> (Bytes, Option<Box<Conn>>) {
@@ -966,9 +947,12 @@ mod tests {
         let answer: &'static [u8] = Box::leak(answer.into_boxed_slice());
         let (conn, _server) = upstream(answer, 0).await;
         let resp = conn.send(get("/"), "up").await.unwrap();
-        assert_eq!(resp.headers().len(), 41);
+        assert_eq!(resp.fields().len(), 41);
         for i in 0..40 {
-            assert_eq!(resp.headers()[format!("x-f{i}").as_str()], format!("v{i}"));
+            assert_eq!(
+                resp.fields().get_str(&format!("x-f{i}")),
+                Some(format!("v{i}").as_str())
+            );
         }
     }
 
@@ -1004,7 +988,6 @@ mod tests {
         let addr = one_shot(Some(b"HTTP/1.0 200 OK\r\n\r\nall of it"), 1).await;
         let conn = Conn::new(TcpStream::connect(addr).await.unwrap());
         let resp = conn.send(get("/"), "up").await.unwrap();
-        assert_eq!(resp.version(), Version::HTTP_10);
         let (body, conn) = body_of(resp).await;
         assert_eq!(body, "all of it");
         assert!(conn.is_none());
@@ -1171,8 +1154,8 @@ mod tests {
             panic!("not switched");
         };
         assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-        assert_eq!(resp.headers()["upgrade"], "websocket");
-        assert_eq!(resp.headers()["connection"], "upgrade");
+        assert_eq!(resp.fields().get_str("upgrade"), Some("websocket"));
+        assert_eq!(resp.fields().get_str("connection"), Some("upgrade"));
         let mut rest = Vec::new();
         io.read_to_end(&mut rest).await.unwrap();
         assert_eq!(rest, b"early", "bytes after the 101 are the new protocol's");

@@ -57,7 +57,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use http::header;
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
@@ -68,6 +68,7 @@ use tokio_util::io::poll_read_buf;
 use crate::body::{ClientBody, ResponseBody};
 use crate::framing::{Decoder, content_length};
 use crate::h1::{FieldSpans, chunk_line, has_token, list_has_token, name_is};
+use crate::response::{Fields, Response};
 use crate::response_head::RawFields;
 use crate::rewind::Rewind;
 
@@ -451,8 +452,7 @@ async fn respond(
     resp: Response<ResponseBody>,
     exchange: Exchange,
 ) -> io::Result<bool> {
-    let (parts, body) = resp.into_parts();
-    let status = parts.status;
+    let (status, fields, body) = resp.into_parts();
     let bodiless = status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
@@ -464,8 +464,8 @@ async fn respond(
             None => Framing::Chunked,
         }
     };
-    let close = encode_head(out, &parts, body.fields(), framing, exchange);
-    drop(parts);
+    let close = encode_head(out, status, &fields, framing, exchange);
+    drop(fields);
     let mut body = pin!(body);
     if matches!(framing, Framing::None) {
         io.write_all(out).await?;
@@ -625,18 +625,18 @@ impl<'a> Writer<'a> {
 /// for it (the answer then says so), or the answer's own `Connection` does.
 fn encode_head(
     out: &mut Vec<u8>,
-    parts: &http::response::Parts,
-    raw: Option<&RawFields>,
+    status: StatusCode,
+    fields: &Fields,
     framing: Framing,
     exchange: Exchange,
 ) -> bool {
+    let (raw, headers) = (fields.raw(), fields.map());
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(
-        parts
-            .status
+        status
             .canonical_reason()
             .unwrap_or("<unknown status code>")
             .as_bytes(),
@@ -647,7 +647,7 @@ fn encode_head(
     let mut answer_closes = false;
     for (name, value, is_length) in raw.into_iter().flat_map(RawFields::iter) {
         // Framing is ours (a HEAD answer keeps its length); the gateway's fields replace the upstream's.
-        if (is_length && !exchange.head) || replaced(&parts.headers, name) {
+        if (is_length && !exchange.head) || replaced(headers, name) {
             continue;
         }
         has_date |= name_is(name, b"date");
@@ -656,7 +656,7 @@ fn encode_head(
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     }
-    for (name, value) in &parts.headers {
+    for (name, value) in headers {
         // Framing is ours; a HEAD answer keeps the length of what GET would send.
         if *name == header::TRANSFER_ENCODING || (*name == header::CONTENT_LENGTH && !exchange.head)
         {

@@ -12,7 +12,8 @@
 //! * upstream side: [`h1`] (the HTTP/1.1 client), [`pool`] (per-instance
 //!   keep-alive pools), [`in_flight`] (requests in flight per instance);
 //! * both: [`framing`] (body framing), [`body`] (request and response body
-//!   types), [`response_head`] (upstream fields forwarded as bytes),
+//!   types), [`response`] (the response and its header fields),
+//!   [`response_head`] (upstream fields forwarded as bytes),
 //!   [`rewind`] (a socket with bytes already read in front);
 //! * time: [`deadline`] (kept timers per worker), [`conn_timer`] (hyper's
 //!   header-read timer), [`io_timeout`] (write deadlines of what hyper
@@ -28,6 +29,7 @@ pub mod h1_server;
 pub mod in_flight;
 pub mod io_timeout;
 pub mod pool;
+pub mod response;
 pub mod response_head;
 pub mod rewind;
 pub mod send_progress;

@@ -23,12 +23,13 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::Request;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::RequestBody;
 use crate::h1::{Conn, H1Body, Upgrade};
+use crate::response::Response;
 use crate::upstream_error::{Failure, SendError};
 use crate::workers::Worker;
 

@@ -9,24 +9,24 @@
 //! fields already left out. [`crate::h1_server`] copies those fields to the
 //! client as they came, the case of their names included.
 //!
-//! The response's own `HeaderMap` then holds only what the gateway adds on the
-//! way back (`X-Request-Id`, the rate limiter's fields, `traceresponse`), and a
-//! name there replaces every upstream field of that name, as `HeaderMap::insert`
-//! and `extend` on the whole map did. Whatever reads the upstream's fields or
-//! changes them otherwise (response header transforms, CORS, request
-//! coalescing, and hyper's server, which writes HTTP/2 answers and those to
-//! requests with a body) calls [`materialize`] first: it builds the map every
-//! response used to get, with the gateway's fields applied over it.
+//! They travel in the response's [`Fields`](crate::response::Fields), whose
+//! lookups see them and the gateway's own fields alike; its map then holds
+//! only what the gateway adds on the way back (`X-Request-Id`, the rate
+//! limiter's fields, `traceresponse`), and a name there replaces every
+//! upstream field of that name, as `HeaderMap::insert` and `extend` on the
+//! whole map did. Whatever changes the upstream's fields otherwise (response
+//! header transforms, CORS, request coalescing, and hyper's server, which
+//! writes HTTP/2 answers and those to requests with a body) asks for the one
+//! map ([`Fields::map_mut`](crate::response::Fields::map_mut)), which is built
+//! then, with the gateway's fields applied over the upstream's.
 //!
 //! A head is turned into a map from the start, as before, when it has more than
 //! [`MAX_FIELDS`] forwarded fields, or when its `Connection` names fields to
 //! drop other than the hop-by-hop ones.
 
 use bytes::Bytes;
-use http::Response;
 use http::header::HeaderMap;
 
-use crate::body::ResponseBody;
 use crate::h1::{fields_map, is_hop_by_hop, name_is};
 
 /// Most forwarded fields a head kept as bytes may have.
@@ -143,25 +143,6 @@ impl RawFields {
         fields_map(&self.head, spans, room)
             .expect("httparse accepts in a field only bytes HeaderName and HeaderValue accept")
     }
-}
-
-/// Gives `resp` its upstream fields as a map, the gateway's own fields
-/// (already in its map) applied over them; nothing to do when they are one.
-pub fn materialize(resp: &mut Response<ResponseBody>) {
-    let Some(raw) = resp.body_mut().take_fields() else {
-        return;
-    };
-    let added = std::mem::take(resp.headers_mut());
-    *resp.headers_mut() = merged(&raw, added);
-}
-
-/// `raw`'s fields as a map, with `added` over them.
-fn merged(raw: &RawFields, added: HeaderMap) -> HeaderMap {
-    let mut headers = raw.header_map(added.len());
-    // The first value of each name replaces, the others are appended: what the
-    // gateway's `insert`s and `extend`s did when the map was whole.
-    headers.extend(added);
-    headers
 }
 
 /// The fields of a whole response head, kept (its length not overridden).

@@ -37,7 +37,7 @@ use std::time::Duration;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
-use http::{Request, Response};
+use http::Request;
 use hyper::server::conn::{http1, http2};
 use hyper::service::{Service as _, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -50,7 +50,7 @@ use crate::conn_limit::{Connections, Slot};
 use crate::conn_timer::ConnTimer;
 use crate::h1_server::{self, Ended};
 use crate::io_timeout::WriteTimeout;
-use crate::response_head;
+use crate::response::Response;
 use crate::rewind::Rewind;
 use crate::send_progress::{LastTouch, SendProgress};
 
@@ -344,14 +344,14 @@ fn one_request<S>(
     service: S,
 ) -> impl hyper::service::Service<
     Request<hyper::body::Incoming>,
-    Response = Response<ResponseBody>,
+    Response = http::Response<ResponseBody>,
     Error = Infallible,
-    Future = impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
+    Future = impl Future<Output = Result<http::Response<ResponseBody>, Infallible>> + Send,
 > + Send
 where
     S: hyper::service::Service<
             Request<hyper::body::Incoming>,
-            Response = Response<ResponseBody>,
+            Response = http::Response<ResponseBody>,
             Error = Infallible,
         > + Send,
     S::Future: Send + 'static,
@@ -432,12 +432,8 @@ async fn connection<F, Fut>(
         let handler = handler.clone();
         service_fn(move |req: Request<hyper::body::Incoming>| {
             let fut = handler(Box::new(req.map(ClientBody::hyper)), peer);
-            async move {
-                let mut resp = fut.await;
-                // hyper writes the answer from its map alone.
-                response_head::materialize(&mut resp);
-                Ok::<_, Infallible>(resp)
-            }
+            // hyper writes the answer from one map of its fields.
+            async move { Ok::<_, Infallible>(fut.await.into_http()) }
         })
     };
     let write_timeout = settings.write_timeout;

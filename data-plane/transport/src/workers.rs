@@ -28,7 +28,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::{Request, Response};
+use http::Request;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -36,6 +36,7 @@ use tokio::task::JoinHandle;
 
 use crate::body::{ClientBody, ResponseBody};
 use crate::conn_limit::Connections;
+use crate::response::Response;
 use crate::server::{self, HttpSettings};
 
 /// A proxy worker's index: `1..=n` for the workers [`spawn`] starts; `0`

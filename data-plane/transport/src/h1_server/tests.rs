@@ -36,7 +36,8 @@ fn refusal(refused: Refusal) -> Response<ResponseBody> {
 async fn echo(req: Box<Request<ClientBody>>, _peer: SocketAddr) -> Response<ResponseBody> {
     let text = format!("{} {} {}", req.method(), req.uri(), req.headers().len());
     let mut resp = Response::new(ResponseBody::full(text));
-    resp.headers_mut()
+    resp.fields_mut()
+        .map_mut()
         .insert("x-host", req.headers()[header::HOST].clone());
     resp
 }
@@ -213,7 +214,8 @@ async fn head_answers_keep_their_length_and_send_no_body() {
     let (mut client, server, peer) = pair().await;
     let handler = |_req: Box<Request<ClientBody>>, _peer: SocketAddr| async {
         let mut resp = Response::new(ResponseBody::empty());
-        resp.headers_mut()
+        resp.fields_mut()
+            .map_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1234"));
         resp
     };
@@ -479,15 +481,17 @@ fn chunk_lines_are_lower_case_hex() {
 fn heads_carry_our_framing_not_the_handlers() {
     let mut resp = Response::new(());
     *resp.status_mut() = StatusCode::CREATED;
-    resp.headers_mut()
+    resp.fields_mut()
+        .map_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
-    resp.headers_mut()
+    resp.fields_mut()
+        .map_mut()
         .insert(header::TRANSFER_ENCODING, HeaderValue::from_static("gzip"));
-    resp.headers_mut().insert(
+    resp.fields_mut().map_mut().insert(
         header::DATE,
         HeaderValue::from_static("Tue, 01 Dec 2026 00:00:00 GMT"),
     );
-    let (parts, ()) = resp.into_parts();
+    let (status, fields, ()) = resp.into_parts();
     let get = Exchange {
         body: None,
         expect_continue: false,
@@ -495,7 +499,13 @@ fn heads_carry_our_framing_not_the_handlers() {
         close: false,
     };
     let mut out = Vec::new();
-    assert!(!encode_head(&mut out, &parts, None, Framing::Chunked, get));
+    assert!(!encode_head(
+        &mut out,
+        status,
+        &fields,
+        Framing::Chunked,
+        get
+    ));
     assert_eq!(
         String::from_utf8(out.clone()).unwrap(),
         "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -503,8 +513,8 @@ fn heads_carry_our_framing_not_the_handlers() {
     let closing = Exchange { close: true, ..get };
     assert!(encode_head(
         &mut out,
-        &parts,
-        None,
+        status,
+        &fields,
         Framing::Length(5),
         closing
     ));
@@ -513,14 +523,12 @@ fn heads_carry_our_framing_not_the_handlers() {
         "HTTP/1.1 201 Created\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"
     );
     // An answer that closes the connection itself says so once.
-    let (mut parts, ()) = Response::new(()).into_parts();
-    parts
-        .headers
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    let mut fields = Fields::default();
+    fields.insert(header::CONNECTION, HeaderValue::from_static("close"));
     assert!(encode_head(
         &mut out,
-        &parts,
-        None,
+        StatusCode::OK,
+        &fields,
         Framing::Length(0),
         closing
     ));
@@ -534,10 +542,11 @@ fn an_upstreams_fields_are_written_as_they_came_under_the_gateways() {
         b"HTTP/1.1 200 OK\r\nServer: Up\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 2\r\n\
 X-Request-Id: up\r\nConnection: keep-alive\r\nx-request-id: up-again\r\n\r\n",
     );
-    let (mut parts, ()) = Response::new(()).into_parts();
-    parts
-        .headers
-        .insert("x-request-id", HeaderValue::from_static("gw"));
+    let mut fields = Fields::upstream(http::HeaderMap::new(), Some(raw));
+    fields.insert(
+        header::HeaderName::from_static("x-request-id"),
+        HeaderValue::from_static("gw"),
+    );
     let get = Exchange {
         body: None,
         expect_continue: false,
@@ -547,8 +556,8 @@ X-Request-Id: up\r\nConnection: keep-alive\r\nx-request-id: up-again\r\n\r\n",
     let mut out = Vec::new();
     assert!(!encode_head(
         &mut out,
-        &parts,
-        Some(&raw),
+        StatusCode::OK,
+        &fields,
         Framing::Length(2),
         get
     ));
@@ -561,8 +570,8 @@ X-Request-Id: up\r\nConnection: keep-alive\r\nx-request-id: up-again\r\n\r\n",
     let head = Exchange { head: true, ..get };
     assert!(!encode_head(
         &mut out,
-        &parts,
-        Some(&raw),
+        StatusCode::OK,
+        &fields,
         Framing::None,
         head
     ));
