@@ -23,6 +23,9 @@ use crate::v1::{
 };
 use crate::validate::{parse_instance_url, route_limits};
 
+/// A validated TLS certificate (`validate_certificates`), typed.
+pub use crate::validate::{CertificateSpec, KeyType};
+
 /// A validated configuration, typed.
 #[derive(Debug, Clone)]
 pub struct ConfigSpec<'a> {

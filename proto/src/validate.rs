@@ -601,6 +601,8 @@ pub use policy::*;
 
 mod identity;
 pub use identity::*;
+mod certificate;
+pub use certificate::*;
 mod proxy;
 pub use proxy::*;
 
