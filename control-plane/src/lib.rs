@@ -7,6 +7,7 @@
 //! * [`config`] the content of a configuration and the mutations on it,
 //!   [`credentials`] API keys and upstream signing secrets,
 //!   [`changes`] the diff between two configurations;
+//! * [`secrets`] the `--secrets-key-file` key that seals private keys at rest;
 //! * [`store`] the SQLite version history (one transaction per mutation);
 //! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry;
 //! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
@@ -25,6 +26,7 @@ pub mod error;
 pub mod logging;
 pub mod metrics;
 pub mod nodes;
+pub mod secrets;
 pub mod seed;
 pub mod server;
 mod shutdown;
