@@ -90,7 +90,9 @@ fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
 
     let (routes, upstreams) = config(0);
-    let encoded = Config::new(routes.clone(), upstreams.clone()).encode();
+    let encoded = Config::new(routes.clone(), upstreams.clone())
+        .encode(None)
+        .unwrap();
     eprintln!(
         "snapshot of {ROUTES} routes and {UPSTREAMS} upstreams: {} bytes encoded ({:.2} MiB)",
         encoded.len(),
@@ -114,7 +116,11 @@ fn bench(c: &mut Criterion) {
         b.iter(|| with_secrets.hash(std::hint::black_box(&key)))
     });
     hashing.bench_function("encode_then_plain_sha256", |b| {
-        b.iter(|| gateway_proto::hash::plain_sha256(&std::hint::black_box(&with_secrets).encode()))
+        b.iter(|| {
+            gateway_proto::hash::plain_sha256(
+                &std::hint::black_box(&with_secrets).encode(None).unwrap(),
+            )
+        })
     });
     hashing.finish();
 
@@ -185,6 +191,7 @@ fn bench(c: &mut Criterion) {
                 upstreams,
                 dry_run: false,
                 expected_version: None,
+                certificates: Vec::new(),
             }
         })
         .collect();

@@ -1,10 +1,11 @@
 //! `AdminService`: the operator API. Reads are served from the published
 //! current snapshot; every mutation goes through [`Store`] as one transaction.
 //! No answer carries a credential: reads go through [`crate::credentials`]'
-//! redaction (no signing secret, no API key hash), and an API key itself is
-//! returned once, by `CreateApiKey`.
+//! redaction (no signing secret, no API key hash, no private key), and an
+//! API key itself is returned once, by `CreateApiKey`.
 
 use crate::auth;
+use crate::certificates::redact_certificate;
 use crate::clock::rfc3339;
 use crate::config::{Config, Mutation};
 use crate::credentials::{generate_key, redact_key, redact_snapshot, redact_upstream};
@@ -42,6 +43,7 @@ impl Admin {
         let outcome = self.store.mutate(mutation, &options).await?;
         Ok(Response::new(ConfigChange {
             version: outcome.version,
+            warnings: outcome.warnings,
         }))
     }
 }
@@ -187,12 +189,16 @@ impl AdminService for Admin {
             dry_run: req.dry_run,
             author: Some(author),
         };
-        let mutation = Mutation::Replace(Config::new(req.routes, req.upstreams));
-        let outcome = self.store.mutate(mutation, &options).await?;
+        let config = Config::new(req.routes, req.upstreams).with_certificates(req.certificates);
+        let outcome = self
+            .store
+            .mutate(Mutation::Replace(config), &options)
+            .await?;
         Ok(Response::new(ApplyConfigResponse {
             version: outcome.version,
             dry_run: req.dry_run,
             changes: outcome.changes.iter().map(ResourceChange::from).collect(),
+            warnings: outcome.warnings,
         }))
     }
 
@@ -219,6 +225,7 @@ impl AdminService for Admin {
         let outcome = self.store.rollback(req.version, &options).await?;
         Ok(Response::new(ConfigChange {
             version: outcome.version,
+            warnings: outcome.warnings,
         }))
     }
 
@@ -282,6 +289,64 @@ impl AdminService for Admin {
         required_name(&req.name)?;
         self.mutate(
             Mutation::RevokeApiKey(req.name),
+            req.expected_version,
+            author,
+        )
+        .await
+    }
+
+    async fn upsert_certificate(
+        &self,
+        req: Request<UpsertCertificateRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
+        let req = req.into_inner();
+        let certificate = req
+            .certificate
+            .ok_or_else(|| StoreError::Invalid("certificate: required".into()))?;
+        self.mutate(
+            Mutation::UpsertCertificate(certificate),
+            req.expected_version,
+            author,
+        )
+        .await
+    }
+
+    async fn get_certificate(
+        &self,
+        req: Request<GetCertificateRequest>,
+    ) -> Result<Response<Certificate>, Status> {
+        let name = req.into_inner().name;
+        required_name(&name)?;
+        let cur = self.store.current();
+        cur.certificates
+            .iter()
+            .find(|c| c.name == name)
+            .map(redact_certificate)
+            .map(Response::new)
+            .ok_or_else(|| StoreError::NotFound(format!("certificate \"{name}\" not found")).into())
+    }
+
+    async fn list_certificates(
+        &self,
+        _: Request<ListCertificatesRequest>,
+    ) -> Result<Response<ListCertificatesResponse>, Status> {
+        let cur = self.store.current();
+        Ok(Response::new(ListCertificatesResponse {
+            certificates: cur.certificates.iter().map(redact_certificate).collect(),
+            version: cur.version,
+        }))
+    }
+
+    async fn delete_certificate(
+        &self,
+        req: Request<DeleteCertificateRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
+        let req = req.into_inner();
+        required_name(&req.name)?;
+        self.mutate(
+            Mutation::DeleteCertificate(req.name),
             req.expected_version,
             author,
         )

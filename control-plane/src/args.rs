@@ -76,6 +76,13 @@ pub struct Args {
     /// verified client certificate without a token is authenticated as role data-plane.
     #[arg(long, env = "CONTROL_PLANE_CLIENT_CA", requires = "tls_cert")]
     pub client_ca: Option<PathBuf>,
+
+    /// File holding the 32-byte key that encrypts certificates' private keys in the database
+    /// (AES-256-GCM): 64 hex digits (`openssl rand -hex 32 > FILE`) or 32 raw bytes; keep it
+    /// mode 0600, apart from the database. Without it certificates cannot be stored; once keys
+    /// are stored, the control plane starts only with this same key.
+    #[arg(long, env = "CONTROL_PLANE_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -91,6 +98,7 @@ mod tests {
         assert_eq!(a.log_format, LogFormat::Text);
         assert_eq!(a.auth_tokens_file, None);
         assert!(!a.insecure);
+        assert_eq!(a.secrets_key_file, None);
     }
 
     #[test]
@@ -127,5 +135,12 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(a.client_ca, Some(PathBuf::from("ca.pem")));
+        let a =
+            Args::try_parse_from(["control-plane", "--secrets-key-file", "/etc/gw/secrets.key"])
+                .unwrap();
+        assert_eq!(
+            a.secrets_key_file,
+            Some(PathBuf::from("/etc/gw/secrets.key"))
+        );
     }
 }

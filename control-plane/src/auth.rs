@@ -5,9 +5,11 @@
 //! * A missing or unknown token is `UNAUTHENTICATED`; a known token whose role
 //!   does not allow the RPC is `PERMISSION_DENIED`.
 //! * Health and reflection stay open.
-//! * `viewer` may call the read-only AdminService RPCs (`ListApiKeys`
-//!   included: it shows no secret), `admin` every AdminService RPC
-//!   (`CreateApiKey` and `RevokeApiKey` included), `data-plane` only `StreamConfig`. An admin token is
+//! * `viewer` may call the read-only AdminService RPCs (`ListApiKeys`,
+//!   `GetCertificate` and `ListCertificates` included: they show no secret),
+//!   `admin` every AdminService RPC (`CreateApiKey`, `RevokeApiKey`,
+//!   `UpsertCertificate` and `DeleteCertificate` included), `data-plane` only
+//!   `StreamConfig`, the one place private keys travel. An admin token is
 //!   refused on `StreamConfig`, so a leaked operator token cannot pose as a
 //!   data plane (and a data-plane token can never change the configuration).
 //! * Tokens are compared as SHA-256 digests in constant time; the file may hold
@@ -43,6 +45,8 @@ const READ_ONLY: &[&str] = &[
     "ListConfigVersions",
     "ListDataPlanes",
     "ListApiKeys",
+    "GetCertificate",
+    "ListCertificates",
 ];
 
 /// What a token allows.
@@ -492,13 +496,17 @@ mod tests {
             "RollbackConfig",
             "CreateApiKey",
             "RevokeApiKey",
+            "UpsertCertificate",
+            "DeleteCertificate",
         ] {
             assert!(allowed(Admin, &admin(m)), "{m}");
             assert!(!allowed(Viewer, &admin(m)), "{m}");
             assert!(!allowed(DataPlane, &admin(m)), "{m}");
         }
-        // Viewers see which API keys exist (no secret is ever listed).
+        // Viewers see which API keys and certificates exist (no secret is ever listed).
         assert!(allowed(Viewer, &admin("ListApiKeys")));
+        assert!(allowed(Viewer, &admin("GetCertificate")));
+        assert!(allowed(Viewer, &admin("ListCertificates")));
         let stream = format!("{DISCOVERY_PREFIX}StreamConfig");
         assert!(allowed(DataPlane, &stream));
         assert!(!allowed(Admin, &stream));

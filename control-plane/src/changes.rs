@@ -13,6 +13,8 @@ pub enum Kind {
     Route,
     /// An upstream.
     Upstream,
+    /// A TLS certificate (listed last).
+    Certificate,
 }
 
 /// What happened to a resource.
@@ -29,7 +31,7 @@ pub enum Action {
 /// One difference between two configurations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
-    /// Route or upstream.
+    /// Route, upstream or certificate.
     pub kind: Kind,
     /// Its name.
     pub name: String,
@@ -37,14 +39,21 @@ pub struct Change {
     pub action: Action,
 }
 
+impl Kind {
+    /// The name shown in `ResourceChange.kind` and in summaries.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Kind::Route => "route",
+            Kind::Upstream => "upstream",
+            Kind::Certificate => "certificate",
+        }
+    }
+}
+
 impl From<&Change> for ResourceChange {
     fn from(c: &Change) -> Self {
         ResourceChange {
-            kind: match c.kind {
-                Kind::Route => "route",
-                Kind::Upstream => "upstream",
-            }
-            .into(),
+            kind: c.kind.noun().into(),
             name: c.name.clone(),
             action: match c.action {
                 Action::Added => "added",
@@ -56,7 +65,8 @@ impl From<&Change> for ResourceChange {
     }
 }
 
-/// Every difference from `old` to `new`: routes first, then upstreams, each sorted by name.
+/// Every difference from `old` to `new`: routes first, then upstreams, then
+/// certificates, each sorted by name.
 ///
 /// Both sides must be sorted by name with unique names (every stored or
 /// validated configuration is), so one merge pass finds everything.
@@ -69,6 +79,13 @@ pub fn diff(old: ConfigRef<'_>, new: ConfigRef<'_>) -> Vec<Change> {
         old.upstreams,
         new.upstreams,
         |u| &u.name,
+    );
+    diff_kind(
+        &mut out,
+        Kind::Certificate,
+        old.certificates,
+        new.certificates,
+        |c| &c.name,
     );
     out
 }
@@ -121,10 +138,10 @@ fn change(kind: Kind, name: &str, action: Action) -> Change {
     }
 }
 
-/// Counts per kind and action, e.g. `+2 routes, ~1 upstream, -1 upstream`, or `no changes`.
+/// Counts per kind and action, e.g. `+2 routes, ~1 upstream, -1 certificate`, or `no changes`.
 pub fn summarize(changes: &[Change]) -> String {
     let mut out = String::new();
-    for kind in [Kind::Route, Kind::Upstream] {
+    for kind in [Kind::Route, Kind::Upstream, Kind::Certificate] {
         for (action, sign) in [
             (Action::Added, '+'),
             (Action::Updated, '~'),
@@ -140,10 +157,7 @@ pub fn summarize(changes: &[Change]) -> String {
             if !out.is_empty() {
                 out.push_str(", ");
             }
-            let noun = match kind {
-                Kind::Route => "route",
-                Kind::Upstream => "upstream",
-            };
+            let noun = kind.noun();
             let _ = write!(out, "{sign}{n} {noun}{}", if n == 1 { "" } else { "s" });
         }
     }
@@ -200,6 +214,40 @@ mod tests {
         assert_eq!(
             (pb.kind.as_str(), pb.name.as_str(), pb.action.as_str()),
             ("route", "change", "updated")
+        );
+    }
+
+    #[test]
+    fn certificates_are_listed_last() {
+        use gateway_proto::v1::Certificate;
+        let cert = |name: &str, chain: &str| Certificate {
+            name: name.into(),
+            cert_chain_pem: chain.into(),
+            ..Default::default()
+        };
+        let old = Config::new(vec![], vec![upstream("u")])
+            .with_certificates(vec![cert("a", "1"), cert("b", "1")]);
+        let new = Config::new(vec![route("r", 1)], vec![])
+            .with_certificates(vec![cert("b", "2"), cert("c", "1")]);
+        let changes = diff(old.view(), new.view());
+        let got: Vec<ResourceChange> = changes.iter().map(ResourceChange::from).collect();
+        let got: Vec<(&str, &str, &str)> = got
+            .iter()
+            .map(|c| (c.kind.as_str(), c.name.as_str(), c.action.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("route", "r", "added"),
+                ("upstream", "u", "removed"),
+                ("certificate", "a", "removed"),
+                ("certificate", "b", "updated"),
+                ("certificate", "c", "added"),
+            ]
+        );
+        assert_eq!(
+            summarize(&changes),
+            "+1 route, -1 upstream, +1 certificate, ~1 certificate, -1 certificate"
         );
     }
 

@@ -1,13 +1,17 @@
-//! The content of one configuration (routes and upstreams) and the mutations
-//! operators apply to it. Pure functions: no I/O, no clock.
+//! The content of one configuration (routes, upstreams, API keys and
+//! certificates) and the mutations operators apply to it. Pure functions: no
+//! I/O, no clock (sealing private keys takes random nonces from the OS).
 
+use crate::certificates::{self, CertificateNotes, carry_private_key};
 use crate::credentials::carry_secret;
 use crate::error::StoreError;
+use crate::secrets::{SealedKey, SecretsKey};
+use gateway_proto::ValidationError;
 use gateway_proto::hash::HashKey;
-use gateway_proto::v1::{ApiKey, ConfigSnapshot, Route, Upstream};
+use gateway_proto::v1::{ApiKey, Certificate, ConfigSnapshot, Route, Upstream};
 use prost::Message;
 
-/// Routes, upstreams and API keys of one configuration, each sorted by name.
+/// Routes, upstreams, API keys and certificates of one configuration, each sorted by name.
 ///
 /// Sorted order makes the encoding canonical: the same content always gives the
 /// same bytes. The content hash ([`Config::hash`]) is taken over the same
@@ -20,6 +24,47 @@ pub struct Config {
     pub upstreams: Vec<Upstream>,
     /// Every API key (with its hash), sorted by name.
     pub api_keys: Vec<ApiKey>,
+    /// Every TLS certificate (with its private key, in memory only), sorted by name.
+    pub certificates: Vec<Certificate>,
+}
+
+/// Field numbers of the stored encoding: those of `ConfigSnapshot`, plus 11
+/// (reserved there) for the sealed private keys.
+const ROUTES_TAG: u32 = 3;
+const UPSTREAMS_TAG: u32 = 4;
+const API_KEYS_TAG: u32 = 8;
+const CERTIFICATES_TAG: u32 = 10;
+const SEALED_KEYS_TAG: u32 = 11;
+
+/// The stored encoding, decoded: a `ConfigSnapshot`'s lists and the sealed keys.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Stored {
+    #[prost(message, repeated, tag = "3")]
+    routes: Vec<Route>,
+    #[prost(message, repeated, tag = "4")]
+    upstreams: Vec<Upstream>,
+    #[prost(message, repeated, tag = "8")]
+    api_keys: Vec<ApiKey>,
+    #[prost(message, repeated, tag = "10")]
+    certificates: Vec<Certificate>,
+    #[prost(message, repeated, tag = "11")]
+    sealed_keys: Vec<SealedKey>,
+}
+
+/// Why stored bytes are not a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Not the protobuf encoding.
+    #[error(transparent)]
+    Proto(#[from] prost::DecodeError),
+    /// A sealed private key that cannot be restored.
+    #[error("the private key of certificate \"{name}\" {why}")]
+    Sealed {
+        /// The certificate.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 impl Config {
@@ -31,6 +76,7 @@ impl Config {
             routes,
             upstreams,
             api_keys: Vec::new(),
+            certificates: Vec::new(),
         }
     }
 
@@ -41,49 +87,107 @@ impl Config {
         self
     }
 
+    /// The same configuration with these certificates (sorted by name).
+    pub fn with_certificates(mut self, mut certificates: Vec<Certificate>) -> Self {
+        certificates.sort_by(|a, b| a.name.cmp(&b.name));
+        self.certificates = certificates;
+        self
+    }
+
     /// A borrowed view of this configuration.
     pub fn view(&self) -> ConfigRef<'_> {
         ConfigRef {
             routes: &self.routes,
             upstreams: &self.upstreams,
             api_keys: &self.api_keys,
+            certificates: &self.certificates,
         }
     }
 
-    /// The canonical encoding: a `ConfigSnapshot` holding only routes, upstreams and API keys.
-    /// This is what the database stores (secrets included).
-    pub fn encode(&self) -> Vec<u8> {
+    /// The stored encoding: a `ConfigSnapshot` holding only routes, upstreams,
+    /// API keys and certificates, plus (field 11) each certificate's private
+    /// key sealed with `secrets` ([`SecretsKey::seal`]). The certificates
+    /// themselves are written without their keys, so no plaintext key reaches
+    /// the database. Upstream signing secrets and API key hashes are stored as
+    /// they are.
+    ///
+    /// A private key without a `secrets` key is refused (`NoSecretsKey`).
+    pub fn encode(&self, secrets: Option<&SecretsKey>) -> Result<Vec<u8>, StoreError> {
+        let mut sealed = Vec::new();
+        for c in self
+            .certificates
+            .iter()
+            .filter(|c| !c.private_key_pem.is_empty())
+        {
+            let secrets = secrets.ok_or(StoreError::NoSecretsKey)?;
+            sealed.push(secrets.seal(&c.name, c.private_key_pem.as_bytes()));
+        }
         // Encode through a borrowed view so 10,000 routes are not cloned just to be written.
         let mut buf = Vec::with_capacity(self.encoded_len());
         for r in &self.routes {
-            prost::encoding::message::encode(3, r, &mut buf);
+            prost::encoding::message::encode(ROUTES_TAG, r, &mut buf);
         }
         for u in &self.upstreams {
-            prost::encoding::message::encode(4, u, &mut buf);
+            prost::encoding::message::encode(UPSTREAMS_TAG, u, &mut buf);
         }
         for k in &self.api_keys {
-            prost::encoding::message::encode(8, k, &mut buf);
+            prost::encoding::message::encode(API_KEYS_TAG, k, &mut buf);
         }
-        buf
+        for c in &self.certificates {
+            let without_key = Certificate {
+                private_key_pem: String::new(),
+                ..c.clone()
+            };
+            prost::encoding::message::encode(CERTIFICATES_TAG, &without_key, &mut buf);
+        }
+        for k in &sealed {
+            prost::encoding::message::encode(SEALED_KEYS_TAG, k, &mut buf);
+        }
+        Ok(buf)
     }
 
     fn encoded_len(&self) -> usize {
-        prost::encoding::message::encoded_len_repeated(3, &self.routes)
-            + prost::encoding::message::encoded_len_repeated(4, &self.upstreams)
-            + prost::encoding::message::encoded_len_repeated(8, &self.api_keys)
+        prost::encoding::message::encoded_len_repeated(ROUTES_TAG, &self.routes)
+            + prost::encoding::message::encoded_len_repeated(UPSTREAMS_TAG, &self.upstreams)
+            + prost::encoding::message::encoded_len_repeated(API_KEYS_TAG, &self.api_keys)
+            + prost::encoding::message::encoded_len_repeated(CERTIFICATES_TAG, &self.certificates)
     }
 
-    /// Decodes bytes written by [`Config::encode`].
-    pub fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
-        let s = ConfigSnapshot::decode(bytes)?;
-        Ok(Config::new(s.routes, s.upstreams).with_api_keys(s.api_keys))
+    /// Decodes bytes written by [`Config::encode`], opening each sealed
+    /// private key with `secrets`.
+    pub fn decode(bytes: &[u8], secrets: Option<&SecretsKey>) -> Result<Self, DecodeError> {
+        let s = Stored::decode(bytes)?;
+        let mut config = Config::new(s.routes, s.upstreams)
+            .with_api_keys(s.api_keys)
+            .with_certificates(s.certificates);
+        for sealed in &s.sealed_keys {
+            let fail = |why: &str| DecodeError::Sealed {
+                name: sealed.name.clone(),
+                why: why.to_owned(),
+            };
+            let secrets = secrets.ok_or_else(|| fail("is sealed, and no secrets key was given"))?;
+            let plain = secrets.open(sealed).map_err(|e| fail(&e.to_string()))?;
+            let pem = String::from_utf8(plain).map_err(|_| fail("is not text"))?;
+            let i = config
+                .certificates
+                .binary_search_by(|c| c.name.cmp(&sealed.name))
+                .map_err(|_| fail("belongs to no stored certificate"))?;
+            config.certificates[i].private_key_pem = pem;
+        }
+        Ok(config)
     }
 
     /// The content hash: [`gateway_proto::config_hash`] under the store's
     /// hash key (secrets replaced by keyed digests, so the hash shown to
     /// viewers reveals nothing about them, yet changes when one changes).
     pub fn hash(&self, key: &HashKey) -> String {
-        gateway_proto::config_hash(&self.routes, &self.upstreams, &self.api_keys, key)
+        gateway_proto::config_hash(
+            &self.routes,
+            &self.upstreams,
+            &self.api_keys,
+            &self.certificates,
+            key,
+        )
     }
 
     /// The route with this name.
@@ -102,12 +206,39 @@ impl Config {
             .map(|i| &self.upstreams[i])
     }
 
-    /// Validates the whole configuration with the rules data planes also apply.
-    pub fn validate(&self) -> Result<(), StoreError> {
+    /// The certificate with this name.
+    pub fn certificate(&self, name: &str) -> Option<&Certificate> {
+        self.view().certificate(name)
+    }
+
+    /// Validates the whole configuration with the rules data planes also
+    /// apply, reporting every problem of every part, and fills each
+    /// certificate's output fields from its parsed leaf. Returns what was
+    /// learnt of each certificate, in order.
+    pub fn validate(&mut self) -> Result<Vec<CertificateNotes>, StoreError> {
+        let mut problems = Vec::new();
         // The typed form is the data planes'; the control plane stores the messages.
-        gateway_proto::validate_config(&self.routes, &self.upstreams)?;
-        gateway_proto::validate::validate_api_keys(&self.api_keys)?;
-        Ok(())
+        if let Err(e) = gateway_proto::validate_config(&self.routes, &self.upstreams) {
+            problems.extend(e.problems);
+        }
+        if let Err(e) = gateway_proto::validate::validate_api_keys(&self.api_keys) {
+            problems.extend(e.problems);
+        }
+        let notes: Vec<CertificateNotes> =
+            match gateway_proto::validate::validate_certificates(&self.certificates) {
+                Ok(specs) => specs.iter().map(CertificateNotes::from).collect(),
+                Err(e) => {
+                    problems.extend(e.problems);
+                    Vec::new()
+                }
+            };
+        if !problems.is_empty() {
+            return Err(ValidationError { problems }.into());
+        }
+        for (c, n) in self.certificates.iter_mut().zip(&notes) {
+            n.fill(c);
+        }
+        Ok(notes)
     }
 }
 
@@ -121,6 +252,8 @@ pub struct ConfigRef<'a> {
     pub upstreams: &'a [Upstream],
     /// Every API key, sorted by name.
     pub api_keys: &'a [ApiKey],
+    /// Every certificate, sorted by name.
+    pub certificates: &'a [Certificate],
 }
 
 impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
@@ -130,33 +263,47 @@ impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
             routes: &s.routes,
             upstreams: &s.upstreams,
             api_keys: &s.api_keys,
+            certificates: &s.certificates,
         }
     }
 }
 
-impl ConfigRef<'_> {
+impl<'a> ConfigRef<'a> {
     /// An owned copy.
     pub fn to_config(self) -> Config {
         Config {
             routes: self.routes.to_vec(),
             upstreams: self.upstreams.to_vec(),
             api_keys: self.api_keys.to_vec(),
+            certificates: self.certificates.to_vec(),
         }
     }
 
-    fn upstream(&self, name: &str) -> Option<&Upstream> {
+    fn upstream(&self, name: &str) -> Option<&'a Upstream> {
         self.upstreams
             .binary_search_by(|u| u.name.as_str().cmp(name))
             .ok()
             .map(|i| &self.upstreams[i])
     }
 
-    /// `new`'s routes and upstreams with this configuration's credentials:
-    /// its API keys, and each upstream's signing secret resolved by
-    /// [`carry_secret`] against the upstream of the same name here.
+    fn certificate(&self, name: &str) -> Option<&'a Certificate> {
+        self.certificates
+            .binary_search_by(|c| c.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.certificates[i])
+    }
+
+    /// `new`'s content with this configuration's credentials: its API keys,
+    /// each upstream's signing secret resolved by [`carry_secret`] and each
+    /// certificate's private key by [`carry_private_key`], against the
+    /// resource of the same name here.
     fn keep_credentials(&self, mut new: Config) -> Result<Config, StoreError> {
         for u in &mut new.upstreams {
             carry_secret(u, self.upstream(&u.name))?;
+        }
+        for c in &mut new.certificates {
+            certificates::prepare(c);
+            carry_private_key(c, self.certificate(&c.name))?;
         }
         new.api_keys = self.api_keys.to_vec();
         Ok(new)
@@ -190,6 +337,10 @@ pub enum Mutation {
     CreateApiKey(ApiKey),
     /// Remove the API key of that name.
     RevokeApiKey(String),
+    /// Create or replace the certificate of that name.
+    UpsertCertificate(Certificate),
+    /// Remove the certificate of that name.
+    DeleteCertificate(String),
 }
 
 impl Mutation {
@@ -261,6 +412,8 @@ impl Mutation {
             Mutation::Replace(config) => current.keep_credentials(config),
             // A rollback never brings back a credential: the old version's keys
             // and secrets are dropped before the current ones are carried over.
+            // Certificates are configuration: the old ones come back with
+            // their private keys, as they were.
             Mutation::Rollback {
                 content: mut config,
                 ..
@@ -269,6 +422,31 @@ impl Mutation {
                     u.identity_signing_secret.clear();
                 }
                 current.keep_credentials(config)
+            }
+            Mutation::UpsertCertificate(mut certificate) => {
+                certificates::prepare(&mut certificate);
+                let existing = current.certificate(&certificate.name);
+                carry_private_key(&mut certificate, existing)?;
+                let mut c = current.to_config();
+                match c
+                    .certificates
+                    .binary_search_by(|x| x.name.cmp(&certificate.name))
+                {
+                    Ok(i) => c.certificates[i] = certificate,
+                    Err(i) => c.certificates.insert(i, certificate),
+                }
+                Ok(c)
+            }
+            Mutation::DeleteCertificate(name) => {
+                let i = current
+                    .certificates
+                    .binary_search_by(|c| c.name.cmp(&name))
+                    .map_err(|_| {
+                        StoreError::NotFound(format!("certificate \"{name}\" not found"))
+                    })?;
+                let mut c = current.to_config();
+                c.certificates.remove(i);
+                Ok(c)
             }
             Mutation::CreateApiKey(key) => {
                 let mut c = current.to_config();
@@ -307,6 +485,8 @@ impl Mutation {
             Mutation::Rollback { version, .. } => Some(format!("rollback to version {version}")),
             Mutation::CreateApiKey(k) => Some(format!("create api key \"{}\"", k.name)),
             Mutation::RevokeApiKey(n) => Some(format!("revoke api key \"{n}\"")),
+            Mutation::UpsertCertificate(c) => Some(format!("upsert certificate \"{}\"", c.name)),
+            Mutation::DeleteCertificate(n) => Some(format!("delete certificate \"{n}\"")),
         }
     }
 }
@@ -346,13 +526,16 @@ mod tests {
             vec![route("a", "u"), route("b", "u")],
             vec![upstream("u"), upstream("v")],
         );
-        assert_eq!(a.encode(), b.encode());
+        assert_eq!(a.encode(None).unwrap(), b.encode(None).unwrap());
         let key = HashKey::from_bytes([5; 32]);
         assert_eq!(a.hash(&key), b.hash(&key));
         // No secret: the hash is the SHA-256 of the stored bytes.
-        assert_eq!(a.hash(&key), gateway_proto::hash::plain_sha256(&a.encode()));
-        assert_eq!(Config::decode(&a.encode()).unwrap(), a);
-        assert_eq!(Config::default().encode(), Vec::<u8>::new());
+        assert_eq!(
+            a.hash(&key),
+            gateway_proto::hash::plain_sha256(&a.encode(None).unwrap())
+        );
+        assert_eq!(Config::decode(&a.encode(None).unwrap(), None).unwrap(), a);
+        assert_eq!(Config::default().encode(None).unwrap(), Vec::<u8>::new());
     }
 
     #[test]
@@ -416,10 +599,13 @@ mod tests {
         assert_eq!(rolled.api_keys, c.api_keys);
         let c = Mutation::RevokeApiKey("a".into()).apply(c.view()).unwrap();
         assert_eq!(c.api_keys.len(), 1);
-        assert_eq!(Config::decode(&c.encode()).unwrap(), c);
+        assert_eq!(Config::decode(&c.encode(None).unwrap(), None).unwrap(), c);
         // A key hash is a secret: masked in the content hash.
         let key = HashKey::from_bytes([5; 32]);
-        assert_ne!(c.hash(&key), gateway_proto::hash::plain_sha256(&c.encode()));
+        assert_ne!(
+            c.hash(&key),
+            gateway_proto::hash::plain_sha256(&c.encode(None).unwrap())
+        );
         let without_keys = Config::new(c.routes.clone(), c.upstreams.clone());
         assert_ne!(c.hash(&key), without_keys.hash(&key));
     }

@@ -1,6 +1,7 @@
 //! Credentials in the configuration: API keys (made here, stored only as
 //! SHA-256) and upstreams' write-only `identity_signing_secret` (carried over
-//! between versions, never shown by a read).
+//! between versions, never shown by a read), and the redaction of every read
+//! (certificates' private keys included, [`crate::certificates`]).
 //!
 //! Why SHA-256 and not a password hash (Argon2) for API keys: a key is 32
 //! random bytes from a CSPRNG, so there is nothing to brute-force that a slow
@@ -12,6 +13,7 @@ use gateway_proto::v1::{ApiKey, ConfigSnapshot, Upstream};
 use rand::RngCore as _;
 use sha2::{Digest, Sha256};
 
+use crate::certificates::redact_certificate;
 use crate::error::StoreError;
 
 /// Prefix of every API key, so leaked keys are easy to recognise (secret scanners).
@@ -98,7 +100,7 @@ pub fn redact_key(k: &ApiKey) -> ApiKey {
 }
 
 /// A snapshot as operators see it (`GetConfig`): no key hash, no signing
-/// secret, `redacted` set. The content `hash` stays the stored one so it can
+/// secret, no private key, `redacted` set. The content `hash` stays the stored one so it can
 /// be compared with `ListConfigVersions` and the data planes' `/config`; it
 /// covers secrets only as keyed digests ([`gateway_proto::config_hash`]), so
 /// showing it reveals nothing about them.
@@ -112,6 +114,7 @@ pub fn redact_snapshot(s: &ConfigSnapshot) -> ConfigSnapshot {
         summary: s.summary.clone(),
         author: s.author.clone(),
         api_keys: s.api_keys.iter().map(redact_key).collect(),
+        certificates: s.certificates.iter().map(redact_certificate).collect(),
         redacted: true,
     }
 }
@@ -193,9 +196,18 @@ mod tests {
                 key_sha256: "a".repeat(64),
                 ..Default::default()
             }],
+            certificates: vec![gateway_proto::v1::Certificate {
+                name: "c".into(),
+                cert_chain_pem: "chain".into(),
+                private_key_pem: "-----BEGIN PRIVATE KEY-----".into(),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let r = redact_snapshot(&s);
+        assert_eq!(r.certificates[0].private_key_pem, "");
+        assert!(r.certificates[0].private_key_set);
+        assert_eq!(r.certificates[0].cert_chain_pem, "chain");
         assert!(r.redacted);
         assert_eq!((r.version, r.hash.as_str()), (3, "h"));
         assert_eq!(r.upstreams[0].identity_signing_secret, "");

@@ -178,6 +178,8 @@ impl Session {
                     routes: snapshot.routes.clone(),
                     upstreams: snapshot.upstreams.clone(),
                     api_keys: snapshot.api_keys.clone(),
+                    // With their private keys: only role data-plane may open this stream.
+                    certificates: snapshot.certificates.clone(),
                 };
                 if !self.send(Ok(response)).await {
                     break;

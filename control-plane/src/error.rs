@@ -23,6 +23,18 @@ pub enum StoreError {
         /// The version that actually is current.
         current: u64,
     },
+    /// A private key was to be stored, and the control plane has no
+    /// `--secrets-key-file` to seal it with. Nothing changed.
+    #[error(
+        "storing a certificate's private key needs a secrets key: start the control plane with \
+         --secrets-key-file FILE (CONTROL_PLANE_SECRETS_KEY_FILE; 32 random bytes, e.g. \
+         `openssl rand -hex 32 > FILE`), which encrypts private keys in the database"
+    )]
+    NoSecretsKey,
+    /// The database holds private keys sealed with a secrets key, and the one
+    /// given (or none) is not it. Found when the database is opened.
+    #[error("{0}")]
+    WrongSecretsKey(String),
     /// A stored row cannot be decoded, or its hash does not match its content.
     #[error("corrupt stored configuration: {0}")]
     Corrupt(String),
@@ -62,8 +74,11 @@ impl From<StoreError> for Status {
             StoreError::Invalid(_) => Code::InvalidArgument,
             StoreError::NotFound(_) => Code::NotFound,
             StoreError::AlreadyExists(_) => Code::AlreadyExists,
-            StoreError::VersionMismatch { .. } => Code::FailedPrecondition,
-            StoreError::Corrupt(_)
+            StoreError::VersionMismatch { .. } | StoreError::NoSecretsKey => {
+                Code::FailedPrecondition
+            }
+            StoreError::WrongSecretsKey(_)
+            | StoreError::Corrupt(_)
             | StoreError::Internal(_)
             | StoreError::Database(_)
             | StoreError::Migrate(_) => Code::Internal,
@@ -95,5 +110,8 @@ mod tests {
         assert_eq!(s.message(), "expected version 3, current is 5");
         let s: Status = StoreError::Corrupt("x".into()).into();
         assert_eq!(s.code(), Code::Internal);
+        let s: Status = StoreError::NoSecretsKey.into();
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(s.message().contains("--secrets-key-file"), "{s:?}");
     }
 }

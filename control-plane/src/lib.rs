@@ -1,11 +1,13 @@
-//! The gateway control plane: routes and upstreams stored as numbered versions
-//! in SQLite, an operator gRPC API (`gateway.v1.AdminService`) and the config
-//! stream to data planes (`gateway.v1.ConfigDiscoveryService`).
+//! The gateway control plane: routes, upstreams, API keys and TLS
+//! certificates stored as numbered versions in SQLite, an operator gRPC API
+//! (`gateway.v1.AdminService`) and the config stream to data planes
+//! (`gateway.v1.ConfigDiscoveryService`).
 //!
 //! One module per concern:
 //! * [`args`] command-line flags, [`logging`] stderr logs, [`auth`] tokens and roles;
 //! * [`config`] the content of a configuration and the mutations on it,
 //!   [`credentials`] API keys and upstream signing secrets,
+//!   [`certificates`] TLS certificates around their shared validation,
 //!   [`changes`] the diff between two configurations;
 //! * [`secrets`] the `--secrets-key-file` key that seals private keys at rest;
 //! * [`store`] the SQLite version history (one transaction per mutation);
@@ -16,6 +18,7 @@
 pub mod admin;
 pub mod args;
 pub mod auth;
+pub mod certificates;
 pub mod changes;
 pub mod cli;
 pub mod clock;

@@ -1,7 +1,10 @@
-//! Prometheus metrics of the config stream, and the optional `--metrics-listen`
-//! HTTP endpoint that serves them as text at `GET /metrics`.
+//! Prometheus metrics of the config stream and of the certificates' expiry,
+//! and the optional `--metrics-listen` HTTP endpoint that serves them as text
+//! at `GET /metrics`.
 
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use gateway_proto::v1::Certificate;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -30,7 +33,7 @@ pub struct Metrics {
 }
 
 /// Gauges sampled when the metrics are rendered.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Gauges {
     /// Data planes with an open stream.
     pub connected: usize,
@@ -38,6 +41,21 @@ pub struct Gauges {
     pub known: usize,
     /// The current configuration version.
     pub version: u64,
+    /// Each certificate of the current configuration (by name) and the
+    /// seconds until its `not_after`, negative once it has expired.
+    pub certificate_expiry: Vec<(String, i64)>,
+}
+
+/// The seconds from `now` to each certificate's `not_after` (negative: expired), by name.
+/// A certificate whose `not_after` does not parse (none is stored so) is left out.
+pub fn certificate_expiry(certificates: &[Certificate], now: DateTime<Utc>) -> Vec<(String, i64)> {
+    certificates
+        .iter()
+        .filter_map(|c| {
+            let not_after = DateTime::parse_from_rfc3339(&c.not_after).ok()?;
+            Some((c.name.clone(), not_after.timestamp() - now.timestamp()))
+        })
+        .collect()
 }
 
 impl Metrics {
@@ -79,7 +97,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
-    pub fn render(&self, g: Gauges) -> String {
+    pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::with_capacity(2048);
         let mut gauge = |name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -135,6 +153,15 @@ impl Metrics {
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(out, "{name}_sum {sum}");
         let _ = writeln!(out, "{name}_count {count}");
+        let name = "control_plane_certificate_expiry_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Seconds until the certificate's not_after, negative once it has expired.\n# TYPE {name} gauge"
+        );
+        // Names are [a-z0-9-]: nothing to escape in a label value.
+        for (cert, seconds) in &g.certificate_expiry {
+            let _ = writeln!(out, "{name}{{name=\"{cert}\"}} {seconds}");
+        }
         out
     }
 }
@@ -204,6 +231,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn expiry_is_counted_from_now_and_negative_once_past() {
+        use chrono::TimeZone;
+        let now = Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap();
+        let cert = |name: &str, not_after: &str| Certificate {
+            name: name.into(),
+            not_after: not_after.into(),
+            ..Default::default()
+        };
+        let got = certificate_expiry(
+            &[
+                cert("a", "2030-01-02T00:00:00Z"),
+                cert("b", "2029-12-31T23:59:00Z"),
+                cert("c", ""),
+            ],
+            now,
+        );
+        assert_eq!(got, [("a".to_owned(), 86_400), ("b".to_owned(), -60)]);
+    }
+
+    #[test]
     fn renders_counters_gauges_and_a_cumulative_histogram() {
         let m = Metrics::default();
         m.record_push();
@@ -211,10 +258,11 @@ mod tests {
         m.record_ack(Duration::from_micros(800));
         m.record_ack(Duration::from_millis(30));
         m.record_nack();
-        let text = m.render(Gauges {
+        let text = m.render(&Gauges {
             connected: 2,
             known: 3,
             version: 9,
+            certificate_expiry: vec![("edge".into(), 86_400), ("old".into(), -5)],
         });
         for line in [
             "control_plane_data_planes_connected 2",
@@ -229,6 +277,9 @@ mod tests {
             "control_plane_config_push_ack_seconds_bucket{le=\"+Inf\"} 2",
             "control_plane_config_push_ack_seconds_count 2",
             "control_plane_config_push_ack_seconds_sum 0.0308",
+            "# TYPE control_plane_certificate_expiry_seconds gauge",
+            "control_plane_certificate_expiry_seconds{name=\"edge\"} 86400",
+            "control_plane_certificate_expiry_seconds{name=\"old\"} -5",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

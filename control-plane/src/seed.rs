@@ -64,7 +64,10 @@ pub fn load(path: &Path) -> Result<Config, SeedError> {
             reason: "dry_run and expected_version are not allowed in a seed file",
         });
     }
-    let config = Config::new(req.routes, req.upstreams);
+    let mut config = Config::new(req.routes, req.upstreams).with_certificates(req.certificates);
+    for c in &mut config.certificates {
+        crate::certificates::prepare(c);
+    }
     config.validate().map_err(|source| SeedError::Config {
         path: path.to_owned(),
         source,

@@ -5,11 +5,12 @@
 use crate::admin::Admin;
 use crate::args::Args;
 use crate::auth::{AuthLayer, Policy, Tokens, TokensError};
-use crate::clock::system_clock;
+use crate::clock::{now_utc, system_clock};
 use crate::discovery::Discovery;
 use crate::error::StoreError;
 use crate::metrics::{self, Gauges, Metrics};
 use crate::nodes::NodeRegistry;
+use crate::secrets::{SecretsKey, SecretsKeyError};
 use crate::seed::{self, SeedError};
 use crate::store::Store;
 use gateway_proto::v1::admin_service_server::AdminServiceServer;
@@ -55,6 +56,9 @@ pub struct Settings {
     pub insecure: bool,
     /// Serve TLS with this certificate and key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// The key that encrypts certificates' private keys in the database;
+    /// `None`: certificates cannot be stored.
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 /// The PEM files of the control plane's TLS listener.
@@ -81,6 +85,7 @@ impl Default for Settings {
             auth_tokens_file: None,
             insecure: false,
             tls: None,
+            secrets_key_file: None,
         }
     }
 }
@@ -103,6 +108,7 @@ impl From<&Args> for Settings {
                 }),
                 _ => None,
             },
+            secrets_key_file: a.secrets_key_file.clone(),
         }
     }
 }
@@ -126,6 +132,17 @@ pub enum StartError {
         /// Why.
         source: StoreError,
     },
+    /// The database holds private keys the given secrets key (or none) cannot decrypt.
+    #[error("cannot open database {path}: {reason}")]
+    SecretsKeyMismatch {
+        /// The database file.
+        path: PathBuf,
+        /// Which key is missing or wrong, and what to do.
+        reason: String,
+    },
+    /// The `--secrets-key-file` was refused.
+    #[error(transparent)]
+    SecretsKey(#[from] SecretsKeyError),
     /// The seed file was refused.
     #[error(transparent)]
     Seed(#[from] SeedError),
@@ -196,13 +213,27 @@ impl ControlPlane {
             source,
         })?;
         let policy = auth_policy(&settings, addr)?;
-        let store =
-            Store::open(&settings.database)
-                .await
-                .map_err(|source| StartError::Database {
+        let secrets = match &settings.secrets_key_file {
+            Some(path) => Some(SecretsKey::load(path)?),
+            None => {
+                tracing::info!(
+                    "no --secrets-key-file: TLS certificates (their private keys) cannot be stored"
+                );
+                None
+            }
+        };
+        let store = Store::open_with(&settings.database, system_clock(), secrets)
+            .await
+            .map_err(|source| match source {
+                StoreError::WrongSecretsKey(reason) => StartError::SecretsKeyMismatch {
+                    path: settings.database.clone(),
+                    reason,
+                },
+                source => StartError::Database {
                     path: settings.database.clone(),
                     source,
-                })?;
+                },
+            })?;
         let store = Arc::new(store);
         if let Some(path) = &settings.seed {
             seed::apply(&store, path).await?;
@@ -283,11 +314,17 @@ impl ControlPlane {
         let metrics = metrics_listener.map(|l| {
             let nodes = nodes.clone();
             let config = store.subscribe();
+            let clock = system_clock();
             let render = move || {
-                nodes.metrics().render(Gauges {
+                let snapshot = config.borrow().clone();
+                nodes.metrics().render(&Gauges {
                     connected: nodes.connected(),
                     known: nodes.list(0).len(),
-                    version: config.borrow().version,
+                    version: snapshot.version,
+                    certificate_expiry: metrics::certificate_expiry(
+                        &snapshot.certificates,
+                        now_utc(&*clock),
+                    ),
                 })
             };
             tokio::spawn(metrics::serve(l, render, shutdown_rx.clone()))
@@ -298,6 +335,7 @@ impl ControlPlane {
             client_certificates = settings.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
             metrics = ?metrics_addr,
             database = %settings.database.display(),
+            secrets_key = settings.secrets_key_file.is_some(),
             version = store.current().version,
             "listening"
         );

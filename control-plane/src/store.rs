@@ -25,11 +25,17 @@
 //! digests. The key lives next to the secrets it protects, in this file, and
 //! nowhere else. A database written before the key existed gets the key and
 //! all its hashes recomputed, in one transaction, the first time it is opened.
+//!
+//! Private keys: a certificate's key is stored sealed with the
+//! `--secrets-key-file` key ([`crate::secrets`]), inside the version's
+//! snapshot; the published snapshot holds it in the clear, for the config
+//! streams. A database holding sealed keys is opened only with their key.
 
-use crate::changes::{self, Change};
+use crate::changes::{self, Action, Change, Kind};
 use crate::clock::{now_utc, rfc3339, system_clock};
 use crate::config::{Config, ConfigRef, Mutation};
 use crate::error::StoreError;
+use crate::secrets::SecretsKey;
 use gateway_clock::Clock;
 use gateway_proto::hash::{HASH_KEY_LEN, HashKey, plain_sha256};
 use gateway_proto::v1::{ConfigSnapshot, ConfigVersion};
@@ -75,6 +81,9 @@ pub struct Outcome {
     pub committed: bool,
     /// What differs from the previous configuration.
     pub changes: Vec<Change>,
+    /// What was accepted but deserves attention (certificates added or
+    /// changed that are expired, not yet valid, or do not cover an SNI host).
+    pub warnings: Vec<String>,
 }
 
 /// The configuration database and the published current snapshot.
@@ -88,6 +97,8 @@ pub struct Store {
     clock: Arc<dyn Clock>,
     /// Key of the digests that stand in for secrets in content hashes.
     hash_key: HashKey,
+    /// Seals and opens certificates' private keys (`--secrets-key-file`).
+    secrets: Option<Arc<SecretsKey>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -106,6 +117,18 @@ impl Store {
 
     /// [`Store::open`] with an injected clock for `created_at`.
     pub async fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        Self::open_with(path, clock, None).await
+    }
+
+    /// [`Store::open_with_clock`] with the key that seals certificates'
+    /// private keys. Without one, a private key cannot be stored
+    /// ([`StoreError::NoSecretsKey`]). A database that already holds sealed
+    /// keys is opened only with their key: otherwise [`StoreError::WrongSecretsKey`].
+    pub async fn open_with(
+        path: &Path,
+        clock: Arc<dyn Clock>,
+        secrets: Option<SecretsKey>,
+    ) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -117,10 +140,12 @@ impl Store {
             .connect_with(options)
             .await?;
         migrator().run(&pool).await?;
-        let hash_key = load_or_make_hash_key(&pool).await?;
+        check_secrets_key(&pool, secrets.as_ref()).await?;
+        let secrets = secrets.map(Arc::new);
+        let hash_key = load_or_make_hash_key(&pool, secrets.as_deref()).await?;
         let latest = {
             let mut conn = pool.acquire().await?;
-            load_latest(&mut conn, &hash_key).await?
+            load_latest(&mut conn, &hash_key, secrets.as_deref()).await?
         };
         let (current, _) = watch::channel(Arc::new(latest));
         Ok(Store {
@@ -129,6 +154,7 @@ impl Store {
             current,
             clock,
             hash_key,
+            secrets,
         })
     }
 
@@ -158,7 +184,7 @@ impl Store {
     /// One version: 0 is the empty configuration; an unknown version is `NotFound`.
     pub async fn snapshot(&self, version: u64) -> Result<ConfigSnapshot, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        load_version(&mut conn, version, &self.hash_key).await
+        load_version(&mut conn, version, &self.hash_key, self.secrets.as_deref()).await
     }
 
     /// Metadata of the newest `limit` versions, newest first (`0` means [`DEFAULT_VERSION_LIMIT`]).
@@ -211,6 +237,7 @@ impl Store {
                 version,
                 committed: false,
                 changes: planned.changes,
+                warnings: planned.warnings,
             });
         }
         self.commit(Pending::Ready(Box::new(mutation)), options)
@@ -248,7 +275,9 @@ impl Store {
         if cached.version == latest {
             Ok(cached)
         } else {
-            Ok(Arc::new(load_latest(conn, &self.hash_key).await?))
+            Ok(Arc::new(
+                load_latest(conn, &self.hash_key, self.secrets.as_deref()).await?,
+            ))
         }
     }
 
@@ -286,10 +315,12 @@ impl Store {
             Pending::Ready(m) => *m,
             // Read the old version inside the transaction, like everything else.
             Pending::Rollback(version) => {
-                let old = load_version(&mut tx, version, &self.hash_key).await?;
+                let old =
+                    load_version(&mut tx, version, &self.hash_key, self.secrets.as_deref()).await?;
                 Mutation::Rollback {
                     version,
-                    content: Config::new(old.routes, old.upstreams),
+                    content: Config::new(old.routes, old.upstreams)
+                        .with_certificates(old.certificates),
                 }
             }
         };
@@ -303,6 +334,7 @@ impl Store {
                 version: current.version,
                 committed: false,
                 changes: planned.changes,
+                warnings: planned.warnings,
             });
         }
         let version = current.version + 1;
@@ -320,14 +352,35 @@ impl Store {
         .bind(author)
         .execute(&mut *tx)
         .await?;
+        if let Some(secrets) = &self.secrets
+            && planned
+                .config
+                .certificates
+                .iter()
+                .any(|c| !c.private_key_pem.is_empty())
+        {
+            // With the first sealed key: from now on only this key opens the database.
+            let (nonce, ciphertext) = secrets.check_value();
+            sqlx::query(
+                "INSERT OR IGNORE INTO secrets_key_check (id, nonce, ciphertext) VALUES (1, ?, ?)",
+            )
+            .bind(nonce)
+            .bind(ciphertext)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         tracing::info!(version, summary = %planned.summary, author, "committed configuration");
+        for warning in &planned.warnings {
+            tracing::warn!(version, %warning, "accepted with a warning");
+        }
         let snapshot = Arc::new(ConfigSnapshot {
             version,
             hash: planned.hash,
             routes: planned.config.routes,
             upstreams: planned.config.upstreams,
             api_keys: planned.config.api_keys,
+            certificates: planned.config.certificates,
             created_at,
             summary: planned.summary,
             author: author.to_owned(),
@@ -347,6 +400,7 @@ impl Store {
             version,
             committed: true,
             changes: planned.changes,
+            warnings: planned.warnings,
         })
     }
 }
@@ -362,9 +416,20 @@ impl Store {
     ) -> Result<Planned, StoreError> {
         let expected_version = options.expected_version;
         let key = self.hash_key.clone();
-        tokio::task::spawn_blocking(move || plan(&current, mutation, expected_version, &key))
-            .await
-            .map_err(|e| StoreError::Internal(format!("validation task failed: {e}")))?
+        let secrets = self.secrets.clone();
+        let now = now_utc(&*self.clock).timestamp();
+        tokio::task::spawn_blocking(move || {
+            plan(
+                &current,
+                mutation,
+                expected_version,
+                &key,
+                secrets.as_deref(),
+                now,
+            )
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("validation task failed: {e}")))?
     }
 }
 
@@ -382,25 +447,41 @@ struct Planned {
     hash: String,
     summary: String,
     changes: Vec<Change>,
+    warnings: Vec<String>,
     /// Same content as the current version.
     unchanged: bool,
 }
 
+/// Applies, validates, encodes (sealing private keys) and diffs a mutation;
+/// `now` (Unix seconds) dates the certificate warnings.
 fn plan(
     current: &ConfigSnapshot,
     mutation: Mutation,
     expected_version: Option<u64>,
     hash_key: &HashKey,
+    secrets: Option<&SecretsKey>,
+    now: i64,
 ) -> Result<Planned, StoreError> {
     check_expected(expected_version, current.version)?;
     let summary = mutation.fixed_summary();
     let old = ConfigRef::from(current);
-    let config = mutation.apply(old)?;
-    config.validate()?;
-    let encoded = config.encode();
+    let mut config = mutation.apply(old)?;
+    // Said before anything else: no certificate can be stored without the flag.
+    if secrets.is_none() && !config.certificates.is_empty() {
+        return Err(StoreError::NoSecretsKey);
+    }
+    let notes = config.validate()?;
+    let encoded = config.encode(secrets)?;
     let hash = config.hash(hash_key);
     let changes = changes::diff(old, config.view());
     let summary = summary.unwrap_or_else(|| format!("apply: {}", changes::summarize(&changes)));
+    // Warn about what this commit brings, not about every old certificate again.
+    let warnings = changes
+        .iter()
+        .filter(|c| c.kind == Kind::Certificate && c.action != Action::Removed)
+        .filter_map(|c| notes.iter().find(|n| n.name == c.name))
+        .flat_map(|n| n.warnings(now))
+        .collect();
     Ok(Planned {
         unchanged: hash == current.hash,
         config,
@@ -408,6 +489,7 @@ fn plan(
         hash,
         summary,
         changes,
+        warnings,
     })
 }
 
@@ -437,7 +519,43 @@ fn migrator() -> Migrator {
             AssertSqlSafe(include_str!("../migrations/0002_hash_key.sql")).into_sql_str(),
             false,
         ),
+        Migration::new(
+            3,
+            "certificates".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(include_str!("../migrations/0003_certificates.sql")).into_sql_str(),
+            false,
+        ),
     ])
+}
+
+/// Refuses to open a database whose private keys `secrets` cannot open: its
+/// check value was sealed with another key, or no key was given at all.
+async fn check_secrets_key(
+    pool: &SqlitePool,
+    secrets: Option<&SecretsKey>,
+) -> Result<(), StoreError> {
+    let row = sqlx::query("SELECT nonce, ciphertext FROM secrets_key_check WHERE id = 1")
+        .fetch_optional(pool)
+        .await?;
+    let Some(row) = row else {
+        return Ok(());
+    };
+    let nonce: Vec<u8> = row.try_get("nonce")?;
+    let ciphertext: Vec<u8> = row.try_get("ciphertext")?;
+    match secrets {
+        Some(key) if key.verifies(&nonce, &ciphertext) => Ok(()),
+        Some(_) => Err(StoreError::WrongSecretsKey(
+            "the --secrets-key-file key is not the one this database's private keys were \
+             encrypted with; start with the key file it was created with"
+                .into(),
+        )),
+        None => Err(StoreError::WrongSecretsKey(
+            "this database holds certificates' private keys encrypted with a secrets key; \
+             start with --secrets-key-file FILE (CONTROL_PLANE_SECRETS_KEY_FILE) naming that key"
+                .into(),
+        )),
+    }
 }
 
 /// The database's hash key. The first open of a database without one makes
@@ -445,7 +563,10 @@ fn migrator() -> Migrator {
 /// recomputes the hash of every stored version with it: those hashes were
 /// plain SHA-256 over the secrets. Each old hash is checked against its
 /// content first, so a corrupt row stops the open instead of being blessed.
-async fn load_or_make_hash_key(pool: &SqlitePool) -> Result<HashKey, StoreError> {
+async fn load_or_make_hash_key(
+    pool: &SqlitePool,
+    secrets: Option<&SecretsKey>,
+) -> Result<HashKey, StoreError> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let stored: Option<Vec<u8>> = sqlx::query_scalar("SELECT key FROM hash_key WHERE id = 1")
         .fetch_optional(&mut *tx)
@@ -483,7 +604,7 @@ async fn load_or_make_hash_key(pool: &SqlitePool) -> Result<HashKey, StoreError>
                 "version {version}: content does not match its hash"
             )));
         }
-        let config = Config::decode(&blob)
+        let config = Config::decode(&blob, secrets)
             .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
         sqlx::query("UPDATE config_versions SET hash = ? WHERE version = ?")
             .bind(config.hash(&key))
@@ -517,6 +638,7 @@ const SELECT_SNAPSHOT: &str =
 async fn load_latest(
     conn: &mut SqliteConnection,
     hash_key: &HashKey,
+    secrets: Option<&SecretsKey>,
 ) -> Result<ConfigSnapshot, StoreError> {
     let row = sqlx::query(AssertSqlSafe(format!(
         "{SELECT_SNAPSHOT} ORDER BY version DESC LIMIT 1"
@@ -524,7 +646,7 @@ async fn load_latest(
     .fetch_optional(&mut *conn)
     .await?;
     match row {
-        Some(row) => snapshot_from_row(&row, hash_key),
+        Some(row) => snapshot_from_row(&row, hash_key, secrets),
         None => Ok(version_zero(hash_key)),
     }
 }
@@ -533,6 +655,7 @@ async fn load_version(
     conn: &mut SqliteConnection,
     version: u64,
     hash_key: &HashKey,
+    secrets: Option<&SecretsKey>,
 ) -> Result<ConfigSnapshot, StoreError> {
     if version == 0 {
         return Ok(version_zero(hash_key));
@@ -544,16 +667,20 @@ async fn load_version(
     .fetch_optional(&mut *conn)
     .await?;
     match row {
-        Some(row) => snapshot_from_row(&row, hash_key),
+        Some(row) => snapshot_from_row(&row, hash_key, secrets),
         None => Err(StoreError::NotFound(format!("version {version} not found"))),
     }
 }
 
-fn snapshot_from_row(row: &SqliteRow, hash_key: &HashKey) -> Result<ConfigSnapshot, StoreError> {
+fn snapshot_from_row(
+    row: &SqliteRow,
+    hash_key: &HashKey,
+    secrets: Option<&SecretsKey>,
+) -> Result<ConfigSnapshot, StoreError> {
     let version = version_of(row)?;
     let blob: Vec<u8> = row.try_get("snapshot")?;
     let hash: String = row.try_get("hash")?;
-    let config = Config::decode(&blob)
+    let config = Config::decode(&blob, secrets)
         .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
     if config.hash(hash_key) != hash {
         return Err(StoreError::Corrupt(format!(
@@ -566,6 +693,7 @@ fn snapshot_from_row(row: &SqliteRow, hash_key: &HashKey) -> Result<ConfigSnapsh
         routes: config.routes,
         upstreams: config.upstreams,
         api_keys: config.api_keys,
+        certificates: config.certificates,
         created_at: row.try_get("created_at")?,
         summary: row.try_get("summary")?,
         author: row.try_get("author")?,
@@ -584,3 +712,6 @@ fn to_db(version: u64) -> Result<i64, StoreError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod certificate_tests;

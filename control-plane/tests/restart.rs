@@ -67,6 +67,7 @@ async fn make_history(cp: &CpProcess) {
             upstreams: vec![upstream("users"), upstream("orders")],
             dry_run: false,
             expected_version: None,
+            certificates: vec![],
         })
         .await
         .unwrap();
@@ -156,6 +157,7 @@ async fn kill_9_during_a_stream_of_commits_leaves_a_consistent_database() {
             upstreams: vec![upstream("users")],
             dry_run: false,
             expected_version: None,
+            certificates: vec![],
         })
         .await
         .unwrap();

@@ -155,6 +155,7 @@ pub fn config(data: &[u8]) {
         &snapshot.routes,
         &snapshot.upstreams,
         &snapshot.api_keys,
+        &snapshot.certificates,
         &key,
     );
     assert!(!hash.is_empty());

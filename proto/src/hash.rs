@@ -1,12 +1,13 @@
-//! Content hash of a configuration: the same routes, upstreams and API keys
-//! always give the same hash, whatever the version number or the order they
+//! Content hash of a configuration: the same routes, upstreams, API keys and
+//! certificates always give the same hash, whatever the version number or the order they
 //! were given in.
 //!
 //! The hash is shown to every viewer (`GetConfig`, `ListConfigVersions`) and
 //! by the data planes' unauthenticated ops `/config`, so it must not let
 //! anyone test a guess of a secret offline. Secrets are therefore never
 //! hashed as they are: each one (an upstream's `identity_signing_secret`, an
-//! API key's `key_sha256`) is first replaced by a keyed digest,
+//! API key's `key_sha256`, a certificate's `private_key_pem`) is first
+//! replaced by a keyed digest,
 //! `hex(HMAC-SHA256(key, field name || 0x00 || secret))`, under a [`HashKey`]
 //! that only the control plane holds. Changing only a secret still changes
 //! the hash (data planes see a new version and hash), while the hash of a
@@ -19,16 +20,17 @@ use hmac::{Hmac, KeyInit as _, Mac as _};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::v1::{ApiKey, Route, Upstream};
+use crate::v1::{ApiKey, Certificate, Route, Upstream};
 
 /// Bytes in a [`HashKey`].
 pub const HASH_KEY_LEN: usize = 32;
 
 /// Protobuf field numbers of `ConfigSnapshot` the hash covers, so the hashed
-/// bytes are those of a `ConfigSnapshot` holding only these three lists.
+/// bytes are those of a `ConfigSnapshot` holding only these four lists.
 const ROUTES_TAG: u32 = 3;
 const UPSTREAMS_TAG: u32 = 4;
 const API_KEYS_TAG: u32 = 8;
+const CERTIFICATES_TAG: u32 = 10;
 
 /// The secret key of the digests that stand in for secrets in
 /// [`config_hash`]: random, made once per configuration database and never
@@ -91,19 +93,35 @@ pub fn masked_api_key<'a>(k: &'a ApiKey, key: &HashKey) -> Cow<'a, ApiKey> {
     Cow::Owned(masked)
 }
 
+/// The certificate as it is hashed: `private_key_pem` replaced by its keyed
+/// digest, and the output-only `private_key_set` left out (it only restates
+/// whether there is a key).
+pub fn masked_certificate<'a>(c: &'a Certificate, key: &HashKey) -> Cow<'a, Certificate> {
+    if c.private_key_pem.is_empty() && !c.private_key_set {
+        return Cow::Borrowed(c);
+    }
+    let mut masked = c.clone();
+    masked.private_key_pem = key.secret_digest("private_key_pem", &c.private_key_pem);
+    masked.private_key_set = false;
+    Cow::Owned(masked)
+}
+
 /// Hex SHA-256 of the canonical encoding of a configuration with every
 /// secret replaced by its keyed digest ([`masked_upstream`],
-/// [`masked_api_key`]): the protobuf encoding of a `ConfigSnapshot` holding
-/// only the routes, upstreams and API keys, each list sorted by name.
+/// [`masked_api_key`], [`masked_certificate`]): the protobuf encoding of a
+/// `ConfigSnapshot` holding only the routes, upstreams, API keys and
+/// certificates, each list sorted by name. A configuration without
+/// certificates hashes as it did before they existed.
 ///
 /// prost encodes fields in tag order and this model has no maps, so the
 /// encoding (and therefore the hash) is deterministic. The lists are
 /// streamed into the digest one message at a time: nothing is copied but an
-/// upstream or key that has a secret.
+/// upstream, key or certificate that has a secret.
 pub fn config_hash(
     routes: &[Route],
     upstreams: &[Upstream],
     api_keys: &[ApiKey],
+    certificates: &[Certificate],
     key: &HashKey,
 ) -> String {
     let mut routes: Vec<&Route> = routes.iter().collect();
@@ -112,6 +130,8 @@ pub fn config_hash(
     upstreams.sort_by(|a, b| a.name.cmp(&b.name));
     let mut api_keys: Vec<&ApiKey> = api_keys.iter().collect();
     api_keys.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut certificates: Vec<&Certificate> = certificates.iter().collect();
+    certificates.sort_by(|a, b| a.name.cmp(&b.name));
 
     let mut digest = Sha256::new();
     let mut scratch = Vec::new();
@@ -132,6 +152,14 @@ pub fn config_hash(
             &mut scratch,
             API_KEYS_TAG,
             masked_api_key(k, key).as_ref(),
+        );
+    }
+    for c in certificates {
+        feed(
+            &mut digest,
+            &mut scratch,
+            CERTIFICATES_TAG,
+            masked_certificate(c, key).as_ref(),
         );
     }
     gateway_hex::encode(digest.finalize())
@@ -198,11 +226,11 @@ mod tests {
     #[test]
     fn order_does_not_matter_but_content_does() {
         let k = key(1);
-        let a = config_hash(&[route("a"), route("b")], &[], &[], &k);
-        let b = config_hash(&[route("b"), route("a")], &[], &[], &k);
+        let a = config_hash(&[route("a"), route("b")], &[], &[], &[], &k);
+        let b = config_hash(&[route("b"), route("a")], &[], &[], &[], &k);
         assert_eq!(a, b);
         assert_eq!(a.len(), 64);
-        let c = config_hash(&[route("a"), route("c")], &[], &[], &k);
+        let c = config_hash(&[route("a"), route("c")], &[], &[], &[], &k);
         assert_ne!(a, c);
     }
 
@@ -216,10 +244,13 @@ mod tests {
             ..Default::default()
         }];
         assert_eq!(
-            config_hash(&routes, &upstreams, &keys, &key(1)),
+            config_hash(&routes, &upstreams, &keys, &[], &key(1)),
             plain(&routes, &upstreams, &keys)
         );
-        assert_eq!(config_hash(&[], &[], &[], &key(1)), plain(&[], &[], &[]));
+        assert_eq!(
+            config_hash(&[], &[], &[], &[], &key(1)),
+            plain(&[], &[], &[])
+        );
     }
 
     #[test]
@@ -228,27 +259,28 @@ mod tests {
         let routes = [route("a")];
         let with = [upstream(secret)];
         let k = key(7);
-        let hash = config_hash(&routes, &with, &[], &k);
+        let hash = config_hash(&routes, &with, &[], &[], &k);
         // A new secret alone gives a new hash (data planes see the change).
         let other = config_hash(
             &routes,
             &[upstream("another-secret-of-32-characters-xx")],
             &[],
+            &[],
             &k,
         );
         assert_ne!(hash, other);
-        assert_ne!(hash, config_hash(&routes, &[upstream("")], &[], &k));
+        assert_ne!(hash, config_hash(&routes, &[upstream("")], &[], &[], &k));
         // Someone who guessed the secret right cannot confirm it: the plain
         // hash of the configuration with that secret is not what is shown...
         assert_ne!(hash, plain(&routes, &with, &[]));
         // ...nor is the hash under any other key (here: all zeros).
-        assert_ne!(hash, config_hash(&routes, &with, &[], &key(0)));
+        assert_ne!(hash, config_hash(&routes, &with, &[], &[], &key(0)));
         // ...nor the plain hash with the secret replaced by its unkeyed SHA-256.
         let mut unkeyed = upstream("");
         unkeyed.identity_signing_secret = plain_sha256(secret.as_bytes());
         assert_ne!(hash, plain(&routes, &[unkeyed], &[]));
         // The same key gives the same hash: stable across restarts.
-        assert_eq!(hash, config_hash(&routes, &with, &[], &key(7)));
+        assert_eq!(hash, config_hash(&routes, &with, &[], &[], &key(7)));
     }
 
     #[test]
@@ -263,12 +295,57 @@ mod tests {
         let a = [api_key(&"a".repeat(64))];
         let b = [api_key(&"b".repeat(64))];
         let k = key(3);
-        assert_ne!(config_hash(&[], &[], &a, &k), config_hash(&[], &[], &b, &k));
-        assert_ne!(config_hash(&[], &[], &a, &k), plain(&[], &[], &a));
+        assert_ne!(
+            config_hash(&[], &[], &a, &[], &k),
+            config_hash(&[], &[], &b, &[], &k)
+        );
+        assert_ne!(config_hash(&[], &[], &a, &[], &k), plain(&[], &[], &a));
         assert_eq!(
             masked_api_key(&a[0], &k).key_sha256,
             k.secret_digest("key_sha256", &"a".repeat(64))
         );
+    }
+
+    #[test]
+    fn certificate_keys_are_masked_and_certificates_hash_under_their_own_field() {
+        let cert = |pem: &str| Certificate {
+            name: "edge".into(),
+            sni_hosts: vec!["api.example.com".into()],
+            cert_chain_pem: "-----BEGIN CERTIFICATE-----".into(),
+            private_key_pem: pem.into(),
+            ..Default::default()
+        };
+        let k = key(4);
+        let with = [cert("-----BEGIN PRIVATE KEY-----\nsecret\n")];
+        let hash = config_hash(&[], &[], &[], &with, &k);
+        assert_ne!(hash, config_hash(&[], &[], &[], &[], &k));
+        assert_ne!(hash, config_hash(&[], &[], &[], &[cert("other")], &k));
+        // The key is masked: the plain encoding does not give the hash...
+        let plain_with = plain_sha256(
+            &ConfigSnapshot {
+                certificates: with.to_vec(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        assert_ne!(hash, plain_with);
+        // ...the masked one does, and private_key_set (output only) does not count.
+        let masked = masked_certificate(&with[0], &k).into_owned();
+        assert_eq!(
+            masked.private_key_pem,
+            k.secret_digest("private_key_pem", &with[0].private_key_pem)
+        );
+        let plain_masked = plain_sha256(
+            &ConfigSnapshot {
+                certificates: vec![masked.clone()],
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(hash, plain_masked);
+        let mut shown = with[0].clone();
+        shown.private_key_set = true;
+        assert_eq!(hash, config_hash(&[], &[], &[], &[shown], &k));
     }
 
     #[test]

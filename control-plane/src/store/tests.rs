@@ -97,7 +97,7 @@ async fn each_mutation_commits_the_next_version_with_its_metadata() {
     assert_eq!(v2.routes.len(), 1);
     assert_eq!(
         v2.hash,
-        gateway_proto::config_hash(&v2.routes, &v2.upstreams, &[], &store.hash_key)
+        gateway_proto::config_hash(&v2.routes, &v2.upstreams, &[], &[], &store.hash_key)
     );
     let cur = store.current();
     assert_eq!(cur.version, 3);
@@ -524,7 +524,7 @@ fn with_secret(name: &str, secret: &str) -> Upstream {
 /// The plain SHA-256 of a snapshot's stored bytes: what anyone who knows (or
 /// guesses) every secret could compute without the store's key.
 fn unkeyed(s: &ConfigSnapshot) -> String {
-    gateway_proto::hash::plain_sha256(&ConfigRef::from(s).to_config().encode())
+    gateway_proto::hash::plain_sha256(&ConfigRef::from(s).to_config().encode(None).unwrap())
 }
 
 #[tokio::test]
@@ -543,7 +543,7 @@ async fn a_secret_only_change_is_a_new_hash_that_reveals_nothing_of_it() {
     let zero_key = gateway_proto::hash::HashKey::from_bytes([0; 32]);
     assert_ne!(
         first.hash,
-        gateway_proto::config_hash(&first.routes, &first.upstreams, &[], &zero_key)
+        gateway_proto::config_hash(&first.routes, &first.upstreams, &[], &[], &zero_key)
     );
 
     // Rotating only the secret commits a new version with a new hash.

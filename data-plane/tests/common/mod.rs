@@ -142,6 +142,7 @@ impl FakeControlPlane {
             routes: snapshot.routes.clone(),
             upstreams: snapshot.upstreams.clone(),
             api_keys: snapshot.api_keys.clone(),
+            certificates: snapshot.certificates.clone(),
         };
         *self.last.lock() = Some(resp.clone());
         let _ = self.pushes.send(resp);
