@@ -145,7 +145,9 @@ pub fn config(data: &[u8]) {
     };
     let routes = gateway_proto::validate_config(&snapshot.routes, &snapshot.upstreams).map(drop);
     let keys = gateway_proto::validate::validate_api_keys(&snapshot.api_keys);
-    for refused in [&routes, &keys] {
+    let certificates =
+        gateway_proto::validate::validate_certificates(&snapshot.certificates).map(drop);
+    for refused in [&routes, &keys, &certificates] {
         if let Err(e) = refused {
             assert!(!e.problems.is_empty(), "a refusal says why");
         }
@@ -164,7 +166,10 @@ pub fn config(data: &[u8]) {
         &crate::config::Compiled::default(),
         gateway_transport::pool::PoolSettings::default(),
     );
-    match (routes.is_ok() && keys.is_ok(), compiled) {
+    match (
+        routes.is_ok() && keys.is_ok() && certificates.is_ok(),
+        compiled,
+    ) {
         (true, Err(e)) => panic!("a validated configuration does not compile: {e}"),
         (false, Ok(_)) => panic!("an invalid configuration compiles"),
         _ => {}

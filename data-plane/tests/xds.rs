@@ -201,3 +201,79 @@ async fn draining_answers_readyz_503_but_serves_until_the_delay_ends() {
     // And then the listener is gone.
     assert!(tokio::net::TcpStream::connect(proxy).await.is_err());
 }
+
+/// A certificate for `host` and its key, made now (no fixed PEM file that expires).
+fn certificate(name: &str, host: &str) -> gateway_proto::v1::Certificate {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let chain = rcgen::CertificateParams::new(vec![host.to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap()
+        .pem();
+    gateway_proto::v1::Certificate {
+        name: name.into(),
+        sni_hosts: vec![host.into()],
+        cert_chain_pem: chain,
+        private_key_pem: key.serialize_pem(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_with_certificates_is_acked_and_cached_and_a_bad_key_is_nacked() {
+    let up = TestUpstream::start("a").await;
+    let cache = tempfile::tempdir().unwrap();
+    let mut cp = FakeControlPlane::start().await;
+    let dp = start_data_plane(&cp.url(), cache.path(), &[]).await;
+    cp.next_request().await;
+
+    let edge = certificate("default", "localhost");
+    let mut good = snapshot(
+        1,
+        vec![route("api", "/api", "svc")],
+        vec![upstream("svc", &[("a", up.url())])],
+    );
+    good.certificates = vec![edge.clone(), certificate("api", "api.example.com")];
+    cp.push(&good, "n1");
+    assert_ack(&cp.next_request().await, "1", "n1");
+    assert_eq!(get(dp.proxy_addr(), "/api/x").await.0, StatusCode::OK);
+    // Kept with the snapshot (the HTTPS listener will need them), in the
+    // owner-only cache file.
+    let cached = std::fs::read_to_string(cache.path().join("config-snapshot.json")).unwrap();
+    let cached: gateway_proto::v1::ConfigSnapshot = serde_json::from_str(&cached).unwrap();
+    assert_eq!(cached.certificates.len(), 2);
+    assert_eq!(cached.certificates[0].private_key_pem, edge.private_key_pem);
+
+    // A key that is not the certificate's: NACKed with the reason, v1 stays.
+    let mut bad = snapshot(
+        2,
+        vec![route("api", "/api", "svc")],
+        vec![upstream("svc", &[("a", up.url())])],
+    );
+    let mut mismatched = certificate("default", "localhost");
+    mismatched.private_key_pem = certificate("x", "localhost").private_key_pem;
+    bad.certificates = vec![mismatched.clone()];
+    cp.push(&bad, "n2");
+    let nack = cp.next_request().await;
+    assert_eq!(
+        (nack.response_nonce.as_str(), nack.version_info.as_str()),
+        ("n2", "1")
+    );
+    assert!(
+        nack.error_detail.contains(
+            "certificate \"default\": private_key_pem does not match the public key of the certificate"
+        ),
+        "{}",
+        nack.error_detail
+    );
+    assert!(
+        !nack.error_detail.contains("PRIVATE KEY"),
+        "{}",
+        nack.error_detail
+    );
+    assert_eq!(get(dp.proxy_addr(), "/api/x").await.0, StatusCode::OK);
+    let (_, config) = ops(&dp, "/config").await;
+    assert!(config.contains("\"version\":1"), "{config}");
+    assert!(!config.contains("PRIVATE KEY"), "{config}");
+    dp.shutdown().await;
+}

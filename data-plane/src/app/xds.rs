@@ -281,6 +281,7 @@ async fn session(
             routes: resp.routes,
             upstreams: resp.upstreams,
             api_keys: resp.api_keys,
+            certificates: resp.certificates,
             ..Default::default()
         };
         let reply = match runtime.apply(snapshot, true).await {

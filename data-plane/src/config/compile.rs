@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use gateway_proto::spec::{RouteSpec, UpstreamSpec};
 use gateway_proto::v1::ConfigSnapshot;
-use gateway_proto::validate::validate_api_keys;
+use gateway_proto::validate::{validate_api_keys, validate_certificates};
 use gateway_proto::{ValidationError, validate_config};
 
 use super::{Compiled, RouteEntry, RoutePolicies, Target};
@@ -121,6 +121,9 @@ pub fn compile_with_members(
 ) -> Result<Compiled, CompileError> {
     let spec = validate_config(&snapshot.routes, &snapshot.upstreams)?;
     validate_api_keys(&snapshot.api_keys)?;
+    // TLS certificates are validated (chain, key, SNI hosts) so a snapshot the
+    // control plane accepted is ACKed, but not used yet: no HTTPS listener.
+    validate_certificates(&snapshot.certificates)?;
     let api_keys = ApiKeys::compile(&snapshot.api_keys)?;
 
     let old_instances: HashMap<&InstanceKey, &Arc<InstanceState>> = previous
