@@ -420,3 +420,100 @@ async fn rollback_commits_the_old_content_as_a_new_version() {
     assert_eq!(current_version(&cp).await, 5);
     let _: Value = ok(&cp, "ListConfigVersions", "{}").await;
 }
+
+/// What an operator pastes: a certificate and its key as PEM strings in the JSON.
+fn certificate_json(name: &str, host: &str, until: i32) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(until, 1, 1);
+    let pem = key.serialize_pem();
+    let json = serde_json::json!({
+        "certificate": {
+            "name": name,
+            "sniHosts": [host],
+            "certChainPem": params.self_signed(&key).unwrap().pem(),
+            "privateKeyPem": pem,
+        }
+    });
+    (json.to_string(), pem)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn certificates_upsert_get_list_delete_without_ever_showing_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("secrets.key");
+    std::fs::write(&key_file, "c3".repeat(32)).unwrap();
+    let cp = CpProcess::start(
+        &dir.path().join("cp.db"),
+        &["--secrets-key-file", key_file.to_str().unwrap()],
+    )
+    .await;
+    let out = grpcurl_raw(&cp, &[], &["describe", "gateway.v1.Certificate"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("string private_key_pem = 4;"), "{text}");
+    assert!(text.contains("string sha256_fingerprint = 8;"), "{text}");
+
+    let (edge, key) = certificate_json("edge", "api.example.com", 2100);
+    let r = ok(&cp, "UpsertCertificate", &edge).await;
+    assert_eq!(u64_field(&r, "version"), 1);
+    assert!(r.get("warnings").is_none(), "{r}");
+
+    let got = ok(&cp, "GetCertificate", r#"{"name": "edge"}"#).await;
+    assert_eq!(got["privateKeySet"], true);
+    assert!(got.get("privateKeyPem").is_none(), "{got}");
+    assert_eq!(got["notBefore"], "2020-01-01T00:00:00Z");
+    assert_eq!(got["notAfter"], "2100-01-01T00:00:00Z");
+    assert_eq!(
+        got["subjectAltNames"],
+        serde_json::json!(["api.example.com"])
+    );
+    let fingerprint = got["sha256Fingerprint"].as_str().unwrap();
+    assert!(
+        fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{fingerprint}"
+    );
+
+    let (old, _) = certificate_json("old", "old.example.com", 2021);
+    let r = ok(&cp, "UpsertCertificate", &old).await;
+    assert_eq!(u64_field(&r, "version"), 2);
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("certificate \"old\": expired at 2021-01-01T00:00:00Z"),
+        "{r}"
+    );
+    let list = ok(&cp, "ListCertificates", "{}").await;
+    assert_eq!(u64_field(&list, "version"), 2);
+    let names: Vec<&str> = list["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["edge", "old"]);
+    let config = ok(&cp, "GetConfig", "{}").await;
+    for text in [list.to_string(), config.to_string(), got.to_string()] {
+        assert!(!text.contains("PRIVATE KEY"), "{text}");
+        assert!(!text.contains(key.lines().nth(1).unwrap()), "{text}");
+    }
+
+    let e = call(
+        &cp,
+        "UpsertCertificate",
+        &edge.replace("BEGIN CERTIFICATE", "BEGIN CERTIFICATX"),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("Code: InvalidArgument"), "{e}");
+    assert!(e.contains("certificate \"edge\": cert_chain_pem"), "{e}");
+
+    let r = ok(&cp, "DeleteCertificate", r#"{"name": "old"}"#).await;
+    assert_eq!(u64_field(&r, "version"), 3);
+    let e = call(&cp, "GetCertificate", r#"{"name": "old"}"#)
+        .await
+        .unwrap_err();
+    assert!(e.contains("Code: NotFound"), "{e}");
+    assert!(e.contains("certificate \"old\" not found"), "{e}");
+}

@@ -1,5 +1,6 @@
 //! The library API: a control plane started in-process on an already bound
-//! listener, its metrics endpoint, and a graceful stop with open config streams.
+//! listener, its metrics endpoint (certificates' expiry included), and a
+//! graceful stop with open config streams.
 #![allow(
     clippy::unwrap_used,
     reason = "test code: unwrap stops the test where it failed"
@@ -96,6 +97,74 @@ async fn metrics_count_pushes_acks_and_connected_data_planes() {
     }
     assert!(http_get(metrics, "/nope").await.starts_with("HTTP/1.1 404"));
     drop(stream);
+    cp.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_show_each_certificates_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("secrets.key");
+    std::fs::write(&key_file, "5a".repeat(32)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp = ControlPlane::start_on(
+        listener,
+        Settings {
+            database: dir.path().join("cp.db"),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            secrets_key_file: Some(key_file),
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut admin = gateway_proto::v1::admin_service_client::AdminServiceClient::connect(format!(
+        "http://{}",
+        cp.local_addr()
+    ))
+    .await
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    for (name, year) in [("old", 2021), ("edge", 2100)] {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(vec![format!("{name}.example.com")]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(year, 1, 1);
+        admin
+            .upsert_certificate(gateway_proto::v1::UpsertCertificateRequest {
+                certificate: Some(gateway_proto::v1::Certificate {
+                    name: name.into(),
+                    sni_hosts: vec![format!("{name}.example.com")],
+                    cert_chain_pem: params.self_signed(&key).unwrap().pem(),
+                    private_key_pem: key.serialize_pem(),
+                    ..Default::default()
+                }),
+                expected_version: None,
+            })
+            .await
+            .unwrap();
+    }
+    let body = http_get(cp.metrics_addr().unwrap(), "/metrics").await;
+    let value = |name: &str| -> i64 {
+        let prefix = format!("control_plane_certificate_expiry_seconds{{name=\"{name}\"}} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no expiry of {name}:\n{body}"))
+            .parse()
+            .unwrap()
+    };
+    // 2021-01-01 and 2100-01-01 from now, give or take the seconds this test took.
+    let (old, edge) = (value("old"), value("edge"));
+    assert!((old - (1_609_459_200 - now)).abs() < 60, "{old}");
+    assert!(old < 0, "expired: negative");
+    assert!((edge - (4_102_444_800 - now)).abs() < 60, "{edge}");
+    assert!(
+        body.contains("# TYPE control_plane_certificate_expiry_seconds gauge"),
+        "{body}"
+    );
     cp.stop().await.unwrap();
 }
 

@@ -60,6 +60,7 @@ impl CpProcess {
             .args(extra_args)
             .env_remove("CONTROL_PLANE_SEED")
             .env_remove("CONTROL_PLANE_METRICS_LISTEN")
+            .env_remove("CONTROL_PLANE_SECRETS_KEY_FILE")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -98,6 +99,31 @@ impl CpProcess {
         let cp = CpProcess { child, addr, logs };
         cp.wait_serving().await;
         cp
+    }
+
+    /// Runs the binary on `db` expecting it to refuse to start: its exit
+    /// status and everything it wrote to stderr (failing after [`DEADLINE`]).
+    pub(crate) async fn start_fails(db: &Path, extra_args: &[&str]) -> (ExitStatus, String) {
+        let run = Command::new(env!("CARGO_BIN_EXE_control-plane"))
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--database")
+            .arg(db)
+            .args(extra_args)
+            .env_remove("CONTROL_PLANE_SEED")
+            .env_remove("CONTROL_PLANE_METRICS_LISTEN")
+            .env_remove("CONTROL_PLANE_SECRETS_KEY_FILE")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(DEADLINE, run)
+            .await
+            .expect("control-plane kept running; it should have refused to start")
+            .expect("running control-plane");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     async fn wait_serving(&self) {
