@@ -219,6 +219,9 @@ impl Stack {
             .database
             .clone()
             .unwrap_or_else(|| dir.join("control-plane.db"));
+        // Beside the database, so a persistent one keeps the key that opens its
+        // certificates' private keys.
+        let secrets_key = crate::secrets::secrets_key_file(&database)?;
         self.register(
             "control-plane",
             control_plane_bin,
@@ -229,6 +232,8 @@ impl Stack {
                 database.display().to_string(),
                 "--auth-tokens-file".into(),
                 self.tokens_file().display().to_string(),
+                "--secrets-key-file".into(),
+                secrets_key.display().to_string(),
             ]
             .into_iter()
             .chain(self.pki.iter().flat_map(|pki| {

@@ -1,12 +1,13 @@
 //! The stack's control-channel credentials: a random admin token and a random
 //! data-plane token, written to a tokens file (mode 0600) that the control
-//! plane reads with `--auth-tokens-file`. Data planes get their token through
+//! plane reads with `--auth-tokens-file`; and the control plane's
+//! `--secrets-key-file`, beside its database. Data planes get their token through
 //! the environment (`DP_CONTROL_PLANE_TOKEN`), never on a command line, so it
 //! shows up neither in `ps` nor in the "starting …" line of their log.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::StackError;
 
@@ -61,6 +62,20 @@ impl Tokens {
     }
 }
 
+/// The control plane's `--secrets-key-file` for `database`: `<database>.secrets-key`
+/// beside it, made (64 random hex digits, mode 0600) when missing and kept
+/// otherwise, so a persistent `--database` reopens with the key its
+/// certificates' private keys were encrypted with.
+pub(crate) fn secrets_key_file(database: &Path) -> Result<PathBuf, StackError> {
+    let mut name = database.as_os_str().to_owned();
+    name.push(".secrets-key");
+    let path = PathBuf::from(name);
+    if !path.exists() {
+        write_private(&path, &format!("{}\n", random_token()?))?;
+    }
+    Ok(path)
+}
+
 /// Writes `text` to a file only its owner can read (mode 0600).
 pub(crate) fn write_private(path: &Path, text: &str) -> Result<(), StackError> {
     std::fs::OpenOptions::new()
@@ -96,5 +111,22 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn the_secrets_key_lives_beside_the_database_and_is_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("cp.db");
+        let path = secrets_key_file(&db).unwrap();
+        assert_eq!(path, dir.path().join("cp.db.secrets-key"));
+        let key = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(key.trim().len(), 64);
+        assert!(key.trim().chars().all(|c| c.is_ascii_hexdigit()));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // The next stack on the same database gets the same key.
+        assert_eq!(secrets_key_file(&db).unwrap(), path);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), key);
     }
 }
