@@ -192,6 +192,7 @@ fn bench(c: &mut Criterion) {
                 dry_run: false,
                 expected_version: None,
                 certificates: Vec::new(),
+                clear_certificates: false,
             }
         })
         .collect();

@@ -190,10 +190,12 @@ impl AdminService for Admin {
             author: Some(author),
         };
         let config = Config::new(req.routes, req.upstreams).with_certificates(req.certificates);
-        let outcome = self
-            .store
-            .mutate(Mutation::Replace(config), &options)
-            .await?;
+        let mutation = if req.clear_certificates {
+            Mutation::ReplaceClearingCertificates(config)
+        } else {
+            Mutation::Replace(config)
+        };
+        let outcome = self.store.mutate(mutation, &options).await?;
         Ok(Response::new(ApplyConfigResponse {
             version: outcome.version,
             dry_run: req.dry_run,

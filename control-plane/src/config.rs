@@ -324,8 +324,13 @@ pub enum Mutation {
     UpsertUpstream(Upstream),
     /// Remove the upstream of that name; refused while a route uses it.
     DeleteUpstream(String),
-    /// Replace everything (`ApplyConfig`).
+    /// Replace everything (`ApplyConfig`). An empty certificate list keeps
+    /// the current certificates (clients that send none, or predate them,
+    /// never remove any); a non-empty one replaces them all.
     Replace(Config),
+    /// `ApplyConfig` with `clear_certificates`: replace everything and remove
+    /// every certificate (refused when the configuration lists any).
+    ReplaceClearingCertificates(Config),
     /// Make an old version's content current again (`RollbackConfig`).
     Rollback {
         /// The old version.
@@ -409,7 +414,20 @@ impl Mutation {
             }
             // Credentials are not routing configuration: the current API keys
             // stay, and signing secrets carry over by upstream name.
-            Mutation::Replace(config) => current.keep_credentials(config),
+            Mutation::Replace(mut config) => {
+                if config.certificates.is_empty() {
+                    config.certificates = current.certificates.to_vec();
+                }
+                current.keep_credentials(config)
+            }
+            Mutation::ReplaceClearingCertificates(config) => {
+                if !config.certificates.is_empty() {
+                    return Err(StoreError::Invalid(
+                        "certificates and clear_certificates cannot both be set".into(),
+                    ));
+                }
+                current.keep_credentials(config)
+            }
             // A rollback never brings back a credential: the old version's keys
             // and secrets are dropped before the current ones are carried over.
             // Certificates are configuration: the old ones come back with
@@ -481,7 +499,7 @@ impl Mutation {
             Mutation::DeleteRoute(n) => Some(format!("delete route \"{n}\"")),
             Mutation::UpsertUpstream(u) => Some(format!("upsert upstream \"{}\"", u.name)),
             Mutation::DeleteUpstream(n) => Some(format!("delete upstream \"{n}\"")),
-            Mutation::Replace(_) => None,
+            Mutation::Replace(_) | Mutation::ReplaceClearingCertificates(_) => None,
             Mutation::Rollback { version, .. } => Some(format!("rollback to version {version}")),
             Mutation::CreateApiKey(k) => Some(format!("create api key \"{}\"", k.name)),
             Mutation::RevokeApiKey(n) => Some(format!("revoke api key \"{n}\"")),

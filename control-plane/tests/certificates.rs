@@ -519,6 +519,39 @@ async fn apply_dry_run_compare_and_swap_and_rollback_cover_certificates() {
         .into_inner();
     assert_eq!(config.hash, v1.hash, "same content as version 1");
     assert_eq!(config.summary, "rollback to version 1");
+
+    // An ApplyConfig that lists no certificate keeps them (a client that
+    // predates certificates removes none); clear_certificates removes them.
+    let kept = admin
+        .apply_config(apply(vec![], false, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(kept.version, 4);
+    assert!(kept.changes.is_empty(), "{:?}", kept.changes);
+    let both = ApplyConfigRequest {
+        clear_certificates: true,
+        ..apply(vec![first.clone()], false, None)
+    };
+    let e = admin.apply_config(both).await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (
+            Code::InvalidArgument,
+            "certificates and clear_certificates cannot both be set"
+        )
+    );
+    let cleared = admin
+        .apply_config(ApplyConfigRequest {
+            clear_certificates: true,
+            ..apply(vec![], false, Some(4))
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cleared.version, 5);
+    assert_eq!(cleared.changes[0].action, "removed");
+    assert!(pushed(&cp, "dp-v5").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]

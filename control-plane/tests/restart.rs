@@ -68,6 +68,7 @@ async fn make_history(cp: &CpProcess) {
             dry_run: false,
             expected_version: None,
             certificates: vec![],
+            clear_certificates: false,
         })
         .await
         .unwrap();
@@ -158,6 +159,7 @@ async fn kill_9_during_a_stream_of_commits_leaves_a_consistent_database() {
             dry_run: false,
             expected_version: None,
             certificates: vec![],
+            clear_certificates: false,
         })
         .await
         .unwrap();

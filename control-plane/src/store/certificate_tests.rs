@@ -307,12 +307,42 @@ async fn apply_dry_run_and_compare_and_swap_cover_certificates() {
         .unwrap();
     assert_eq!((o.version, o.committed), (1, false));
     assert!(o.warnings.is_empty(), "nothing new to warn about");
-    // An ApplyConfig without certificates removes them.
+    // An ApplyConfig without certificates keeps them (clients that predate
+    // certificates never remove one); clearing them is explicit.
     let o = store
         .mutate(Mutation::Replace(Config::default()), &none())
         .await
         .unwrap();
+    assert_eq!((o.version, o.committed), (1, false));
+    assert_eq!(store.current().certificates.len(), 1);
+    let key = KeyPair::generate().unwrap();
+    let e = store
+        .mutate(
+            Mutation::ReplaceClearingCertificates(
+                Config::default().with_certificates(vec![issue(
+                    "new",
+                    "new.example.com",
+                    &key,
+                    2100,
+                )]),
+            ),
+            &none(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, StoreError::Invalid(m) if m == "certificates and clear_certificates cannot both be set"),
+        "{e}"
+    );
+    let o = store
+        .mutate(
+            Mutation::ReplaceClearingCertificates(Config::default()),
+            &none(),
+        )
+        .await
+        .unwrap();
     assert_eq!(o.version, 2);
+    assert!(store.current().certificates.is_empty());
     assert_eq!(
         (o.changes[0].kind, o.changes[0].action),
         (Kind::Certificate, Action::Removed)
