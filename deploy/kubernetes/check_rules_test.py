@@ -20,6 +20,7 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in deploy/kubernetes
 import check_rules  # noqa: E402
 
 RENDER = {"base": HERE, "demo": os.path.join(HERE, "overlays", "demo"),
