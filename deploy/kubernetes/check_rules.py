@@ -52,7 +52,8 @@ bracketed id starts each message; check_rules_test.py breaks each one on purpose
                      and those needed paths (and clients to the data planes) are open
   services           every Service selects some pod, and its named target ports exist there
   references         every in-cluster URL of the gateway's arguments, environment and seed
-                     configuration names a rendered Service and one of its ports
+                     configuration names a rendered Service and one of its ports; every $(VAR)
+                     names a variable defined before it in the same container
 
 Needs PyYAML (`pip install pyyaml`).
 """
@@ -830,7 +831,26 @@ class Checker:
         if ok is False:
             self.err("references", where, f"{url.split('@')[-1]}: no Service {host!r} with port {port}")
 
+    def check_var_refs(self, where, c):
+        """$(VAR) in env values, command and args: the kubelet expands only variables defined
+        earlier in the same container's env; anything else stays literally `$(VAR)`."""
+        defined = set()
+        for e in c.get("env") or []:
+            for ref in VAR_REF.findall(str(e.get("value") or "")):
+                if ref[2:-1] not in defined:
+                    self.err("references", where, f"env {e.get('name')} uses {ref}, which is not "
+                             "defined before it in the container's env (it would stay literal)")
+            defined.add(e.get("name"))
+        for a in (c.get("command") or []) + (c.get("args") or []):
+            for ref in VAR_REF.findall(str(a)):
+                if ref[2:-1] not in defined:
+                    self.err("references", where, f"argument {str(a)!r} uses {ref}, which the "
+                             "container's env does not define")
+
     def check_references(self):
+        for doc in self.workloads:
+            for c, _ in all_containers(pod_spec(doc)):
+                self.check_var_refs(f"{ident(doc)} container {c.get('name')}", c)
         url_options = {"data-plane": [("--control-plane", "DP_CONTROL_PLANE"), ("--jwks-url", "DP_JWKS_URL"),
                                       ("--redis-url", "DP_REDIS_URL")],
                        "auth-service": [("--redis-url", "AUTH_REDIS_URL")]}

@@ -556,6 +556,19 @@ class CheckRulesTest(unittest.TestCase):
         m.remove("Deployment", "users-1")
         self.assertCaught(m, "references", "upstream users")
 
+    def test_var_ref_before_definition(self):
+        m = self.manifests()
+        env = m.container("Deployment", "data-plane")["env"]
+        pw = [e for e in env if e["name"] == "GATEWAY_REDIS_PASSWORD"][0]
+        env.remove(pw)
+        env.append(pw)
+        self.assertCaught(m, "references", "env DP_REDIS_URL uses $(GATEWAY_REDIS_PASSWORD)")
+
+    def test_var_ref_undefined(self):
+        m = self.manifests()
+        m.env("Deployment", "auth-service", "AUTH_REDIS_URL")["value"] = "redis://:$(REDIS_PASSWORD)@redis:6379"
+        self.assertCaught(m, "references", "$(REDIS_PASSWORD)")
+
     def test_seed_discovery_missing_service(self):
         m = self.manifests()
         m.remove("Service", "orders")
