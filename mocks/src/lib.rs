@@ -40,8 +40,9 @@ pub mod identity;
 pub mod records;
 pub mod server;
 pub mod stats;
+pub mod tls;
 pub mod websocket;
 
 pub use config::{ConfigError, MockConfig, Service};
-pub use server::serve;
+pub use server::{serve, serve_tls};
 pub use stats::RequestStats;

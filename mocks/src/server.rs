@@ -1,4 +1,5 @@
-//! The accept loop: HTTP/1.1 and h2c on one listener, graceful shutdown.
+//! The accept loop: HTTP/1.1 and h2c on one listener (or, with TLS, HTTP/1.1
+//! and h2 over it), graceful shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use gateway_telemetry::Tracer;
 
@@ -19,12 +21,37 @@ use crate::stats::RequestStats;
 /// How long in-flight requests may take to finish after shutdown starts.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Serves `listener` until `shutdown` resolves, then stops accepting and
-/// lets open connections finish (at most [`SHUTDOWN_GRACE`]).
+/// How long a client gets to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `listener` (cleartext HTTP/1.1 and h2c) until `shutdown` resolves,
+/// then stops accepting and lets open connections finish (at most
+/// [`SHUTDOWN_GRACE`]).
 pub async fn serve(
     listener: TcpListener,
     config: MockConfig,
     tracer: Tracer,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_with(listener, config, tracer, None, shutdown).await
+}
+
+/// [`serve`] over TLS: each connection's handshake with `tls` first.
+pub async fn serve_tls(
+    listener: TcpListener,
+    config: MockConfig,
+    tracer: Tracer,
+    tls: TlsAcceptor,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_with(listener, config, tracer, Some(tls), shutdown).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    config: MockConfig,
+    tracer: Tracer,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let state = Arc::new((config, tracer, RequestStats::default()));
@@ -57,12 +84,29 @@ pub async fn serve(
                 Ok::<_, std::convert::Infallible>(handler::handle(config, tracer, stats, req).await)
             }
         });
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let Some(tls) = &tls else {
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+            continue;
+        };
+        let (tls, builder, watcher) = (tls.clone(), builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+                Err(_) => return tracing::debug!("TLS handshake timed out"),
+            };
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
