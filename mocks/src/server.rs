@@ -1,10 +1,12 @@
 //! The accept loop: HTTP/1.1 and h2c on one listener (or, with TLS, HTTP/1.1
 //! and h2 over it), graceful shutdown.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::Either;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -54,7 +56,9 @@ async fn serve_with(
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let state = Arc::new((config, tracer, RequestStats::default()));
+    let grpc = crate::grpc::routes(config.clone())
+        .map_err(|e| std::io::Error::other(format!("gRPC reflection descriptors: {e:?}")))?;
+    let state = Arc::new((config, tracer, RequestStats::default(), grpc));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A timer makes hyper enforce its header read timeout (slowloris).
     builder.http1().timer(TokioTimer::new());
@@ -77,11 +81,22 @@ async fn serve_with(
         };
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
-        let service = service_fn(move |req| {
+        let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let state = Arc::clone(&state);
             async move {
-                let (config, tracer, stats) = &*state;
-                Ok::<_, std::convert::Infallible>(handler::handle(config, tracer, stats, req).await)
+                let (config, tracer, stats, grpc) = &*state;
+                // gRPC calls (by content type) go to the Echo service, the rest to the HTTP mock.
+                let grpc_call = req
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                if grpc_call {
+                    let Ok(resp) = tower_service::Service::call(&mut grpc.clone(), req).await;
+                    return Ok::<_, Infallible>(resp.map(Either::Right));
+                }
+                Ok(handler::handle(config, tracer, stats, req)
+                    .await
+                    .map(Either::Left))
             }
         });
         let Some(tls) = &tls else {

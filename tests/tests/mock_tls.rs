@@ -150,3 +150,38 @@ async fn a_client_certificate_is_required_with_client_ca() {
     let refused = get(&addr, connector(&pki, &[b"h2"], false, MODERN)).await;
     assert!(refused.is_err(), "{refused:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_over_tls_with_a_client_certificate() {
+    use mock_service::grpc::v1::EchoRequest;
+    use mock_service::grpc::v1::echo_client::EchoClient;
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(dir.path()).unwrap();
+    let (addr, _stop) = start(&pki, true).await;
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(Certificate::from_pem(read(&pki.ca)))
+        .identity(Identity::from_pem(
+            read(&pki.client_cert),
+            read(&pki.client_key),
+        ));
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let reply = EchoClient::new(channel)
+        .unary(EchoRequest {
+            message: "over h2 and TLS".into(),
+            ..EchoRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.message, "over h2 and TLS");
+    assert_eq!(reply.instance, "orders-tls");
+}
