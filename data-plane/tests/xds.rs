@@ -202,6 +202,56 @@ async fn draining_answers_readyz_503_but_serves_until_the_delay_ends() {
     assert!(tokio::net::TcpStream::connect(proxy).await.is_err());
 }
 
+/// `--control-plane A,B`: the stream goes to one replica; when it dies, the
+/// data plane keeps serving, reconnects to the other, announces the version it
+/// serves and takes the other's later changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn fails_over_to_the_next_control_plane_endpoint() {
+    let up = TestUpstream::start("a").await;
+    let mut a = FakeControlPlane::start().await;
+    let mut b = FakeControlPlane::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let v1 = snapshot(
+        1,
+        vec![route("api", "/api", "svc")],
+        vec![upstream("svc", &[("a", up.url())])],
+    );
+    a.push(&v1, "a-1");
+    b.push(&v1, "b-1");
+    let endpoints = format!("{},{}", a.url(), b.url());
+    let dp = start_data_plane(&endpoints, cache.path(), &[]).await;
+
+    // The first endpoint is chosen at random: see which one the stream opened on.
+    let (mut first, mut other, nonce) = tokio::select! {
+        hello = a.next_request() => { assert!(hello.node.is_some()); (a, b, "a-1") }
+        hello = b.next_request() => { assert!(hello.node.is_some()); (b, a, "b-1") }
+    };
+    assert_ack(&first.next_request().await, "1", nonce);
+    assert_eq!(get(dp.proxy_addr(), "/api/x").await.0, StatusCode::OK);
+
+    // The replica dies; a change is committed on the other one meanwhile.
+    first.kill().await;
+    let v2 = snapshot(
+        2,
+        vec![route("api", "/api", "svc"), route("more", "/more", "svc")],
+        vec![upstream("svc", &[("a", up.url())])],
+    );
+    other.push(&v2, "other-2");
+    // Still serving what it has.
+    assert_eq!(get(dp.proxy_addr(), "/api/x").await.0, StatusCode::OK);
+
+    let hello = other.next_request().await;
+    assert_eq!(
+        hello.version_info, "1",
+        "the reconnect announces the served version"
+    );
+    assert_ack(&other.next_request().await, "2", "other-2");
+    assert_eq!(get(dp.proxy_addr(), "/more/x").await.0, StatusCode::OK);
+    let (_, config) = ops(&dp, "/config").await;
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["version"], 2);
+}
+
 /// A certificate for `host` and its key, made now (no fixed PEM file that expires).
 fn certificate(name: &str, host: &str) -> gateway_proto::v1::Certificate {
     let key = rcgen::KeyPair::generate().unwrap();

@@ -3,6 +3,7 @@
 //! `FAIL_STATUS`, `DELAY_MS`, `DRAIN_DELAY_MS`) are parsed by [`crate::config`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::Parser;
 use gateway_telemetry::LogFormat;
@@ -31,4 +32,15 @@ pub struct Args {
     /// visible in `ps`.
     #[arg(long, env = "MOCK_IDENTITY_SECRET", hide_env_values = true)]
     pub identity_secret: Option<String>,
+    /// PEM certificate chain: serve HTTPS (TLS 1.2 and 1.3, ALPN h2 and http/1.1) instead of
+    /// cleartext HTTP/1.1 and h2c (needs --tls-key).
+    #[arg(long, env = "MOCK_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "MOCK_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: with --tls-cert, require a client certificate signed by it (an upstream
+    /// that wants mTLS).
+    #[arg(long, env = "MOCK_CLIENT_CA", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
 }

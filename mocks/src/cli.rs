@@ -43,6 +43,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     let tracer = Tracer::from_env(config.service.name(), Some(&config.instance_id))?;
 
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(crate::tls::acceptor(cert, key, args.client_ca.as_deref())?)
+        }
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -53,6 +59,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         fail_rate,
         delay_ms = delay.as_millis() as u64,
         verifies_identity = config.identity.is_some(),
+        tls = tls.is_some(),
+        client_certificates = args.client_ca.is_some(),
         "mock-service listening"
     );
     let draining = config.clone();
@@ -68,7 +76,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             tokio::time::sleep(drain).await;
         }
     };
-    crate::serve(listener, config, tracer.clone(), shutdown).await?;
+    match tls {
+        None => crate::serve(listener, config, tracer.clone(), shutdown).await?,
+        Some(tls) => crate::serve_tls(listener, config, tracer.clone(), tls, shutdown).await?,
+    }
     // Flushing spans blocks; keep it off the async workers.
     tokio::task::spawn_blocking(move || tracer.shutdown(Duration::from_secs(2))).await??;
     tracing::info!("mock-service stopped");

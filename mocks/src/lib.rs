@@ -26,6 +26,10 @@
 //!
 //! Every response carries `X-Instance-Id`.
 //!
+//! The same port serves the gRPC service `mock.v1.Echo` ([`grpc`]) to calls
+//! whose `content-type` is `application/grpc…`, and HTTPS instead of
+//! cleartext with `--tls-cert` ([`tls`]).
+//!
 //! With `--identity-secret` / `MOCK_IDENTITY_SECRET`, every request but
 //! `/health` and `/stats` must carry a valid, fresh, never replayed `X-Gateway-Signature`
 //! ([`identity`]); otherwise it is answered 401 with the reason.
@@ -34,14 +38,16 @@ pub mod args;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod grpc;
 pub mod handler;
 pub mod hooks;
 pub mod identity;
 pub mod records;
 pub mod server;
 pub mod stats;
+pub mod tls;
 pub mod websocket;
 
 pub use config::{ConfigError, MockConfig, Service};
-pub use server::serve;
+pub use server::{serve, serve_tls};
 pub use stats::RequestStats;

@@ -4,7 +4,7 @@
 //! outside clap ([`OTHER_ENVIRONMENT`]).
 //!
 //! `tests/tests/flags_reference.rs` renders the commands of `control-plane`,
-//! `data-plane`, `auth-service`, `mock-service` and `devstack` with
+//! `data-plane`, `auth-service`, `mock-service`, `devstack` and `gatewayctl` with
 //! [`render`] and fails when `docs/flags.md` differs; with `UPDATE_DOCS=1` it
 //! writes the file instead. The same test checks that every variable the
 //! binaries read with `std::env::var` (and the compose file's `${…}`) is in
@@ -166,6 +166,14 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
                 meaning: "Where `redis-server` (and the other tools devstack runs) are looked for.",
             },
         ],
+    },
+    EnvGroup {
+        title: "gatewayctl",
+        vars: &[EnvVar {
+            name: "GATEWAY_TOKEN",
+            read_by: "gatewayctl",
+            meaning: "The control plane's bearer token; when set and not empty it is used instead of `--token-file` (an admin token for `diff`, `apply` and `rollback`: `diff` is the control plane's ApplyConfig dry run; a viewer token is enough for `dump` and `status`).",
+        }],
     },
     EnvGroup {
         title: "Compose file (`docker-compose.yml`, `.env`) and container entrypoint",

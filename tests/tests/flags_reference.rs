@@ -32,6 +32,7 @@ fn generated() -> String {
         auth_service::args::Cli::command(),
         mock_service::args::Args::command(),
         devstack::args::Cli::command(),
+        gatewayctl::Args::command(),
     ])
 }
 
@@ -69,6 +70,7 @@ const SOURCE_DIRS: &[&str] = &[
     "auth-service/src",
     "mocks/src",
     "devstack/src",
+    "gatewayctl/src",
     "telemetry/src",
     "redis/src",
     "proto/src",
@@ -278,6 +280,7 @@ fn every_switch_set_from_the_environment_takes_1_yes_and_true() {
         auth_service::args::Cli::command(),
         mock_service::args::Args::command(),
         devstack::args::Cli::command(),
+        gatewayctl::Args::command(),
     ] {
         let mut command = command;
         command.build();

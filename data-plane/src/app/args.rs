@@ -32,7 +32,10 @@ pub struct Args {
     #[arg(long, env = "DP_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
 
-    /// Control plane gRPC URL.
+    /// Control plane gRPC URL, or several separated by commas (replicas of one control plane,
+    /// all http:// or all https://): the config stream uses one and, when it breaks, reconnects
+    /// to the next, with backoff and jitter. A host name with several addresses is tried
+    /// address by address.
     #[arg(long, env = "DP_CONTROL_PLANE", default_value = DEFAULT_CONTROL_PLANE)]
     pub control_plane: String,
 
@@ -267,9 +270,32 @@ impl Args {
                 return invalid(flag, "must be greater than 0");
             }
         }
-        if !self.control_plane.starts_with("http://") && !self.control_plane.starts_with("https://")
+        let endpoints = self.control_planes();
+        if endpoints.iter().any(|u| u.is_empty()) {
+            return invalid(
+                "control-plane",
+                "has an empty entry in its comma-separated list",
+            );
+        }
+        if endpoints
+            .iter()
+            .any(|u| !u.starts_with("http://") && !u.starts_with("https://"))
         {
             return invalid("control-plane", "must be an http:// or https:// URL");
+        }
+        let https_count = endpoints
+            .iter()
+            .filter(|u| u.starts_with("https://"))
+            .count();
+        if https_count != 0 && https_count != endpoints.len() {
+            return invalid(
+                "control-plane",
+                "mixes http:// and https:// URLs; every endpoint must use the same scheme",
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        if endpoints.iter().any(|u| !seen.insert(*u)) {
+            return invalid("control-plane", "lists the same URL twice");
         }
         if self.workers > 1024 {
             return invalid("workers", "must be at most 1024 (0 means one per core)");
@@ -277,7 +303,7 @@ impl Args {
         if self.ratelimit_timeout_ms == 0 {
             return invalid("ratelimit-timeout-ms", "must be greater than 0");
         }
-        let https = self.control_plane.starts_with("https://");
+        let https = https_count != 0;
         if https && self.control_plane_ca.is_none() {
             return invalid(
                 "control-plane-ca",
@@ -314,6 +340,11 @@ impl Args {
             .clone()
             .map(|url| RedisTarget::new(url, self.redis_ca.as_deref()))
             .transpose()
+    }
+
+    /// The control plane endpoints of `--control-plane`, in order.
+    pub fn control_planes(&self) -> Vec<&str> {
+        self.control_plane.split(',').map(str::trim).collect()
     }
 
     /// The node id: `--node-id`, or `hostname-pid`.
@@ -559,5 +590,29 @@ mod tests {
             node.ends_with(&format!("-{}", std::process::id())),
             "{node}"
         );
+    }
+
+    #[test]
+    fn several_control_plane_endpoints() {
+        let parse = |v: &str| Args::try_parse_from(["data-plane", "--control-plane", v]).unwrap();
+        let a = parse("http://cp-1:50051, http://cp-2:50051,http://cp-3:50051");
+        a.validate().unwrap();
+        assert_eq!(
+            a.control_planes(),
+            [
+                "http://cp-1:50051",
+                "http://cp-2:50051",
+                "http://cp-3:50051"
+            ]
+        );
+        for (bad, says) in [
+            ("http://cp-1:1,", "empty entry"),
+            ("http://cp-1:1,cp-2:1", "http:// or https://"),
+            ("http://cp-1:1,https://cp-2:1", "same scheme"),
+            ("http://cp-1:1,http://cp-1:1", "same URL twice"),
+        ] {
+            let e = parse(bad).validate().unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 }

@@ -255,7 +255,11 @@ impl DataPlane {
         let xds = tokio::spawn(xds::run(
             runtime.clone(),
             XdsSettings {
-                url: args.control_plane.clone(),
+                urls: args
+                    .control_planes()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
                 node,
                 token: args.control_plane_token.clone(),
                 tls: control_plane_tls,

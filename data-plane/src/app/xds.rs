@@ -8,7 +8,11 @@
 //!
 //! When the stream fails or ends, the client reconnects with jittered
 //! exponential backoff, 0.5 s doubling to 30 s, reset when a stream delivers its
-//! first message. Meanwhile the data plane keeps serving what it has.
+//! first message. Meanwhile the data plane keeps serving what it has. With
+//! several control plane endpoints (replicas), each reconnect goes to the
+//! next one in the list, round the list, so a replica that died is left at
+//! the first failure; the first endpoint tried is chosen at random, so a
+//! fleet of data planes spreads over the replicas.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -90,8 +94,8 @@ impl Backoff {
 /// Where to connect and who we are.
 #[derive(Debug, Clone)]
 pub struct XdsSettings {
-    /// Control plane URL, e.g. `http://127.0.0.1:50051`.
-    pub url: String,
+    /// Control plane URLs (one or more replicas), e.g. `http://127.0.0.1:50051`.
+    pub urls: Vec<String>,
     /// This data plane's identity.
     pub node: Node,
     /// Sent as `authorization: Bearer TOKEN` (redacted in `Debug`).
@@ -157,8 +161,18 @@ pub fn client_tls(
 pub async fn run(runtime: Arc<Runtime>, settings: XdsSettings) {
     let mut backoff = Backoff::default();
     let mut failures = 0u32;
+    let mut next = if settings.urls.len() > 1 {
+        rand::rng().random_range(0..settings.urls.len())
+    } else {
+        0
+    };
     loop {
-        let result = session(&runtime, &settings, &mut backoff).await;
+        let Some(url) = settings.urls.get(next % settings.urls.len().max(1)) else {
+            tracing::error!("no control plane endpoint to connect to");
+            return;
+        };
+        next = next.wrapping_add(1);
+        let result = session(&runtime, &settings, url, &mut backoff).await;
         let was_connected = runtime
             .metrics
             .control_plane_connected
@@ -167,7 +181,7 @@ pub async fn run(runtime: Arc<Runtime>, settings: XdsSettings) {
             let error = error_chain(&e);
             // Log the first failure loudly; repeats while the control plane stays down quietly.
             if was_connected || failures == 0 {
-                tracing::warn!(%error, url = %settings.url, serving = %served_version(&runtime),
+                tracing::warn!(%error, %url, serving = %served_version(&runtime),
                     "control plane unavailable; serving the configuration already loaded (if any)");
             } else {
                 tracing::debug!(%error, "control plane still unavailable");
@@ -206,11 +220,12 @@ fn served_version(runtime: &Runtime) -> String {
 async fn session(
     runtime: &Runtime,
     settings: &XdsSettings,
+    url: &str,
     backoff: &mut Backoff,
 ) -> Result<(), XdsError> {
-    let endpoint = Endpoint::from_shared(settings.url.clone())
+    let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|source| XdsError::Url {
-            url: settings.url.clone(),
+            url: url.to_owned(),
             source,
         })?
         .connect_timeout(Duration::from_secs(5))
@@ -266,7 +281,7 @@ async fn session(
         .metrics
         .control_plane_connects
         .fetch_add(1, Ordering::Relaxed);
-    tracing::info!(url = %settings.url, node = %settings.node.id, "config stream open");
+    tracing::info!(%url, node = %settings.node.id, "config stream open");
     let mut first = true;
     while let Some(resp) = inbound.message().await? {
         if first {

@@ -68,6 +68,8 @@ struct CpService {
     pushes: broadcast::Sender<ConfigResponse>,
     last: Arc<Mutex<Option<ConfigResponse>>>,
     requests: mpsc::UnboundedSender<ConfigRequest>,
+    /// Turns true when the control plane is killed: every open stream ends.
+    killed: tokio::sync::watch::Receiver<bool>,
 }
 
 #[tonic::async_trait]
@@ -87,7 +89,13 @@ impl ConfigDiscoveryService for CpService {
         });
         let later = BroadcastStream::new(self.pushes.subscribe()).filter_map(|r| async { r.ok() });
         let first = self.last.lock().clone();
-        let stream = futures::stream::iter(first).chain(later).map(Ok);
+        let mut killed = self.killed.clone();
+        let stream = futures::stream::iter(first)
+            .chain(later)
+            .map(Ok)
+            .take_until(async move {
+                let _ = killed.wait_for(|k| *k).await;
+            });
         Ok(tonic::Response::new(Box::pin(stream)))
     }
 }
@@ -98,6 +106,7 @@ pub struct FakeControlPlane {
     pushes: broadcast::Sender<ConfigResponse>,
     last: Arc<Mutex<Option<ConfigResponse>>>,
     requests: mpsc::UnboundedReceiver<ConfigRequest>,
+    killed: tokio::sync::watch::Sender<bool>,
     server: JoinHandle<()>,
 }
 
@@ -108,10 +117,12 @@ impl FakeControlPlane {
         let (pushes, _) = broadcast::channel(16);
         let last = Arc::new(Mutex::new(None));
         let (tx, requests) = mpsc::unbounded_channel();
+        let (killed, killed_rx) = tokio::sync::watch::channel(false);
         let svc = CpService {
             pushes: pushes.clone(),
             last: last.clone(),
             requests: tx,
+            killed: killed_rx,
         };
         let server = tokio::spawn(async move {
             tonic::transport::Server::builder()
@@ -125,6 +136,7 @@ impl FakeControlPlane {
             pushes,
             last,
             requests,
+            killed,
             server,
         }
     }
@@ -156,8 +168,10 @@ impl FakeControlPlane {
             .expect("control plane request channel open")
     }
 
-    /// Stops serving and drops every connection, like a killed process.
+    /// Stops serving and ends every open stream, like a killed process (the
+    /// listener closes, so reconnecting fails).
     pub async fn kill(self) {
+        let _ = self.killed.send(true);
         self.server.abort();
         let _ = self.server.await;
     }

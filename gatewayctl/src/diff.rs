@@ -1,0 +1,211 @@
+//! `diff`'s per-field view of the changes an `ApplyConfig` dry run reports:
+//! the control plane says which routes and upstreams would be added, updated
+//! or removed (it is the authority); this shows which fields differ, from
+//! the current configuration and the file, both in the proto's JSON mapping.
+//! Secrets are never shown: the control plane never returns them, and a file's
+//! are replaced by `<secret>`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use gateway_proto::v1::{ResourceChange, Route, Upstream};
+use serde_json::Value;
+
+/// Fields of an upstream that hold a secret, or say whether one is set
+/// (output only): not compared as values.
+const SECRET: &str = "identitySigningSecret";
+const SECRET_SET: &str = "identitySigningSecretSet";
+
+/// The current and the desired resources, by kind and name.
+#[derive(Debug, Default)]
+pub struct Sides {
+    current: BTreeMap<(&'static str, String), Value>,
+    desired: BTreeMap<(&'static str, String), Value>,
+}
+
+impl Sides {
+    /// The current configuration's resources and the file's.
+    pub fn new(current: (&[Route], &[Upstream]), desired: (&[Route], &[Upstream])) -> Self {
+        let mut sides = Sides::default();
+        for (map, (routes, upstreams)) in
+            [(&mut sides.current, current), (&mut sides.desired, desired)]
+        {
+            for r in routes {
+                map.insert(("route", r.name.clone()), to_json(r));
+            }
+            for u in upstreams {
+                map.insert(("upstream", u.name.clone()), masked(to_json(u)));
+            }
+        }
+        sides
+    }
+
+    /// The changes, one block each: `+`, `-` or `~`, the kind and name, then
+    /// one indented line per field.
+    pub fn render(&self, changes: &[ResourceChange]) -> String {
+        let mut out = String::new();
+        for c in changes {
+            let kind: &'static str = if c.kind == "upstream" {
+                "upstream"
+            } else {
+                "route"
+            };
+            let key = (kind, c.name.clone());
+            let (mark, old, new) = match c.action.as_str() {
+                "added" => ('+', None, self.desired.get(&key)),
+                "removed" => ('-', self.current.get(&key), None),
+                _ => ('~', self.current.get(&key), self.desired.get(&key)),
+            };
+            let _ = writeln!(out, "{mark} {} \"{}\"", c.kind, c.name);
+            let old = old.map(leaves).unwrap_or_default();
+            let new = new.map(leaves).unwrap_or_default();
+            let mut shown = 0;
+            match mark {
+                '+' => {
+                    for (path, v) in &new {
+                        let _ = writeln!(out, "    {path}: {v}");
+                    }
+                }
+                '-' => {}
+                _ => {
+                    let paths: std::collections::BTreeSet<&String> =
+                        old.keys().chain(new.keys()).collect();
+                    for path in paths {
+                        let (a, b) = (old.get(path), new.get(path));
+                        if a != b {
+                            shown += 1;
+                            let _ = writeln!(out, "    {path}: {} → {}", text(a), text(b));
+                        }
+                    }
+                    if shown == 0 {
+                        // What differs is not visible from here: a secret.
+                        let _ = writeln!(
+                            out,
+                            "    (no field differs that can be shown: a secret changes)"
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A message in the proto's JSON mapping (default values left out).
+fn to_json<T: serde::Serialize>(message: &T) -> Value {
+    serde_json::to_value(message).unwrap_or(Value::Null)
+}
+
+/// An upstream with its secret as `<secret>` and the output-only field gone.
+fn masked(mut upstream: Value) -> Value {
+    if let Value::Object(map) = &mut upstream {
+        map.remove(SECRET_SET);
+        if let Some(v) = map.get_mut(SECRET) {
+            *v = Value::String("<secret>".into());
+        }
+    }
+    upstream
+}
+
+/// Every leaf of `value` by its path (`rateLimits[0].limit`); a list of
+/// scalars is one leaf.
+fn leaves(value: &Value) -> BTreeMap<String, String> {
+    fn walk(value: &Value, path: String, out: &mut BTreeMap<String, String>) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(v, p, out);
+                }
+            }
+            Value::Array(items) if items.iter().any(|i| i.is_object() || i.is_array()) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(v, format!("{path}[{i}]"), out);
+                }
+            }
+            other => {
+                out.insert(path, other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(value, String::new(), &mut out);
+    out
+}
+
+fn text(v: Option<&String>) -> &str {
+    v.map_or("(unset)", String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gateway_proto::v1::RateLimit;
+
+    fn change(kind: &str, name: &str, action: &str) -> ResourceChange {
+        ResourceChange {
+            kind: kind.into(),
+            name: name.into(),
+            action: action.into(),
+        }
+    }
+
+    #[test]
+    fn fields_that_differ_are_shown_and_secrets_never() {
+        let old_route = Route {
+            name: "users".into(),
+            path_prefix: "/api/users".into(),
+            timeout_ms: 1500,
+            rate_limits: vec![RateLimit {
+                policy: "p".into(),
+                limit: 20,
+                ..RateLimit::default()
+            }],
+            ..Route::default()
+        };
+        let mut new_route = old_route.clone();
+        new_route.timeout_ms = 2000;
+        new_route.rate_limits[0].limit = 40;
+        new_route.methods = vec!["GET".into()];
+        let old_up = Upstream {
+            name: "u".into(),
+            identity_signing_secret_set: true,
+            ..Upstream::default()
+        };
+        let new_up = Upstream {
+            name: "u".into(),
+            identity_signing_secret: "hunter2hunter2hunter2hunter2hunter2".into(),
+            ..Upstream::default()
+        };
+        let added = Route {
+            name: "new".into(),
+            path_prefix: "/n".into(),
+            ..Route::default()
+        };
+        let sides = Sides::new(
+            (
+                std::slice::from_ref(&old_route),
+                std::slice::from_ref(&old_up),
+            ),
+            (&[new_route, added], &[new_up]),
+        );
+        let text = sides.render(&[
+            change("route", "new", "added"),
+            change("route", "users", "updated"),
+            change("route", "gone", "removed"),
+            change("upstream", "u", "updated"),
+        ]);
+        assert_eq!(
+            text,
+            "+ route \"new\"\n    name: \"new\"\n    pathPrefix: \"/n\"\n\
+             ~ route \"users\"\n    methods: (unset) → [\"GET\"]\n    rateLimits[0].limit: 20 → 40\n    timeoutMs: 1500 → 2000\n\
+             - route \"gone\"\n\
+             ~ upstream \"u\"\n    identitySigningSecret: (unset) → \"<secret>\"\n"
+        );
+        assert!(!text.contains("hunter2"));
+    }
+}
