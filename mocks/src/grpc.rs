@@ -35,7 +35,7 @@ pub struct EchoService {
     config: MockConfig,
 }
 
-/// The routes of the gRPC side: Echo and reflection. `None` when the
+/// The routes of the gRPC side: Echo and reflection; an error when the
 /// reflection descriptors are broken (a build problem).
 pub fn routes(config: MockConfig) -> Result<Routes, tonic_reflection::server::Error> {
     let reflection_v1 = tonic_reflection::server::Builder::configure()
