@@ -11,7 +11,7 @@ use serde_json::Value;
 pub fn yaml(value: &Value) -> String {
     let mut out = String::new();
     match value {
-        Value::Object(map) if !map.is_empty() => mapping(&mut out, map, 0),
+        Value::Object(map) if !map.is_empty() => mapping(&mut out, map, 0, false),
         Value::Array(list) if !list.is_empty() => sequence(&mut out, list, 0),
         other => {
             out.push_str(&scalar(other));
@@ -34,9 +34,18 @@ fn entries(map: &serde_json::Map<String, Value>) -> impl Iterator<Item = (&Strin
         .chain(map.iter().filter(|(k, _)| k.as_str() != "name"))
 }
 
-fn mapping(out: &mut String, map: &serde_json::Map<String, Value>, depth: usize) {
-    for (key, value) in entries(map) {
-        indent(out, depth);
+/// `map`'s entries at `depth`; with `first_inline`, the first continues the
+/// current line (a list item's `- `).
+fn mapping(
+    out: &mut String,
+    map: &serde_json::Map<String, Value>,
+    depth: usize,
+    first_inline: bool,
+) {
+    for (i, (key, value)) in entries(map).enumerate() {
+        if i > 0 || !first_inline {
+            indent(out, depth);
+        }
         out.push_str(&key_text(key));
         out.push(':');
         after_key(out, value, depth);
@@ -48,7 +57,7 @@ fn after_key(out: &mut String, value: &Value, depth: usize) {
     match value {
         Value::Object(map) if !map.is_empty() => {
             out.push('\n');
-            mapping(out, map, depth + 1);
+            mapping(out, map, depth + 1, false);
         }
         Value::Array(list) if !list.is_empty() => {
             out.push('\n');
@@ -67,30 +76,13 @@ fn sequence(out: &mut String, list: &[Value], depth: usize) {
         indent(out, depth);
         out.push('-');
         match item {
+            // The first key on the dash's line, the rest under it.
             Value::Object(map) if !map.is_empty() => {
-                // The first key on the dash's line, the rest under it.
-                let mut first = true;
-                for (key, value) in entries(map) {
-                    if first {
-                        out.push(' ');
-                        first = false;
-                    } else {
-                        indent(out, depth + 1);
-                    }
-                    out.push_str(&key_text(key));
-                    out.push(':');
-                    after_key(out, value, depth + 1);
-                }
-            }
-            Value::Array(inner) if !inner.is_empty() => {
-                out.push('\n');
-                sequence(out, inner, depth + 1);
-            }
-            other => {
                 out.push(' ');
-                out.push_str(&scalar(other));
-                out.push('\n');
+                mapping(out, map, depth + 1, true);
             }
+            // A nested list or a scalar follows `-` as it follows `key:`.
+            other => after_key(out, other, depth),
         }
     }
 }
