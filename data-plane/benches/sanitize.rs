@@ -25,6 +25,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use data_plane::policy::sanitize::{Strip, ensure_request_id, remove_hop_by_hop, set_forwarded};
+use gateway_transport::server::Scheme;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 fn map(fields: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -95,7 +96,7 @@ fn bench(c: &mut Criterion) {
                         },
                     );
                     let id = ensure_request_id(h);
-                    set_forwarded(h, None, peer, false);
+                    set_forwarded(h, None, peer, false, Scheme::Http);
                     black_box((size, id));
                 },
                 BatchSize::SmallInput,

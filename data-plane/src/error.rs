@@ -88,6 +88,12 @@ pub enum ProxyError {
     /// No route matches host, path and method (404).
     #[error("no route matches the request")]
     NoRoute,
+    /// A cleartext GET or HEAD on an `https_only` route (301 to this `Location`).
+    #[error("the route is served over HTTPS only")]
+    HttpsRedirect(HeaderValue),
+    /// A cleartext request of another method on an `https_only` route (403).
+    #[error("the route is served over HTTPS only")]
+    HttpsRequired,
     /// The client address is refused by the route's IP rules (403).
     #[error("the client address is not allowed on this route")]
     IpDenied,
@@ -190,6 +196,8 @@ impl ProxyError {
             Self::BodyTimeout(_) | Self::HeadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BadUpgrade(_) => StatusCode::BAD_GATEWAY,
             Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::HttpsRedirect(_) => StatusCode::MOVED_PERMANENTLY,
+            Self::HttpsRequired => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) | Self::ApiKey(_) => StatusCode::UNAUTHORIZED,
             Self::IpDenied | Self::CorsRefused => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -212,6 +220,8 @@ impl ProxyError {
             Self::BadUpgrade(_) => "bad_upgrade",
             Self::NotReady => "not_ready",
             Self::NoRoute => "no_route",
+            Self::HttpsRedirect(_) => "https_redirect",
+            Self::HttpsRequired => "https_required",
             Self::Unauthorized(_) => "unauthorized",
             Self::ApiKey(ApiKeyError::Missing) => "api_key_missing",
             Self::ApiKey(ApiKeyError::Invalid) => "api_key_invalid",
@@ -345,6 +355,18 @@ impl ProxyError {
                 "No route",
                 "No route matches the request's host, path and method."
             ),
+            Self::HttpsRedirect(_) => problem!(
+                301,
+                "https-redirect",
+                "Moved permanently",
+                "This route is served over HTTPS only: the same URL in https is in Location."
+            ),
+            Self::HttpsRequired => problem!(
+                403,
+                "https-required",
+                "Forbidden",
+                "This route is served over HTTPS only; send the request again over HTTPS."
+            ),
             Self::IpDenied => problem!(
                 403,
                 "ip-denied",
@@ -474,6 +496,9 @@ impl ProxyError {
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("ApiKey header=\"X-API-Key\""),
                 );
+            }
+            Self::HttpsRedirect(location) => {
+                h.insert(header::LOCATION, location.clone());
             }
             Self::RateLimited(rl) => {
                 for (name, value) in &rl.headers {

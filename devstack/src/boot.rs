@@ -169,7 +169,9 @@ impl Stack {
                 return Ok(current.version);
             }
         }
-        let config = demo_config(&self.ports, self.options.auth)?;
+        let mut config = demo_config(&self.ports, self.options.auth)?;
+        // The edge certificate every HTTPS listener offers (named `default`).
+        config.certificates = vec![self.edge.certificate()];
         let applied = admin
             .apply_config(config)
             .await
@@ -304,6 +306,8 @@ impl Stack {
                 local(p.gateways[i]),
                 "--admin-listen".into(),
                 local(p.gateway_admins[i]),
+                "--tls-listen".into(),
+                local(p.gateways_tls[i]),
                 "--control-plane".into(),
                 self.control_plane_url(),
                 "--node-id".into(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::binaries::{Program, find_binary, search_dirs};
 use crate::error::StackError;
-use crate::pki::Pki;
+use crate::pki::{EdgeTls, Pki};
 use crate::ports::Ports;
 use crate::readiness::http_client;
 use crate::secrets::{Tokens, random_token};
@@ -237,8 +237,19 @@ impl StackBuilder {
         std::fs::create_dir_all(dir.join("logs"))
             .map_err(StackError::io("creating the log directory"))?;
 
+        // Beside a persistent database, which keeps the certificate the CA signed.
+        let edge_dir = match &o.database {
+            Some(db) => {
+                let mut name = db.as_os_str().to_owned();
+                name.push(".edge-tls");
+                std::path::PathBuf::from(name)
+            }
+            None => dir.join("edge-tls"),
+        };
+        let edge = EdgeTls::load_or_generate(&edge_dir)?;
         let mut stack = Stack {
             ports,
+            edge,
             dir,
             temp: Some(temp),
             procs: Mutex::new(BTreeMap::new()),

@@ -45,33 +45,107 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), StackError> {
         .map_err(StackError::io(format!("writing {}", path.display())))
 }
 
+/// A CA certificate and key, self-signed, named `common_name`.
+fn new_ca(common_name: &str) -> Result<CertifiedIssuer<'static, KeyPair>, StackError> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error)?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(rcgen_error)?)
+        .map_err(rcgen_error)
+}
+
+/// A certificate for `names` (the first is its common name) signed by `ca`,
+/// and its private key, both PEM.
+fn leaf(
+    ca: &CertifiedIssuer<'static, KeyPair>,
+    names: Vec<String>,
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<(String, String), StackError> {
+    let mut params = CertificateParams::new(names.clone()).map_err(rcgen_error)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, names[0].clone());
+    params.extended_key_usages = vec![usage];
+    let key = KeyPair::generate().map_err(rcgen_error)?;
+    let cert = params.signed_by(&key, ca).map_err(rcgen_error)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// The edge's TLS (issue 27): a throwaway CA and the certificate it signed
+/// for `localhost` and `127.0.0.1`, which devstack commits as the
+/// certificate named `default`, so every data plane's HTTPS listener offers
+/// it. Clients trust it with `curl --cacert <ca>`.
+#[derive(Debug, Clone)]
+pub struct EdgeTls {
+    /// The CA certificate (`curl --cacert`).
+    pub ca: PathBuf,
+    /// The edge certificate, PEM.
+    pub cert_pem: String,
+    /// Its private key, PEM.
+    pub key_pem: String,
+}
+
+impl EdgeTls {
+    /// The edge certificate kept in `dir`, or a new one made there. Kept so
+    /// a persistent control-plane database, which keeps its certificate,
+    /// keeps the CA that signed it too.
+    pub fn load_or_generate(dir: &Path) -> Result<EdgeTls, StackError> {
+        let ca = dir.join("edge-ca.pem");
+        let (cert, key) = (dir.join("edge.pem"), dir.join("edge-key.pem"));
+        let read = |p: &Path| std::fs::read_to_string(p).ok();
+        if let (Some(_), Some(cert_pem), Some(key_pem)) = (read(&ca), read(&cert), read(&key)) {
+            return Ok(EdgeTls {
+                ca,
+                cert_pem,
+                key_pem,
+            });
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(StackError::io(format!("creating {}", dir.display())))?;
+        let issuer = new_ca("devstack edge CA")?;
+        let (cert_pem, key_pem) = leaf(
+            &issuer,
+            vec!["localhost".into(), "127.0.0.1".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        write(&cert, &cert_pem, 0o644)?;
+        write(&key, &key_pem, 0o600)?;
+        write(&ca, &issuer.pem(), 0o644)?;
+        Ok(EdgeTls {
+            ca,
+            cert_pem,
+            key_pem,
+        })
+    }
+
+    /// The certificate as the control plane takes it: named `default`, for
+    /// `localhost` (and any name, as the default).
+    pub fn certificate(&self) -> gateway_proto::v1::Certificate {
+        gateway_proto::v1::Certificate {
+            name: "default".into(),
+            sni_hosts: vec!["localhost".into()],
+            cert_chain_pem: self.cert_pem.clone(),
+            private_key_pem: self.key_pem.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 impl Pki {
     /// Makes a CA and its certificates in `dir` (created if missing).
     pub fn generate(dir: &Path) -> Result<Pki, StackError> {
         std::fs::create_dir_all(dir)
             .map_err(StackError::io(format!("creating {}", dir.display())))?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error)?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "devstack throwaway CA");
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(rcgen_error)?)
-            .map_err(rcgen_error)?;
-        let leaf = |names: Vec<String>, usage| -> Result<(String, String), StackError> {
-            let mut params = CertificateParams::new(names.clone()).map_err(rcgen_error)?;
-            params
-                .distinguished_name
-                .push(DnType::CommonName, names[0].clone());
-            params.extended_key_usages = vec![usage];
-            let key = KeyPair::generate().map_err(rcgen_error)?;
-            let cert = params.signed_by(&key, &ca).map_err(rcgen_error)?;
-            Ok((cert.pem(), key.serialize_pem()))
-        };
+        let ca = new_ca("devstack throwaway CA")?;
         let (server_cert, server_key) = leaf(
+            &ca,
             vec!["localhost".into(), "127.0.0.1".into()],
             ExtendedKeyUsagePurpose::ServerAuth,
         )?;
         let (client_cert, client_key) = leaf(
+            &ca,
             vec!["devstack-data-plane".into()],
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;

@@ -24,10 +24,12 @@ pub struct Ports {
     pub gateways: Vec<u16>,
     /// Ops listener of each data plane, in order.
     pub gateway_admins: Vec<u16>,
+    /// HTTPS listener of each data plane, in order.
+    pub gateways_tls: Vec<u16>,
 }
 
 impl Ports {
-    /// The fixed defaults: gateways 8080, 8081…, ops 9901, 9902…, control
+    /// The fixed defaults: gateways 8080, 8081…, HTTPS 8443, 8444…, ops 9901, 9902…, control
     /// plane 50051, auth 4000, redis 6390 (not 6379, to leave a system Redis
     /// alone), mocks 7001–7003.
     pub fn fixed(data_planes: usize) -> Self {
@@ -41,6 +43,7 @@ impl Ports {
             orders_2: 7003,
             gateways: (0..n).map(|i| 8080 + i).collect(),
             gateway_admins: (0..n).map(|i| 9901 + i).collect(),
+            gateways_tls: (0..n).map(|i| 8443 + i).collect(),
         }
     }
 
@@ -56,7 +59,7 @@ impl Ports {
     /// chosen, so they are distinct), and are never handed out twice by one
     /// process. Where the range leaves no room below it, the OS picks (`bind(0)`).
     pub fn ephemeral(data_planes: usize) -> Result<Self, StackError> {
-        let count = 6 + 2 * data_planes;
+        let count = 6 + 3 * data_planes;
         let listeners = match below_kernel_range(count) {
             Some(listeners) => listeners,
             None => (0..count)
@@ -77,7 +80,8 @@ impl Ports {
             orders_1: ports[4],
             orders_2: ports[5],
             gateways: ports[6..6 + data_planes].to_vec(),
-            gateway_admins: ports[6 + data_planes..].to_vec(),
+            gateway_admins: ports[6 + data_planes..6 + 2 * data_planes].to_vec(),
+            gateways_tls: ports[6 + 2 * data_planes..].to_vec(),
         })
     }
 
@@ -96,6 +100,9 @@ impl Ports {
         }
         for (i, p) in self.gateway_admins.iter().enumerate() {
             all.push((*p, format!("data-plane-{} ops", i + 1)));
+        }
+        for (i, p) in self.gateways_tls.iter().enumerate() {
+            all.push((*p, format!("data-plane-{} https", i + 1)));
         }
         all
     }
@@ -176,6 +183,7 @@ mod tests {
         let p = Ports::fixed(3);
         assert_eq!(p.gateways, vec![8080, 8081, 8082]);
         assert_eq!(p.gateway_admins, vec![9901, 9902, 9903]);
+        assert_eq!(p.gateways_tls, vec![8443, 8444, 8445]);
         assert_eq!(p.control_plane, 50051);
         assert_eq!((p.users_1, p.orders_1, p.orders_2), (7001, 7002, 7003));
     }
@@ -184,9 +192,9 @@ mod tests {
     fn ephemeral_ports_are_distinct() {
         let p = Ports::ephemeral(3).unwrap();
         let all = p.all();
-        assert_eq!(all.len(), 12);
+        assert_eq!(all.len(), 15);
         let distinct: HashSet<u16> = all.iter().map(|(p, _)| *p).collect();
-        assert_eq!(distinct.len(), 12);
+        assert_eq!(distinct.len(), 15);
         assert!(p.ensure_free().is_ok());
     }
 

@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 
 use crate::builder::{Options, StackBuilder};
 use crate::error::StackError;
-use crate::pki::Pki;
+use crate::pki::{EdgeTls, Pki};
 use crate::ports::Ports;
 use crate::process::{ProcessSpec, Readiness, log_tail};
 use crate::readiness::{PROBE_TIMEOUT, grpc_serving, http_ok, redis_ping};
@@ -81,6 +81,8 @@ pub struct Stack {
     pub(crate) auth_bin: Option<crate::binaries::Program>,
     pub(crate) tokens: Tokens,
     pub(crate) pki: Option<Pki>,
+    /// The edge certificate every data plane's HTTPS listener offers.
+    pub(crate) edge: EdgeTls,
     /// With `.redis_password(true)`: Redis's `requirepass`.
     pub(crate) redis_password: Option<String>,
     /// With `.redis_tls(true)`: the CA and server certificate of the TLS-only Redis.
@@ -149,6 +151,26 @@ impl Stack {
             .iter()
             .map(|p| format!("http://127.0.0.1:{p}"))
             .collect()
+    }
+
+    /// HTTPS URL of each data plane, `"https://localhost:P"` (the name the
+    /// edge certificate is for), in order.
+    pub fn gateways_tls(&self) -> Vec<String> {
+        self.ports
+            .gateways_tls
+            .iter()
+            .map(|p| format!("https://localhost:{p}"))
+            .collect()
+    }
+
+    /// The CA that signed the edge certificate (`curl --cacert`).
+    pub fn edge_ca(&self) -> &std::path::Path {
+        &self.edge.ca
+    }
+
+    /// The edge certificate, as committed (named `default`).
+    pub fn edge_certificate(&self) -> &EdgeTls {
+        &self.edge
     }
 
     /// Ops URL of each data plane, `"http://127.0.0.1:P"`, in order.
@@ -304,6 +326,8 @@ impl Stack {
             control_plane: self.control_plane(),
             gateways: self.gateways(),
             gateway_admins: self.gateway_admins(),
+            gateways_tls: self.gateways_tls(),
+            edge_ca: self.edge.ca.display().to_string(),
             auth: self.auth_url(),
             // Redacted: the JSON line is printed, and may be logged by whoever runs devstack.
             redis: self.redis_url_redacted(),

@@ -15,6 +15,10 @@ pub struct StackInfo {
     pub gateways: Vec<String>,
     /// Ops URL of each data plane.
     pub gateway_admins: Vec<String>,
+    /// HTTPS URL of each data plane (`https://localhost:P`).
+    pub gateways_tls: Vec<String>,
+    /// The CA certificate file the HTTPS listeners' certificate chains to (`curl --cacert`).
+    pub edge_ca: String,
     /// Auth service URL.
     pub auth: String,
     /// Redis URL.
@@ -49,6 +53,10 @@ impl StackInfo {
             .gateway_admins
             .first()
             .map_or("http://127.0.0.1:9901", String::as_str);
+        let gw_tls = self
+            .gateways_tls
+            .first()
+            .map_or("https://localhost:8443", String::as_str);
         let cp = &self.control_plane;
         // grpcurl's transport flags: plaintext, or the stack's CA and client certificate.
         let transport = match &self.ca {
@@ -72,6 +80,7 @@ impl StackInfo {
             r#"devstack is up: configuration version {version} is live on every gateway.
 
   gateways        {gateways}
+  gateways (TLS)  {gateways_tls}  (CA {edge_ca})
   gateway ops     {admins}
   control plane   {cp}  (gRPC with reflection)
   auth service    {auth}
@@ -90,6 +99,8 @@ Try it:
   curl -s {gw}/api/orders/7 -H "Authorization: Bearer $TOKEN"
   # both at once: the aggregation route joins user 7 and order 7 in one JSON object
   curl -s {gw}/api/overview/7 -H "Authorization: Bearer $TOKEN"
+  # the same over HTTPS (HTTP/2 by ALPN), trusting the stack's throwaway CA
+  curl -s --cacert {edge_ca} {gw_tls}/api/users/1 -H "Authorization: Bearer $TOKEN"
 
   # inspect and change the configuration (the admin token of this stack)
   ADMIN_TOKEN={admin_token}
@@ -109,6 +120,8 @@ Press Ctrl-C to stop everything."#,
             version = self.config_version,
             gateways = list(&self.gateways),
             admins = list(&self.gateway_admins),
+            gateways_tls = list(&self.gateways_tls),
+            edge_ca = self.edge_ca,
             auth = self.auth,
             redis = self.redis,
             logs = self.log_dir,
@@ -132,6 +145,11 @@ mod tests {
                 "http://127.0.0.1:9901".into(),
                 "http://127.0.0.1:9902".into(),
             ],
+            gateways_tls: vec![
+                "https://localhost:8443".into(),
+                "https://localhost:8444".into(),
+            ],
+            edge_ca: "/tmp/devstack-x/edge-tls/edge-ca.pem".into(),
             auth: "http://127.0.0.1:4000".into(),
             redis: "redis://127.0.0.1:6390".into(),
             pids: BTreeMap::from([("control-plane".into(), 10), ("redis".into(), 11)]),
@@ -150,6 +168,8 @@ mod tests {
         assert_eq!(doc["control_plane"], "127.0.0.1:50051");
         assert_eq!(doc["gateways"][1], "http://127.0.0.1:8081");
         assert_eq!(doc["gateway_admins"][0], "http://127.0.0.1:9901");
+        assert_eq!(doc["gateways_tls"][1], "https://localhost:8444");
+        assert_eq!(doc["edge_ca"], "/tmp/devstack-x/edge-tls/edge-ca.pem");
         assert_eq!(doc["auth"], "http://127.0.0.1:4000");
         assert_eq!(doc["redis"], "redis://127.0.0.1:6390");
         assert_eq!(doc["pids"]["control-plane"], 10);
@@ -176,6 +196,9 @@ mod tests {
         ));
         assert!(text.contains(
             "curl -s http://127.0.0.1:8080/api/overview/7 -H \"Authorization: Bearer $TOKEN\""
+        ));
+        assert!(text.contains(
+            "curl -s --cacert /tmp/devstack-x/edge-tls/edge-ca.pem https://localhost:8443/api/users/1"
         ));
         assert!(text.contains("ADMIN_TOKEN=0123abcd\n"));
         assert!(text.contains(

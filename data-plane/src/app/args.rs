@@ -28,6 +28,23 @@ pub struct Args {
     #[arg(long, env = "DP_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
+    /// HTTPS listener (TLS 1.2 and 1.3; HTTP/2 or HTTP/1.1 by ALPN), with the
+    /// certificates the control plane pushes, chosen by SNI (the one named
+    /// `default` when none matches). Off unless given.
+    #[arg(long, env = "DP_TLS_LISTEN")]
+    pub tls_listen: Option<SocketAddr>,
+
+    /// The port `https_only` routes redirect cleartext GET and HEAD requests
+    /// to (default: the --tls-listen port, else 443; 443 is left out of the
+    /// URL). Set it when clients reach the HTTPS listener through another port.
+    #[arg(long, env = "DP_HTTPS_REDIRECT_PORT")]
+    pub https_redirect_port: Option<u16>,
+
+    /// Time a client gets to complete its TLS handshake on the HTTPS listener,
+    /// in milliseconds.
+    #[arg(long, env = "DP_TLS_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
+    pub tls_handshake_timeout_ms: u64,
+
     /// Ops listener: /healthz, /readyz, /metrics, /health/*, /config.
     #[arg(long, env = "DP_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
@@ -258,6 +275,12 @@ impl Args {
         }
         if self.header_read_timeout_ms == 0 {
             return invalid("header-read-timeout-ms", "must be greater than 0");
+        }
+        if self.https_redirect_port == Some(0) {
+            return invalid("https-redirect-port", "must be a port from 1 to 65535");
+        }
+        if self.tls_handshake_timeout_ms == 0 {
+            return invalid("tls-handshake-timeout-ms", "must be greater than 0");
         }
         for (flag, ms) in [
             ("body-read-timeout-ms", self.body_read_timeout_ms),

@@ -22,12 +22,15 @@ use std::sync::Arc;
 use gateway_proto::v1::Node;
 use gateway_telemetry::Tracer;
 use gateway_transport::conn_limit::Connections;
-use gateway_transport::{server, workers};
+use gateway_transport::server::{self, Scheme};
+use gateway_transport::tls::TlsAcceptor;
+use gateway_transport::workers::{self, TlsListeners};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::composition::websocket;
+use crate::config::SniResolver;
 use crate::metrics;
 use crate::policy::hooks::{Authenticator, RateLimiter};
 use crate::policy::{jwt, ratelimit};
@@ -58,6 +61,9 @@ pub enum StartError {
     /// The control plane TLS files are unusable.
     #[error("control plane TLS: {0}")]
     ControlPlaneTls(#[from] xds::TlsFilesError),
+    /// The HTTPS listener's TLS settings could not be built.
+    #[error("HTTPS listener: {0}")]
+    Tls(#[from] rustls::Error),
     /// A proxy worker thread or its runtime could not be created.
     #[error("cannot start the proxy workers: {0}")]
     Workers(#[source] std::io::Error),
@@ -136,6 +142,13 @@ impl DataPlane {
                 addr: args.listen,
                 source,
             })?;
+        // The HTTPS listener: one socket per worker too, on its own port.
+        let tls_sockets = args
+            .tls_listen
+            .map(|addr| {
+                workers::bind(addr, workers).map_err(|source| StartError::Bind { addr, source })
+            })
+            .transpose()?;
         let ops_listener = bind(args.admin_listen).await?;
         let admin_addr = ops_listener
             .local_addr()
@@ -178,6 +191,18 @@ impl DataPlane {
             args.cache_dir.clone().map(SnapshotCache::new),
             args.pool(),
         ));
+        // Every handshake asks the current snapshot for its certificate.
+        let (tls, tls_addr) = match tls_sockets {
+            Some((sockets, addr)) => {
+                let acceptor = Arc::new(TlsAcceptor::new(
+                    Arc::new(SniResolver(runtime.config.clone())),
+                    std::time::Duration::from_millis(args.tls_handshake_timeout_ms),
+                )?);
+                (Some(TlsListeners { sockets, acceptor }), Some(addr))
+            }
+            None => (None, None),
+        };
+        let tls_stats = tls.as_ref().map(|t| t.acceptor.stats().clone());
         // Before the cached configuration is loaded, so its DNS members are followed.
         let discovery = tokio::spawn(runtime.clone().follow_discovery());
         runtime.load_cache().await;
@@ -191,6 +216,11 @@ impl DataPlane {
             rate_limiter: Some(rate_limiter.clone()),
             tracer: self.tracer.clone(),
             worker: workers::OFF_WORKER,
+            scheme: Scheme::Http,
+            https_port: args
+                .https_redirect_port
+                .or(tls_addr.map(|a| a.port()))
+                .unwrap_or(443),
         });
         let (stop, stopped) = watch::channel(false);
         let http = args.http();
@@ -199,10 +229,11 @@ impl DataPlane {
         let ops_connections = Connections::new("ops", OPS_MAX_CONNECTIONS);
         let proxy = workers::spawn(
             proxy_listeners,
+            tls,
             http,
             connections.clone(),
-            |worker| {
-                let pipeline = Arc::new(pipeline.for_worker(worker));
+            |worker, scheme| {
+                let pipeline = Arc::new(pipeline.for_listener(worker, scheme));
                 move |req, peer| {
                     let pipeline = pipeline.clone();
                     // Boxed: a connection keeps one slot the size of this future for the
@@ -225,8 +256,15 @@ impl DataPlane {
         let tracer = self.tracer;
         // What /metrics adds to the data plane's own counters.
         let ops_counted = ops_connections.clone();
+        let certificates_of = runtime.config.clone();
         let extra_metrics = move |out: &mut String| {
             metrics::write_connections(out, &[&connections, &ops_counted]);
+            let current = certificates_of.load();
+            let certificates = current.certificates.info().iter();
+            metrics::write_certificates(out, certificates.map(|c| (c.name.as_str(), c.not_after)));
+            if let Some(stats) = &tls_stats {
+                stats.render(out);
+            }
             websocket::write_metrics(out);
             rate_limiter.write_metrics(out);
             if let Some(a) = &authenticator {
@@ -250,7 +288,8 @@ impl DataPlane {
         let redis_shown = redis
             .as_ref()
             .map_or_else(|| "none".to_owned(), |r| r.to_string());
-        tracing::info!(proxy = %proxy_addr, ops = %admin_addr, node = %node.id, workers,
+        let https_shown = tls_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+        tracing::info!(proxy = %proxy_addr, https = %https_shown, ops = %admin_addr, node = %node.id, workers,
             control_plane = %args.control_plane, redis = %redis_shown, "data plane started");
         let xds = tokio::spawn(xds::run(
             runtime.clone(),
@@ -267,6 +306,7 @@ impl DataPlane {
         ));
         Ok(Running {
             proxy_addr,
+            tls_addr,
             admin_addr,
             runtime,
             stop,
@@ -281,6 +321,7 @@ impl DataPlane {
 /// A started data plane.
 pub struct Running {
     proxy_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     admin_addr: SocketAddr,
     runtime: Arc<Runtime>,
     stop: watch::Sender<bool>,
@@ -303,6 +344,11 @@ impl Running {
     /// Where the proxy listens.
     pub fn proxy_addr(&self) -> SocketAddr {
         self.proxy_addr
+    }
+
+    /// Where the HTTPS listener listens (`--tls-listen`).
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// Where the ops listener listens.

@@ -8,7 +8,7 @@
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /health/circuit-breakers` | per upstream and instance: state, consecutive failures, ms until the next probe |
 //! | `GET /health/load-balancer` | per upstream: policy, DNS discovery state; per instance (discovered members included): healthy, breaker state, in-flight, available |
-//! | `GET /config` | `{"version", "hash", "loaded"}` |
+//! | `GET /config` | `{"version", "hash", "loaded", "control_plane_connected", "certificates"}` |
 
 use std::sync::atomic::Ordering;
 
@@ -105,10 +105,32 @@ pub fn handle<B>(
                 "hash": cfg.hash,
                 "loaded": cfg.loaded,
                 "control_plane_connected": rt.metrics.control_plane_connected.load(Ordering::Relaxed),
+                "certificates": certificates(&cfg),
             }),
         ),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }
+}
+
+/// `[{"name", "sni_hosts", "not_after_unix", "expires_in_seconds", "sha256_fingerprint"}]`:
+/// the certificates the HTTPS listener offers, by name.
+fn certificates(cfg: &Compiled) -> serde_json::Value {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    cfg.certificates
+        .info()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "sni_hosts": c.sni_hosts,
+                "not_after_unix": c.not_after,
+                "expires_in_seconds": c.not_after.saturating_sub(now),
+                "sha256_fingerprint": c.sha256_fingerprint,
+            })
+        })
+        .collect()
 }
 
 /// `{"version", "upstreams": [{"name", "settings", "instances": [{"id", "url", "state", "consecutive_failures", "next_probe_in_ms"}]}]}`.

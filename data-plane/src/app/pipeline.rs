@@ -22,6 +22,7 @@ use gateway_telemetry::propagation::TRACERESPONSE;
 use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
 use gateway_transport::response::Response;
+use gateway_transport::server::Scheme;
 use gateway_transport::workers::Worker;
 use http::Request;
 use http::header::{self, HeaderValue};
@@ -38,6 +39,7 @@ use crate::metrics::{Metrics, PolicyRefusal};
 use crate::policy::api_key::X_API_KEY;
 use crate::policy::cors::{Cors, preflight_method};
 use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitBy, LimitKey, RateLimiter};
+use crate::policy::https;
 use crate::policy::normalize::normalize_path;
 use crate::policy::router::host_of;
 use crate::policy::sanitize::{
@@ -98,6 +100,11 @@ pub struct Pipeline {
     /// The proxy worker this pipeline serves ([`Pipeline::for_worker`]);
     /// [`gateway_transport::workers::OFF_WORKER`] for one made off the workers.
     pub worker: Worker,
+    /// The listener this pipeline serves: `X-Forwarded-Proto`, and what a
+    /// route that requires HTTPS does ([`Pipeline::for_listener`]).
+    pub scheme: Scheme,
+    /// The port in the redirects of `https_only` routes (443: none).
+    pub https_port: u16,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -131,6 +138,15 @@ impl Pipeline {
     pub fn for_worker(&self, worker: Worker) -> Self {
         Self {
             worker,
+            ..self.clone()
+        }
+    }
+
+    /// This pipeline, for the listener of `scheme` on the proxy worker `worker`.
+    pub fn for_listener(&self, worker: Worker, scheme: Scheme) -> Self {
+        Self {
+            worker,
+            scheme,
             ..self.clone()
         }
     }
@@ -240,6 +256,17 @@ impl Pipeline {
 
         // IP rules: right after routing (the route holds the lists), before authentication, so a refused address costs nothing.
         self.check_ip(route, &parts, peer)?;
+
+        // HTTPS only: a cleartext request is redirected (GET, HEAD) or refused, before authentication reads its credentials.
+        if route.https_only {
+            match https::verdict(&parts, &uri, self.https_port) {
+                https::Verdict::Served => {}
+                https::Verdict::Redirect(location) => {
+                    return Err(ProxyError::HttpsRedirect(location));
+                }
+                https::Verdict::Refused => return Err(ProxyError::HttpsRequired),
+            }
+        }
 
         // WebSocket: an upgrade needs a `websocket` route and a well-formed handshake (400 otherwise), before authentication spends anything.
         if upgrade {
@@ -378,6 +405,7 @@ impl Pipeline {
             parts.uri.authority(),
             peer.ip(),
             trusted_peer,
+            self.scheme,
         );
         Ok(normalize_path(uri.path())?)
     }

@@ -20,6 +20,7 @@ use gateway_proto::v1::ConfigSnapshot;
 use gateway_proto::validate::{validate_api_keys, validate_certificates};
 use gateway_proto::{ValidationError, validate_config};
 
+use super::certificates::Certificates;
 use super::{Compiled, RouteEntry, RoutePolicies, Target};
 use crate::upstream::{InstanceKey, InstanceState, UpstreamEntry};
 use gateway_transport::pool::PoolSettings;
@@ -121,9 +122,8 @@ pub fn compile_with_members(
 ) -> Result<Compiled, CompileError> {
     let spec = validate_config(&snapshot.routes, &snapshot.upstreams)?;
     validate_api_keys(&snapshot.api_keys)?;
-    // TLS certificates are validated (chain, key, SNI hosts) so a snapshot the
-    // control plane accepted is ACKed, but not used yet: no HTTPS listener.
-    validate_certificates(&snapshot.certificates)?;
+    // TLS certificates (chain, key, SNI hosts), for the HTTPS listener.
+    let certificates = Certificates::new(&validate_certificates(&snapshot.certificates)?);
     let api_keys = ApiKeys::compile(&snapshot.api_keys)?;
 
     let old_instances: HashMap<&InstanceKey, &Arc<InstanceState>> = previous
@@ -195,6 +195,7 @@ pub fn compile_with_members(
         let entry = RouteEntry {
             name: r.name.as_str().into(),
             prefix: r.path_prefix.as_str().into(),
+            https_only: r.https_only,
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
             policies: compile_policies(spec)?,
             auth: spec.auth,
@@ -233,6 +234,7 @@ pub fn compile_with_members(
         router,
         upstreams,
         api_keys,
+        certificates,
     })
 }
 

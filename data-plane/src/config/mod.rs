@@ -8,6 +8,7 @@
 //! [`InstanceState`](crate::upstream::InstanceState) / [`RouteMetrics`] behind `Arc`s that
 //! [`compile`](compile::compile) carries over from the previous snapshot.
 
+pub mod certificates;
 pub mod compile;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::upstream::UpstreamEntry;
 use crate::upstream::proxy::RouteView;
 use crate::upstream::retry::RetryPolicy;
 
+pub use certificates::{Certificates, SniResolver};
 pub use compile::{CompileError, compile, compile_with_members};
 
 /// One immutable configuration version, ready for the request path.
@@ -46,6 +48,8 @@ pub struct Compiled {
     pub upstreams: Vec<Arc<UpstreamEntry>>,
     /// The API keys `AUTH_API_KEY` routes accept, by hash.
     pub api_keys: ApiKeys,
+    /// The certificates the HTTPS listener offers, by SNI host.
+    pub certificates: Certificates,
 }
 
 /// A route as the request path needs it.
@@ -55,6 +59,8 @@ pub struct RouteEntry {
     pub name: Arc<str>,
     /// The matched prefix.
     pub prefix: Box<str>,
+    /// Served over HTTPS only (`https_only`).
+    pub https_only: bool,
     /// Replacement for the prefix, if any.
     pub rewrite: Option<Box<str>>,
     /// Route policies (IP rules, header transforms, CORS), applied by their pipeline stages.

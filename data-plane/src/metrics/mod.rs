@@ -15,11 +15,13 @@ use std::time::Duration;
 use gateway_transport::upstream_error::UpstreamError;
 use http::{Method, StatusCode};
 
+mod certificates;
 mod composition;
 mod connections;
 mod policy;
 mod proxy;
 
+pub use certificates::write_certificates;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 pub use connections::write_connections;
 pub use policy::{PolicyMetrics, PolicyRefusal};

@@ -4,7 +4,7 @@
 //!
 //! * [`sanitize`]: hop-by-hop and spoofable headers, `Forwarded`, request ids,
 //!   the client address; [`normalize`]: the path;
-//! * [`router`]: routes by host, prefix and method;
+//! * [`router`]: routes by host, prefix and method; [`https`]: `https_only` routes;
 //! * [`ip_rules`], [`cors`], [`api_key`], [`jwt`] (behind the
 //!   [`hooks::Authenticator`] hook), [`ratelimit`] (behind
 //!   [`hooks::RateLimiter`]);
@@ -14,6 +14,7 @@
 pub mod api_key;
 pub mod cors;
 pub mod hooks;
+pub mod https;
 pub mod ip_rules;
 pub mod jwt;
 pub mod normalize;

@@ -15,6 +15,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use gateway_transport::response::Fields;
+use gateway_transport::server::Scheme;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::Authority;
 use rand::Rng as _;
@@ -302,7 +303,7 @@ pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
 }
 
 /// Appends the peer address to `X-Forwarded-For` (joining repeated header
-/// lines), and sets `X-Forwarded-Proto: http` and `X-Forwarded-Host` (the
+/// lines), and sets `X-Forwarded-Proto` (the listener's `scheme`) and `X-Forwarded-Host` (the
 /// request's `Host`, else the request target's `authority`: an HTTP/2
 /// request's `:authority`). From a trusted proxy (`trusted_peer`) the proxy's own
 /// `X-Forwarded-Proto` / `X-Forwarded-Host` are kept when it sent them.
@@ -311,7 +312,12 @@ pub fn set_forwarded(
     authority: Option<&Authority>,
     peer: IpAddr,
     trusted_peer: bool,
+    scheme: Scheme,
 ) {
+    let proto = HeaderValue::from_static(match scheme {
+        Scheme::Http => "http",
+        Scheme::Https => "https",
+    });
     let mut text = [0u8; 45];
     let len = write_ip(peer, &mut text);
     let peer = &text[..len];
@@ -344,7 +350,7 @@ pub fn set_forwarded(
     });
     if trusted_peer {
         if !headers.contains_key(&X_FORWARDED_PROTO) {
-            headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+            headers.insert(X_FORWARDED_PROTO.clone(), proto);
         }
         if let Some(host) = host
             && !headers.contains_key(&X_FORWARDED_HOST)
@@ -353,7 +359,7 @@ pub fn set_forwarded(
         }
         return;
     }
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    headers.insert(X_FORWARDED_PROTO.clone(), proto);
     match host {
         Some(host) => {
             headers.insert(X_FORWARDED_HOST.clone(), host);
@@ -673,7 +679,13 @@ mod tests {
             ("x-forwarded-proto", "https"),
         ]);
         let before = h.clone();
-        set_forwarded(&mut h, None, "10.0.0.1".parse().unwrap(), false);
+        set_forwarded(
+            &mut h,
+            None,
+            "10.0.0.1".parse().unwrap(),
+            false,
+            Scheme::Http,
+        );
         assert_eq!(
             h.get("x-forwarded-for").unwrap(),
             "1.2.3.4, 5.6.7.8, 10.0.0.1"
@@ -684,7 +696,13 @@ mod tests {
             "no Host, no X-Forwarded-Host"
         );
         let mut empty = HeaderMap::new();
-        set_forwarded(&mut empty, None, "::1".parse().unwrap(), false);
+        set_forwarded(
+            &mut empty,
+            None,
+            "::1".parse().unwrap(),
+            false,
+            Scheme::Http,
+        );
         assert_eq!(empty.get("x-forwarded-for").unwrap(), "::1");
 
         // A trusted proxy's scheme and host are kept; anyone else's are replaced.
@@ -695,15 +713,36 @@ mod tests {
             HeaderValue::from_static("public.example"),
         );
         let mut from_client = from_proxy.clone();
-        set_forwarded(&mut from_proxy, None, "10.0.0.1".parse().unwrap(), true);
+        set_forwarded(
+            &mut from_proxy,
+            None,
+            "10.0.0.1".parse().unwrap(),
+            true,
+            Scheme::Http,
+        );
         assert_eq!(from_proxy.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(
             from_proxy.get("x-forwarded-host").unwrap(),
             "public.example"
         );
         let mut h2_client = from_client.clone();
-        set_forwarded(&mut from_client, None, "10.0.0.1".parse().unwrap(), false);
+        set_forwarded(
+            &mut from_client,
+            None,
+            "10.0.0.1".parse().unwrap(),
+            false,
+            Scheme::Http,
+        );
         assert_eq!(from_client.get("x-forwarded-proto").unwrap(), "http");
+        let mut over_tls = before.clone();
+        set_forwarded(
+            &mut over_tls,
+            None,
+            "10.0.0.1".parse().unwrap(),
+            false,
+            Scheme::Https,
+        );
+        assert_eq!(over_tls.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(from_client.get("x-forwarded-host").unwrap(), "gw.example");
         assert_eq!(from_client.get_all("x-forwarded-host").iter().count(), 1);
 
@@ -715,6 +754,7 @@ mod tests {
             Some(&authority),
             "10.0.0.1".parse().unwrap(),
             false,
+            Scheme::Http,
         );
         assert_eq!(
             h2_client.get("x-forwarded-host").unwrap(),
@@ -726,6 +766,7 @@ mod tests {
             Some(&Authority::from_static("user:secret@h2.example")),
             "10.0.0.1".parse().unwrap(),
             false,
+            Scheme::Http,
         );
         assert_eq!(with_userinfo.get("x-forwarded-host").unwrap(), "h2.example");
         // Host wins when both are there.
@@ -734,6 +775,7 @@ mod tests {
             Some(&authority),
             "10.0.0.1".parse().unwrap(),
             false,
+            Scheme::Http,
         );
         assert_eq!(from_client.get("x-forwarded-host").unwrap(), "gw.example");
     }

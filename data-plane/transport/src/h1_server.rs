@@ -59,8 +59,7 @@ use bytes::{Bytes, BytesMut};
 use http::header;
 use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
-use tokio::io::AsyncWriteExt as _;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
@@ -90,12 +89,12 @@ const READ_CHUNK: usize = 4096;
 const COALESCE_BYTES: usize = 16 * 1024;
 
 /// How serving a connection here ended.
-pub enum Ended {
+pub enum Ended<IO> {
     /// The connection is finished (closed, or to be dropped).
     Closed,
     /// The rest of the connection is for hyper: the socket with the bytes
     /// already read from it in front.
-    Handover(Rewind),
+    Handover(Rewind<IO>),
 }
 
 /// What the head at the front of the buffer is.
@@ -163,8 +162,8 @@ enum BodyState {
 /// with ambiguous framing is answered `refusal(why)` and the connection
 /// closed. `stop` fires on shutdown.
 #[allow(clippy::too_many_arguments)]
-pub async fn serve<H, Fut>(
-    mut io: TcpStream,
+pub async fn serve<IO, H, Fut>(
+    mut io: IO,
     read: BytesMut,
     peer: SocketAddr,
     header_read_timeout: Duration,
@@ -173,8 +172,9 @@ pub async fn serve<H, Fut>(
     refusal: fn(Refusal) -> Response<ResponseBody>,
     handler: &H,
     stop: &watch::Receiver<()>,
-) -> Ended
+) -> Ended<IO>
 where
+    IO: AsyncRead + AsyncWrite + Unpin,
     H: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut,
     Fut: Future<Output = Response<ResponseBody>>,
 {
@@ -446,8 +446,8 @@ enum Framing {
 }
 
 /// Writes `resp`. `Ok(true)`: the connection can carry another request.
-async fn respond(
-    io: &mut Writer<'_>,
+async fn respond<IO: AsyncWrite + Unpin>(
+    io: &mut Writer<'_, IO>,
     out: &mut Vec<u8>,
     resp: Response<ResponseBody>,
     exchange: Exchange,
@@ -546,8 +546,8 @@ fn frame_into(out: &mut Vec<u8>, data: &[u8], framing: Framing) {
 }
 
 /// Writes one body frame after the head.
-async fn write_frame(
-    io: &mut Writer<'_>,
+async fn write_frame<IO: AsyncWrite + Unpin>(
+    io: &mut Writer<'_, IO>,
     out: &mut Vec<u8>,
     data: &[u8],
     framing: Framing,
@@ -568,53 +568,67 @@ async fn write_frame(
 /// cannot hold the upstream connection and the in-flight count its answer
 /// holds. The timer is the connection's header-read timer (idle while an
 /// answer is written), armed only when the socket is full: a write the
-/// kernel takes at once costs no clock reading.
-struct Writer<'a> {
-    io: &'a mut TcpStream,
+/// socket takes at once costs no clock reading. Each write is flushed (a
+/// TCP stream's flush does nothing; a TLS stream's sends the records it
+/// still holds).
+struct Writer<'a, IO> {
+    io: &'a mut IO,
     timer: Pin<&'a mut tokio::time::Sleep>,
     limit: Duration,
 }
 
-impl<'a> Writer<'a> {
-    fn new(io: &'a mut TcpStream, timer: Pin<&'a mut tokio::time::Sleep>, limit: Duration) -> Self {
+impl<'a, IO: AsyncWrite + Unpin> Writer<'a, IO> {
+    fn new(io: &'a mut IO, timer: Pin<&'a mut tokio::time::Sleep>, limit: Duration) -> Self {
         Self { io, timer, limit }
     }
 
-    /// Waits until the socket takes bytes again, within the write timeout.
-    async fn writable(&mut self) -> io::Result<()> {
-        self.timer.as_mut().reset(Instant::now() + self.limit);
-        tokio::select! {
-            biased;
-            ready = self.io.writable() => ready,
-            () = self.timer.as_mut() => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client took no byte of the answer within the write timeout",
-            )),
-        }
+    /// Polls `step` until it is ready; when the socket makes it wait, the
+    /// write timeout starts.
+    async fn within<T>(
+        &mut self,
+        mut step: impl FnMut(Pin<&mut IO>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> io::Result<T> {
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = step(Pin::new(&mut *self.io), cx) {
+                return Poll::Ready(r);
+            }
+            if !armed {
+                self.timer.as_mut().reset(Instant::now() + self.limit);
+                armed = true;
+            }
+            match self.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client took no byte of the answer within the write timeout",
+                ))),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
     }
 
     async fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
-            match self.io.try_write(data) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => data = &data[n..],
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
-                Err(e) => return Err(e),
+            match self.within(|io, cx| io.poll_write(cx, data)).await? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => data = &data[n..],
             }
         }
-        Ok(())
+        self.within(|io, cx| io.poll_flush(cx)).await
     }
 
     async fn write_all_vectored(&mut self, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
         while !parts.is_empty() {
-            match self.io.try_write_vectored(parts) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut parts, n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
-                Err(e) => return Err(e),
+            match self
+                .within(|io, cx| io.poll_write_vectored(cx, parts))
+                .await?
+            {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => IoSlice::advance_slices(&mut parts, n),
             }
         }
-        Ok(())
+        self.within(|io, cx| io.poll_flush(cx)).await
     }
 }
 

@@ -7,7 +7,7 @@
 //!   shutdown, the hand-over to hyper for h2c and the rare HTTP/1.1 requests
 //!   it leaves), [`h1_server`] (the HTTP/1.1 server: heads, request bodies,
 //!   answers), [`workers`] (the per-core proxy workers), [`conn_limit`] (the
-//!   cap on open connections), [`tunnels`] (connections that outlive their
+//!   cap on open connections), [`tls`] (the HTTPS listener's handshake), [`tunnels`] (connections that outlive their
 //!   exchange, for shutdown);
 //! * upstream side: [`h1`] (the HTTP/1.1 client), [`pool`] (per-instance
 //!   keep-alive pools), [`in_flight`] (requests in flight per instance);
@@ -34,6 +34,7 @@ pub mod response_head;
 pub mod rewind;
 pub mod send_progress;
 pub mod server;
+pub mod tls;
 pub mod tunnels;
 pub mod upstream_error;
 pub mod workers;

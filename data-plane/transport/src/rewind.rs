@@ -10,21 +10,22 @@ use bytes::{Buf as _, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// A socket with bytes already read from it in front.
+/// A socket (a TCP stream, or a TLS stream over one) with bytes already
+/// read from it in front.
 #[derive(Debug)]
-pub struct Rewind {
+pub struct Rewind<IO = TcpStream> {
     prefix: Bytes,
-    io: TcpStream,
+    io: IO,
 }
 
-impl Rewind {
+impl<IO> Rewind<IO> {
     /// `io` with `prefix` (bytes already read from it) read first.
-    pub fn new(prefix: Bytes, io: TcpStream) -> Self {
+    pub fn new(prefix: Bytes, io: IO) -> Self {
         Self { prefix, io }
     }
 }
 
-impl AsyncRead for Rewind {
+impl<IO: AsyncRead + Unpin> AsyncRead for Rewind<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -40,7 +41,7 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Rewind<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

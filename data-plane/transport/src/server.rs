@@ -41,7 +41,7 @@ use http::Request;
 use hyper::server::conn::{http1, http2};
 use hyper::service::{Service as _, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::AsyncReadExt as _;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -53,6 +53,7 @@ use crate::io_timeout::WriteTimeout;
 use crate::response::Response;
 use crate::rewind::Rewind;
 use crate::send_progress::{LastTouch, SendProgress};
+use crate::tls::TlsAcceptor;
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -268,21 +269,102 @@ async fn stop_requested(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await.map(|_| ());
 }
 
-/// Serves `listener` with `handler` until `shutdown` turns true, then drains.
-/// Each connection holds a slot of `connections`; past its cap a new
-/// connection is closed at once.
+/// The scheme a listener serves: which of a worker's handlers answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// Cleartext HTTP/1.1 and h2c.
+    Http,
+    /// TLS, with HTTP/1.1 or HTTP/2 by ALPN.
+    Https,
+}
+
+/// Serves `listener` (cleartext) with `handler` until `shutdown` turns true,
+/// then drains. Each connection holds a slot of `connections`; past its cap
+/// a new connection is closed at once.
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     settings: HttpSettings,
     connections: Arc<Connections>,
     handler: F,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) where
     F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let builders = Arc::new(Builders::new(&settings));
     let handler = Arc::new(handler);
+    accept_loop(
+        listener,
+        settings,
+        connections,
+        shutdown,
+        move |stream, peer, stop, slot| {
+            connection(
+                stream,
+                peer,
+                builders.clone(),
+                handler.clone(),
+                stop,
+                settings,
+                slot,
+            )
+        },
+    )
+    .await;
+}
+
+/// [`serve`] for an HTTPS listener: each connection's TLS handshake
+/// ([`TlsAcceptor`], within its timeout) comes first, then HTTP/2 or
+/// HTTP/1.1 as ALPN said. TLS connections hold slots of `connections`
+/// like cleartext ones, from before the handshake.
+pub async fn serve_tls<F, Fut>(
+    listener: TcpListener,
+    settings: HttpSettings,
+    tls: Arc<TlsAcceptor>,
+    connections: Arc<Connections>,
+    handler: F,
+    shutdown: watch::Receiver<bool>,
+) where
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let builders = Arc::new(Builders::new(&settings));
+    let handler = Arc::new(handler);
+    accept_loop(
+        listener,
+        settings,
+        connections,
+        shutdown,
+        move |stream, peer, stop, slot| {
+            tls_connection(
+                stream,
+                peer,
+                tls.clone(),
+                builders.clone(),
+                handler.clone(),
+                stop,
+                settings,
+                slot,
+            )
+        },
+    )
+    .await;
+}
+
+/// Accepts connections on `listener` and runs `connection` for each in a
+/// task of its own until `shutdown` turns true; then stops accepting, asks
+/// every connection to finish and waits for them (and for the WebSocket
+/// tunnels started on this thread) up to the grace period.
+async fn accept_loop<C, CFut>(
+    listener: TcpListener,
+    settings: HttpSettings,
+    connections: Arc<Connections>,
+    mut shutdown: watch::Receiver<bool>,
+    connection: C,
+) where
+    C: Fn(TcpStream, SocketAddr, watch::Receiver<()>, Slot) -> CFut,
+    CFut: Future<Output = ()> + Send + 'static,
+{
     // WebSocket tunnels started on this thread (a worker's runtime) outlive
     // their HTTP connection; shutdown waits for them too.
     let tunnels = crate::tunnels::tunnels();
@@ -307,15 +389,7 @@ pub async fn serve<F, Fut>(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(connection(
-                    stream,
-                    peer,
-                    builders.clone(),
-                    handler.clone(),
-                    stop_rx.clone(),
-                    settings,
-                    slot,
-                ));
+                tokio::spawn(connection(stream, peer, stop_rx.clone(), slot));
             }
             () = stop_requested(&mut shutdown) => break,
         }
@@ -371,10 +445,7 @@ where
     })
 }
 
-/// Serves one accepted connection with the protocol its first bytes name.
-/// Each protocol's connection future is boxed on its own, so an HTTP/1.1
-/// connection's memory is what HTTP/1.1 needs rather than the largest of the
-/// three types.
+/// Serves one accepted cleartext connection with the protocol its first bytes name.
 async fn connection<F, Fut>(
     stream: TcpStream,
     peer: SocketAddr,
@@ -406,7 +477,7 @@ async fn connection<F, Fut>(
     };
     // A client trickling the HTTP/2 preface: its bytes are read (within the
     // header read timeout, like any head) until they say which protocol it is.
-    let mut prefix = None;
+    let mut prefix = BytesMut::new();
     let protocol = if protocol == Protocol::Undecided {
         let mut seen = BytesMut::with_capacity(H2_PREFACE.len());
         let decided = tokio::select! {
@@ -415,7 +486,7 @@ async fn connection<F, Fut>(
         };
         match decided {
             Ok(Ok(Some(p))) => {
-                prefix = Some(seen);
+                prefix = seen;
                 p
             }
             Ok(Ok(None)) | Ok(Err(_)) => return,
@@ -427,96 +498,189 @@ async fn connection<F, Fut>(
     } else {
         protocol
     };
-    // hyper's view of the handler, for the connections (or the rest of one) it serves.
-    let service = {
-        let handler = handler.clone();
-        service_fn(move |req: Request<hyper::body::Incoming>| {
-            let fut = handler(Box::new(req.map(ClientBody::hyper)), peer);
-            // hyper writes the answer from one map of its fields.
-            async move { Ok::<_, Infallible>(fut.await.into_http()) }
-        })
-    };
-    let write_timeout = settings.write_timeout;
-    let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match (protocol, prefix) {
-        (Protocol::Http1, prefix) => {
-            // What is left for hyper after h1_server's handover (the bytes read
-            // to decide the protocol, if any, are h1_server's first).
-            let read = prefix.unwrap_or_default();
-            let served = Box::pin(h1_server::serve(
-                stream,
-                read,
-                peer,
-                header_read_timeout,
-                write_timeout,
-                builders.max_head,
-                settings.refusal,
-                &*handler,
-                &stop,
-            ))
-            .await;
-            let rest = match served {
-                Ended::Closed => None,
-                Ended::Handover(io) => Some(io),
-            };
-            match rest {
-                None => Ok(()),
-                Some(io) => {
-                    let io = WriteTimeout::new(io, write_timeout);
-                    let conn = builders
-                        .http1_connection()
-                        .serve_connection(TokioIo::new(io), one_request(service))
-                        .with_upgrades();
-                    drop(builders);
-                    Box::pin(drive(
-                        conn,
-                        stop,
-                        |c| c.graceful_shutdown(),
-                        std::future::pending(),
-                        std::future::pending(),
-                    ))
-                    .await
-                    .map_err(Into::into)
-                }
-            }
+    let ended = match protocol {
+        // The bytes read to decide the protocol, if any, are h1_server's first.
+        Protocol::Http1 => {
+            serve_http1(stream, prefix, peer, builders, handler, stop, settings).await
         }
-        (_, prefix) => {
-            // Requests in flight, for the idle timeout; answers' send
-            // progress, for the write timeout of a client whose windows stay shut.
-            let activity = Activity::new();
-            let progress = SendProgress::new();
-            let service = {
-                let (activity, progress) = (activity.clone(), progress.clone());
-                service_fn(move |req| {
-                    let guard = activity.begin();
-                    let answer = service.call(req);
-                    let progress = progress.clone();
-                    async move {
-                        let Ok(resp) = answer.await;
-                        drop(guard);
-                        Ok::<_, Infallible>(resp.map(|body| progress.watch(body)))
-                    }
-                })
-            };
-            let io = WriteTimeout::new(
-                Rewind::new(prefix.unwrap_or_default().freeze(), stream),
-                write_timeout,
-            );
-            let conn = builders.http2.serve_connection(TokioIo::new(io), service);
-            drop(builders);
-            Box::pin(drive(
-                conn,
-                stop,
-                |c| c.graceful_shutdown(),
-                activity.idle_for(settings.h2_idle_timeout),
-                progress.stalled_for(write_timeout),
-            ))
-            .await
-            .map_err(Into::into)
+        _ => {
+            let io = Rewind::new(prefix.freeze(), stream);
+            serve_http2(io, peer, builders, handler, stop, settings).await
         }
     };
     if let Err(e) = ended {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
+}
+
+/// Serves one accepted HTTPS connection: the handshake, then the protocol
+/// ALPN chose (HTTP/1.1 without ALPN).
+#[allow(clippy::too_many_arguments)]
+async fn tls_connection<F, Fut>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Arc<TlsAcceptor>,
+    builders: Arc<Builders>,
+    handler: Arc<F>,
+    mut stop: watch::Receiver<()>,
+    settings: HttpSettings,
+    _slot: Slot,
+) where
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let stream = tokio::select! {
+        accepted = tls.accept(stream) => match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                return;
+            }
+        },
+        // Shutdown: no request has started on this connection.
+        _ = stop.changed() => return,
+    };
+    drop(tls);
+    let ended = if crate::tls::is_h2(&stream) {
+        serve_http2(stream, peer, builders, handler, stop, settings).await
+    } else {
+        serve_http1(
+            stream,
+            BytesMut::new(),
+            peer,
+            builders,
+            handler,
+            stop,
+            settings,
+        )
+        .await
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, %peer, "TLS connection ended with an error");
+    }
+}
+
+/// The error a connection ends with.
+type ConnError = Box<dyn std::error::Error + Send + Sync>;
+
+/// hyper's view of the handler, for the connections (or the rest of one) it serves.
+fn hyper_service<F, Fut>(
+    handler: Arc<F>,
+    peer: SocketAddr,
+) -> impl hyper::service::Service<
+    Request<hyper::body::Incoming>,
+    Response = http::Response<ResponseBody>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<http::Response<ResponseBody>, Infallible>> + Send + 'static,
+> + Send
++ Clone
+where
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    service_fn(move |req: Request<hyper::body::Incoming>| {
+        let fut = handler(Box::new(req.map(ClientBody::hyper)), peer);
+        // hyper writes the answer from one map of its fields.
+        async move { Ok::<_, Infallible>(fut.await.into_http()) }
+    })
+}
+
+/// Serves HTTP/1.1 on `io` (`read`: bytes already read from it): h1_server
+/// for as long as it can, then hyper for the one request it hands over.
+async fn serve_http1<IO, F, Fut>(
+    io: IO,
+    read: BytesMut,
+    peer: SocketAddr,
+    builders: Arc<Builders>,
+    handler: Arc<F>,
+    stop: watch::Receiver<()>,
+    settings: HttpSettings,
+) -> Result<(), ConnError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    // Each protocol's connection future is boxed on its own, so an HTTP/1.1
+    // connection's memory is what HTTP/1.1 needs rather than the largest of
+    // the types.
+    let served = Box::pin(h1_server::serve(
+        io,
+        read,
+        peer,
+        settings.header_read_timeout,
+        settings.write_timeout,
+        builders.max_head,
+        settings.refusal,
+        &*handler,
+        &stop,
+    ))
+    .await;
+    let io = match served {
+        Ended::Closed => return Ok(()),
+        Ended::Handover(io) => WriteTimeout::new(io, settings.write_timeout),
+    };
+    let conn = builders
+        .http1_connection()
+        .serve_connection(TokioIo::new(io), one_request(hyper_service(handler, peer)))
+        .with_upgrades();
+    drop(builders);
+    Box::pin(drive(
+        conn,
+        stop,
+        |c| c.graceful_shutdown(),
+        std::future::pending(),
+        std::future::pending(),
+    ))
+    .await
+    .map_err(Into::into)
+}
+
+/// Serves HTTP/2 on `io` with hyper, with the idle timeout and the write
+/// timeout of a client whose windows stay shut.
+async fn serve_http2<IO, F, Fut>(
+    io: IO,
+    peer: SocketAddr,
+    builders: Arc<Builders>,
+    handler: Arc<F>,
+    stop: watch::Receiver<()>,
+    settings: HttpSettings,
+) -> Result<(), ConnError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    // Requests in flight, for the idle timeout; answers' send progress, for
+    // the write timeout.
+    let activity = Activity::new();
+    let progress = SendProgress::new();
+    let service = {
+        let service = hyper_service(handler, peer);
+        let (activity, progress) = (activity.clone(), progress.clone());
+        service_fn(move |req| {
+            let guard = activity.begin();
+            let answer = service.call(req);
+            let progress = progress.clone();
+            async move {
+                let Ok(resp) = answer.await;
+                drop(guard);
+                Ok::<_, Infallible>(resp.map(|body| progress.watch(body)))
+            }
+        })
+    };
+    let io = WriteTimeout::new(io, settings.write_timeout);
+    let conn = builders.http2.serve_connection(TokioIo::new(io), service);
+    drop(builders);
+    Box::pin(drive(
+        conn,
+        stop,
+        |c| c.graceful_shutdown(),
+        activity.idle_for(settings.h2_idle_timeout),
+        progress.stalled_for(settings.write_timeout),
+    ))
+    .await
+    .map_err(Into::into)
 }
 
 #[cfg(test)]

@@ -37,7 +37,8 @@ use tokio::task::JoinHandle;
 use crate::body::{ClientBody, ResponseBody};
 use crate::conn_limit::Connections;
 use crate::response::Response;
-use crate::server::{self, HttpSettings};
+use crate::server::{self, HttpSettings, Scheme};
+use crate::tls::TlsAcceptor;
 
 /// A proxy worker's index: `1..=n` for the workers [`spawn`] starts; `0`
 /// stands for any other thread (the main runtime, tests). Passed down the
@@ -81,26 +82,46 @@ pub fn bind(addr: SocketAddr, n: usize) -> io::Result<(Vec<std::net::TcpListener
     Ok((sockets, bound))
 }
 
-/// Starts one worker thread per listener, each serving its listener with
-/// the handler `handler_for` makes for its [`Worker`] index until `shutdown`
-/// turns true and then draining ([`server::serve`]). The returned task ends
-/// when every worker has stopped.
+/// The HTTPS side of the workers: one socket per worker (from [`bind`]) and
+/// the acceptor they share (one ticket key and session cache per replica).
+#[derive(Debug)]
+pub struct TlsListeners {
+    /// One per worker, in worker order.
+    pub sockets: Vec<std::net::TcpListener>,
+    /// The handshake every worker runs.
+    pub acceptor: Arc<TlsAcceptor>,
+}
+
+/// Starts one worker thread per listener, each serving its listener (and,
+/// with `tls`, its HTTPS socket) with the handlers `handler_for` makes for
+/// its [`Worker`] index and each [`Scheme`] until `shutdown` turns true and
+/// then draining ([`server::serve`], [`server::serve_tls`]). The returned
+/// task ends when every worker has stopped.
 pub fn spawn<M, F, Fut>(
     listeners: Vec<std::net::TcpListener>,
+    tls: Option<TlsListeners>,
     settings: HttpSettings,
     connections: Arc<Connections>,
     handler_for: M,
     shutdown: &watch::Receiver<bool>,
 ) -> io::Result<JoinHandle<()>>
 where
-    M: Fn(Worker) -> F,
+    M: Fn(Worker, Scheme) -> F,
     F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    let (mut tls_sockets, acceptor) = match tls {
+        Some(t) => (t.sockets.into_iter().map(Some).collect(), Some(t.acceptor)),
+        None => (Vec::new(), None),
+    };
+    tls_sockets.resize_with(listeners.len(), || None);
     let mut done = Vec::with_capacity(listeners.len());
-    for (i, listener) in listeners.into_iter().enumerate() {
+    for (i, (listener, tls_socket)) in listeners.into_iter().zip(tls_sockets).enumerate() {
         let index: Worker = i + 1;
-        let handler = handler_for(index);
+        let handler = handler_for(index, Scheme::Http);
+        let https = tls_socket
+            .zip(acceptor.clone())
+            .map(|(socket, acceptor)| (socket, acceptor, handler_for(index, Scheme::Https)));
         let shutdown = shutdown.clone();
         let connections = connections.clone();
         let (finished, stopped) = oneshot::channel::<()>();
@@ -113,10 +134,22 @@ where
                 // Dropped when this thread ends, however it ends.
                 let _finished = finished;
                 runtime.block_on(async move {
-                    match TcpListener::from_std(listener) {
-                        Ok(listener) => server::serve(listener, settings, connections, handler, shutdown).await,
-                        Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its socket"),
-                    }
+                    let https = async {
+                        let Some((socket, acceptor, handler)) = https else {
+                            return;
+                        };
+                        match TcpListener::from_std(socket) {
+                            Ok(listener) => server::serve_tls(listener, settings, acceptor, connections.clone(), handler, shutdown.clone()).await,
+                            Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its HTTPS socket"),
+                        }
+                    };
+                    let http = async {
+                        match TcpListener::from_std(listener) {
+                            Ok(listener) => server::serve(listener, settings, connections.clone(), handler, shutdown.clone()).await,
+                            Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its socket"),
+                        }
+                    };
+                    tokio::join!(http, https);
                 });
                 // The attempts' kept timers go before the runtime that files them.
                 crate::deadline::clear();
@@ -172,9 +205,10 @@ mod tests {
         };
         let handle = spawn(
             sockets,
+            None,
             settings,
             Connections::new("proxy", 100),
-            |worker| {
+            |worker, _scheme| {
                 move |_req, _peer| async move {
                     Response::new(ResponseBody::full(format!("worker {worker}")))
                 }

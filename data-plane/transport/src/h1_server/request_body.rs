@@ -18,8 +18,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
-use tokio::io::AsyncWrite;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::io::poll_read_buf;
 
 use crate::body::ClientBodyError;
@@ -195,10 +194,10 @@ impl Feeder {
 
     /// Reads the body from `buf` and `io` as the reader asks for it, until it
     /// is complete, abandoned or broken.
-    pub(crate) fn poll_feed(
+    pub(crate) fn poll_feed<IO: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
-        io: &mut TcpStream,
+        io: &mut IO,
         buf: &mut BytesMut,
     ) -> Poll<Fed> {
         loop {
@@ -208,11 +207,20 @@ impl Feeder {
                 Poll::Ready(true) => {}
             }
             if let Some(sent) = self.continue_sent {
-                match Pin::new(&mut *io).poll_write(cx, &CONTINUE[sent..]) {
+                // Written, then flushed (a TLS stream may keep the record otherwise).
+                let step = if sent < CONTINUE.len() {
+                    Pin::new(&mut *io).poll_write(cx, &CONTINUE[sent..])
+                } else {
+                    Pin::new(&mut *io).poll_flush(cx).map_ok(|()| 1)
+                };
+                match step {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(n)) if n > 0 => {
-                        let sent = sent + n;
-                        self.continue_sent = (sent < CONTINUE.len()).then_some(sent);
+                        self.continue_sent = if sent < CONTINUE.len() {
+                            Some(sent + n)
+                        } else {
+                            None
+                        };
                         continue;
                     }
                     Poll::Ready(_) => {
@@ -276,7 +284,7 @@ impl Drop for Feeder {
 /// connection's last answer when part of a body was left unread: closing a
 /// socket with unread bytes makes the kernel send a reset, which can destroy
 /// the answer before the client has read it (RFC 9112 §9.6).
-pub(crate) async fn linger(io: &mut TcpStream, limit: std::time::Duration) {
+pub(crate) async fn linger<IO: AsyncRead + Unpin>(io: &mut IO, limit: std::time::Duration) {
     const MOST: usize = 1 << 20;
     let drain = async {
         // On the heap: an array here would sit in every connection's future

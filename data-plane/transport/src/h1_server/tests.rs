@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use http::header::HeaderValue;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 
@@ -47,7 +47,7 @@ fn spawn_serve<H, Fut>(
     server: TcpStream,
     peer: SocketAddr,
     handler: H,
-) -> (tokio::task::JoinHandle<Ended>, watch::Sender<()>)
+) -> (tokio::task::JoinHandle<Ended<TcpStream>>, watch::Sender<()>)
 where
     H: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
