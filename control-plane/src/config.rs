@@ -224,6 +224,12 @@ impl Config {
         if let Err(e) = gateway_proto::validate::validate_api_keys(&self.api_keys) {
             problems.extend(e.problems);
         }
+        if let Err(e) = gateway_proto::validate::validate_client_certificates(
+            &self.upstreams,
+            &self.certificates,
+        ) {
+            problems.extend(e.problems);
+        }
         let notes: Vec<CertificateNotes> =
             match gateway_proto::validate::validate_certificates(&self.certificates) {
                 Ok(specs) => specs.iter().map(CertificateNotes::from).collect(),

@@ -194,7 +194,7 @@ async fn every_invalid_request_is_invalid_argument_and_changes_nothing() {
             "bad URL",
             "UpsertUpstream",
             r#"{"upstream": {"name": "bad", "instances": [{"id": "b1", "url": "ftp://example.com/x"}]}}"#,
-            r#"upstream "bad": instance "b1": url "ftp://example.com/x" must be http://host:port"#,
+            r#"upstream "bad": instance "b1": url "ftp://example.com/x" must be http://host:port or https://host:port"#,
         ),
         (
             "path not starting with /",

@@ -231,6 +231,7 @@ impl ProxyError {
             Self::RateLimited(_) => "rate_limited",
             Self::NoInstance => "no_instance",
             Self::Upstream(e) if e.is_connect() => "connect",
+            Self::Upstream(e) if e.is_tls() => "tls",
             Self::Upstream(e) if e.is_timeout() => "timeout",
             Self::Upstream(_) => "upstream",
             Self::AggregatePart { .. } => "aggregate_part",

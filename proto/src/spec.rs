@@ -21,7 +21,7 @@ use crate::v1::{
     AuthMode, HashOn, LbPolicy, RateLimit, RateLimitAlgorithm, RateLimitKey, RetryOn, Route,
     Upstream,
 };
-use crate::validate::{parse_instance_url, route_limits};
+use crate::validate::{parse_ca_pem, parse_instance_url, route_limits};
 
 /// A validated TLS certificate (`validate_certificates`), typed.
 pub use crate::validate::{CertificateSpec, KeyType};
@@ -130,6 +130,19 @@ pub struct UpstreamSpec<'a> {
     pub discovery: Option<DiscoverySpec<'a>>,
     /// Active health checking, if configured.
     pub health_check: Option<HealthCheckSpec<'a>>,
+    /// TLS to the instances (https:// instances, or discovery with `tls`); `None`: cleartext.
+    pub tls: Option<TlsSpec<'a>>,
+}
+
+/// How an upstream's instances are spoken to over TLS (`tls`, defaulted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSpec<'a> {
+    /// The CA certificates of `ca_pem`; `None`: the system's.
+    pub ca: Option<Vec<rustls_pki_types::CertificateDer<'static>>>,
+    /// `server_name`; `None`: each instance's host (discovery: the DNS name).
+    pub server_name: Option<&'a str>,
+    /// `client_certificate`: the certificate presented for mTLS.
+    pub client_certificate: Option<&'a str>,
 }
 
 /// An upstream's balancing policy (`lb_policy`, `hash_on`, `hash_header`).
@@ -190,6 +203,8 @@ pub struct InstanceSpec<'a> {
     pub url: &'a str,
     /// What to connect to: `host:port` (`[v6]:port` for an IPv6 address).
     pub authority: &'a str,
+    /// The URL's host (an IPv6 address without brackets): the TLS server name by default.
+    pub host: &'a str,
 }
 
 /// An upstream's circuit breaker settings, defaulted.
@@ -335,18 +350,18 @@ fn rate_limit(rl: &RateLimit) -> Result<RateLimitSpec<'_>, SpecError> {
     })
 }
 
-fn upstream(u: &Upstream) -> Result<UpstreamSpec<'_>, SpecError> {
-    let instances = u
+fn upstream<'a>(u: &'a Upstream) -> Result<UpstreamSpec<'a>, SpecError> {
+    let instances: Vec<InstanceSpec<'a>> = u
         .instances
         .iter()
         .map(|i| {
-            parse_instance_url(&i.url)
+            let parsed = parse_instance_url(&i.url)
                 .map_err(|e| format!("upstream {:?}: instance {:?}: url {e}", u.name, i.id))?;
-            let authority = i.url.strip_prefix("http://").unwrap_or(&i.url);
             Ok(InstanceSpec {
                 id: &i.id,
                 url: &i.url,
-                authority,
+                authority: parsed.authority,
+                host: parsed.host,
             })
         })
         .collect::<Result<_, SpecError>>()?;
@@ -410,6 +425,32 @@ fn upstream(u: &Upstream) -> Result<UpstreamSpec<'_>, SpecError> {
         unhealthy_threshold: hc.unhealthy_threshold.max(1),
         healthy_threshold: hc.healthy_threshold.max(1),
     });
+    // TLS: https:// instances, or discovery with `tls` set.
+    let over_tls = instances
+        .first()
+        .map_or(u.discovery.is_some() && u.tls.is_some(), |i| {
+            i.url.starts_with("https://")
+        });
+    let tls = over_tls
+        .then(|| {
+            let settings = u.tls.as_ref();
+            let ca = match settings
+                .map(|t| t.ca_pem.as_str())
+                .filter(|p| !p.is_empty())
+            {
+                Some(pem) => {
+                    Some(parse_ca_pem(pem).map_err(|e| format!("{}: tls.ca_pem {e}", who()))?)
+                }
+                None => None,
+            };
+            let non_empty = |s: &'a str| (!s.is_empty()).then_some(s);
+            Ok::<_, SpecError>(TlsSpec {
+                ca,
+                server_name: settings.and_then(|t| non_empty(&t.server_name)),
+                client_certificate: settings.and_then(|t| non_empty(&t.client_certificate)),
+            })
+        })
+        .transpose()?;
     Ok(UpstreamSpec {
         proto: u,
         instances,
@@ -417,6 +458,7 @@ fn upstream(u: &Upstream) -> Result<UpstreamSpec<'_>, SpecError> {
         balancing,
         discovery,
         health_check,
+        tls,
     })
 }
 

@@ -275,11 +275,28 @@ fn valid_escapes(s: &str) -> bool {
     true
 }
 
-/// Parses `http://host:port` into (host, port). Host is a DNS name, an IPv4
-/// address or a bracketed IPv6 address; nothing may follow the port.
-pub fn parse_instance_url(url: &str) -> Result<(&str, u16), &'static str> {
-    const MSG: &str = "must be http://host:port (no path, query or credentials)";
-    let rest = url.strip_prefix("http://").ok_or(MSG)?;
+/// An instance URL's parts ([`parse_instance_url`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceUrl<'a> {
+    /// `https://`: spoken to over TLS.
+    pub tls: bool,
+    /// The host: a DNS name, an IPv4 address, or an IPv6 address (without brackets).
+    pub host: &'a str,
+    /// The port.
+    pub port: u16,
+    /// `host:port` as written (`[v6]:port`): what to connect to.
+    pub authority: &'a str,
+}
+
+/// Parses `http://host:port` or `https://host:port`. Host is a DNS name, an
+/// IPv4 address or a bracketed IPv6 address; nothing may follow the port.
+pub fn parse_instance_url(url: &str) -> Result<InstanceUrl<'_>, &'static str> {
+    const MSG: &str =
+        "must be http://host:port or https://host:port (no path, query or credentials)";
+    let (tls, rest) = match url.strip_prefix("https://") {
+        Some(rest) => (true, rest),
+        None => (false, url.strip_prefix("http://").ok_or(MSG)?),
+    };
     let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
         let (h, p) = v6.split_once("]:").ok_or(MSG)?;
         h.parse::<std::net::Ipv6Addr>().map_err(|_| MSG)?;
@@ -295,7 +312,12 @@ pub fn parse_instance_url(url: &str) -> Result<(&str, u16), &'static str> {
         return Err(MSG);
     }
     match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok((host, p)),
+        Ok(p) if p > 0 => Ok(InstanceUrl {
+            tls,
+            host,
+            port: p,
+            authority: rest,
+        }),
         _ => Err("port must be 1 to 65535"),
     }
 }
@@ -464,6 +486,7 @@ impl Validator {
                 self.push(format!("{who}: instance \"{id}\": url \"{url}\" {why}"));
             }
         }
+        self.upstream_tls(&who, u);
         if let Some(hc) = &u.health_check {
             self.health_check(&who, hc);
         }
@@ -605,6 +628,8 @@ mod certificate;
 pub use certificate::*;
 mod proxy;
 pub use proxy::*;
+mod upstream_tls;
+pub use upstream_tls::*;
 
 #[cfg(test)]
 mod tests;

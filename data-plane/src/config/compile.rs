@@ -15,10 +15,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use std::hash::{Hash as _, Hasher as _};
+
 use gateway_proto::spec::{RouteSpec, UpstreamSpec};
 use gateway_proto::v1::ConfigSnapshot;
-use gateway_proto::validate::{validate_api_keys, validate_certificates};
+use gateway_proto::validate::CertificateSpec;
+use gateway_proto::validate::{
+    validate_api_keys, validate_certificates, validate_client_certificates,
+};
 use gateway_proto::{ValidationError, validate_config};
+use gateway_transport::pool::InstanceTls;
+use gateway_transport::upstream_io::{UpstreamTls, UpstreamTlsError};
 
 use super::certificates::Certificates;
 use super::{Compiled, RouteEntry, RoutePolicies, Target};
@@ -89,6 +96,16 @@ pub enum CompileError {
     /// An API key that cannot be used (validation refuses it first).
     #[error(transparent)]
     ApiKey(#[from] ApiKeyCompileError),
+    /// An upstream's TLS client cannot be built (a CA rustls refuses, no
+    /// system CA certificates, a client certificate that is not in the snapshot).
+    #[error("upstream {upstream:?}: {source}")]
+    UpstreamTls {
+        /// Upstream name.
+        upstream: String,
+        /// Why.
+        #[source]
+        source: UpstreamTlsError,
+    },
     /// The router refused a route.
     #[error("route {route:?}: {source}")]
     Router {
@@ -122,8 +139,15 @@ pub fn compile_with_members(
 ) -> Result<Compiled, CompileError> {
     let spec = validate_config(&snapshot.routes, &snapshot.upstreams)?;
     validate_api_keys(&snapshot.api_keys)?;
-    // TLS certificates (chain, key, SNI hosts), for the HTTPS listener.
-    let certificates = Certificates::new(&validate_certificates(&snapshot.certificates)?);
+    // TLS certificates (chain, key, SNI hosts), for the HTTPS listener and
+    // as upstreams' client certificates.
+    let certificate_specs = validate_certificates(&snapshot.certificates)?;
+    validate_client_certificates(&snapshot.upstreams, &snapshot.certificates)?;
+    let certificates = Certificates::new(&certificate_specs);
+    let client_keys: HashMap<&str, &CertificateSpec<'_>> = certificate_specs
+        .iter()
+        .map(|c| (c.proto.name.as_str(), c))
+        .collect();
     let api_keys = ApiKeys::compile(&snapshot.api_keys)?;
 
     let old_instances: HashMap<&InstanceKey, &Arc<InstanceState>> = previous
@@ -161,13 +185,13 @@ pub fn compile_with_members(
         .upstreams
         .iter()
         .map(|u| {
-            let entry = compile_upstream(u, &old_instances, pool, members);
-            Arc::new(match old_budgets.get(u.proto.name.as_str()) {
+            let entry = compile_upstream(u, &old_instances, pool, members, &client_keys)?;
+            Ok(Arc::new(match old_budgets.get(u.proto.name.as_str()) {
                 Some(b) => entry.with_retry_budget(Arc::clone(b)),
                 None => entry,
-            })
+            }))
         })
-        .collect();
+        .collect::<Result<_, CompileError>>()?;
     upstreams.sort_by(|a, b| a.name.cmp(&b.name));
     let by_name: HashMap<&str, &Arc<UpstreamEntry>> =
         upstreams.iter().map(|u| (&*u.name, u)).collect();
@@ -266,43 +290,116 @@ fn compile_aggregate(
     Ok(Aggregate::new(parts))
 }
 
+/// An upstream's TLS client (`None`: cleartext) and the identity of its
+/// settings, which instances keep their pools under: a change of CA, server
+/// name or client certificate makes new connections.
+fn upstream_tls(
+    spec: &UpstreamSpec<'_>,
+    client_keys: &HashMap<&str, &CertificateSpec<'_>>,
+) -> Result<Option<(Arc<UpstreamTls>, u64)>, CompileError> {
+    let Some(tls) = &spec.tls else {
+        return Ok(None);
+    };
+    let fail = |source| CompileError::UpstreamTls {
+        upstream: spec.proto.name.clone(),
+        source,
+    };
+    let client = match tls.client_certificate {
+        Some(name) => Some(*client_keys.get(name).ok_or_else(|| {
+            fail(UpstreamTlsError::Rustls(rustls::Error::General(format!(
+                "tls.client_certificate {name:?} is not in the snapshot"
+            ))))
+        })?),
+        None => None,
+    };
+    let built = UpstreamTls::new(
+        tls.ca.as_deref(),
+        tls.server_name,
+        client.map(|c| &*c.certified_key),
+    )
+    .map_err(fail)?;
+    let mut identity = std::hash::DefaultHasher::new();
+    (
+        &tls.ca,
+        tls.server_name,
+        client.map(|c| &c.sha256_fingerprint),
+    )
+        .hash(&mut identity);
+    Ok(Some((Arc::new(built), identity.finish())))
+}
+
+/// An instance of an upstream, as compiling finds it.
+struct Listed {
+    id: Arc<str>,
+    url: Arc<str>,
+    /// What to connect to.
+    authority: String,
+    /// The TLS server name unless the upstream sets one.
+    host: Arc<str>,
+}
+
 fn compile_upstream(
     spec: &UpstreamSpec<'_>,
     old: &HashMap<&InstanceKey, &Arc<InstanceState>>,
     pool: PoolSettings,
     members: &Members,
-) -> UpstreamEntry {
+    client_keys: &HashMap<&str, &CertificateSpec<'_>>,
+) -> Result<UpstreamEntry, CompileError> {
     let u = spec.proto;
     let name: Arc<str> = u.name.as_str().into();
     let target = spec.discovery.as_ref().map(dns::Target::from_spec);
-    // (id, url, authority) of every instance: listed, or one per discovered
-    // address (id "ADDRESS:port", url "http://ADDRESS:port").
-    let listed: Vec<(Arc<str>, Arc<str>, String)> = match &target {
-        None => spec
-            .instances
-            .iter()
-            .map(|i| (i.id.into(), i.url.into(), i.authority.to_owned()))
-            .collect(),
-        Some(_) => members
+    let tls = upstream_tls(spec, client_keys)?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    // Every instance: listed, or one per discovered address (id
+    // "ADDRESS:port", url "http(s)://ADDRESS:port", host the DNS name).
+    let listed: Vec<Listed> = match (&target, &spec.discovery) {
+        (Some(_), Some(discovery)) => members
             .addrs(&u.name)
             .iter()
             .map(|addr| {
                 let id = addr.to_string();
-                let url = format!("http://{id}");
-                (id.as_str().into(), url.into(), id)
+                Listed {
+                    url: format!("{scheme}://{id}").into(),
+                    id: id.as_str().into(),
+                    authority: id,
+                    host: discovery.dns_name.into(),
+                }
+            })
+            .collect(),
+        _ => spec
+            .instances
+            .iter()
+            .map(|i| Listed {
+                id: i.id.into(),
+                url: i.url.into(),
+                authority: i.authority.to_owned(),
+                host: i.host.into(),
             })
             .collect(),
     };
     let mut instances = Vec::with_capacity(listed.len());
-    for (id, url, authority) in listed {
+    for Listed {
+        id,
+        url,
+        authority,
+        host,
+    } in listed
+    {
         let key = InstanceKey {
             upstream: name.clone(),
             id,
             url,
+            tls: tls.as_ref().map(|(_, identity)| *identity),
         };
         let state = match old.get(&key) {
             Some(s) => Arc::clone(s),
-            None => Arc::new(InstanceState::new(key, &authority, pool)),
+            None => {
+                let tls = tls.as_ref().map(|(client, _)| InstanceTls {
+                    client: client.clone(),
+                    host,
+                });
+                Arc::new(InstanceState::new(key, &authority, pool, tls))
+            }
         };
         instances.push(state);
     }
@@ -310,10 +407,10 @@ fn compile_upstream(
     let entry = UpstreamEntry::new(name, instances, spec.breaker, health)
         .with_policy(Policy::from_spec(&spec.balancing))
         .with_signer(Signer::new(&u.identity_signing_secret));
-    match target {
+    Ok(match target {
         Some(t) => entry.with_discovery(t),
         None => entry,
-    }
+    })
 }
 
 /// Parses a route's policies once, off the request path.
@@ -581,7 +678,7 @@ mod tests {
                 .contains("upstream \"missing\" does not exist"),
             "{e}"
         );
-        let s = snapshot(1, &[("o1", "https://x:1")]);
+        let s = snapshot(1, &[("o1", "ftp://x:1")]);
         let e = compile(&s, &Compiled::default(), PoolSettings::default()).unwrap_err();
         assert!(e.to_string().contains("url"), "{e}");
     }

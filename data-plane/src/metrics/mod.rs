@@ -162,8 +162,10 @@ impl RouteMetrics {
 
 /// The `kind` labels of `gateway_upstream_errors_total`, in order: could not
 /// connect (or nothing of the request was written), no response head in time,
-/// the exchange failed after the request was sent, the instance answered 5xx.
-const ERROR_KINDS: [&str; 4] = ["connect", "timeout", "protocol", "status_5xx"];
+/// the exchange failed after the request was sent, the instance answered 5xx,
+/// the TLS handshake with an https:// instance failed.
+const ERROR_KINDS: [&str; 5] = ["connect", "timeout", "protocol", "status_5xx", "tls"];
+const TLS: usize = 4;
 const STATUS_5XX: usize = 3;
 
 /// Counters of one upstream instance.
@@ -173,7 +175,7 @@ pub struct InstanceMetrics {
     pub attempts: AtomicU64,
     /// Attempts that were a retry moved to this instance after another failed.
     pub retries: AtomicU64,
-    errors: [AtomicU64; 4],
+    errors: [AtomicU64; 5],
     /// Times its breaker opened.
     pub breaker_opened: AtomicU64,
     /// Active health checks that failed.
@@ -185,6 +187,8 @@ impl InstanceMetrics {
     pub fn failed(&self, error: &UpstreamError) {
         let kind = if error.is_timeout() {
             1
+        } else if error.is_tls() {
+            TLS
         } else if error.never_reached() {
             0
         } else {
@@ -199,7 +203,7 @@ impl InstanceMetrics {
     }
 
     /// The error counters with their `kind` labels, in label order.
-    pub fn errors(&self) -> [(&'static str, u64); 4] {
+    pub fn errors(&self) -> [(&'static str, u64); 5] {
         std::array::from_fn(|i| (ERROR_KINDS[i], self.errors[i].load(Ordering::Relaxed)))
     }
 }

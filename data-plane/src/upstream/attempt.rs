@@ -48,6 +48,8 @@ pub struct Attempt<'a> {
 pub fn error_label(error: &UpstreamError) -> &'static str {
     if error.is_timeout() {
         "timeout"
+    } else if error.is_tls() {
+        "tls"
     } else if error.never_reached() {
         "connect"
     } else if error.side() == Side::Client {

@@ -298,11 +298,13 @@ mod tests {
             upstream: "u".into(),
             id: id.into(),
             url: "http://127.0.0.1:1".into(),
+            tls: None,
         };
         Arc::new(InstanceState::new(
             key,
             "127.0.0.1:1",
             PoolSettings::default(),
+            None,
         ))
     }
 

@@ -22,12 +22,11 @@ use std::time::Duration;
 use gateway_proto::spec::HealthCheckSpec;
 use http::{Request, header};
 use rand::Rng as _;
-use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use gateway_transport::body::RequestBody;
-use gateway_transport::h1::Conn;
-use gateway_transport::upstream_error::UpstreamError;
+use gateway_transport::pool::Pool;
+use gateway_transport::upstream_error::{Failure, UpstreamError};
 
 use crate::upstream::{InstanceKey, InstanceState, UpstreamEntry};
 
@@ -84,9 +83,9 @@ impl HealthTracker {
 /// Why one check failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
-    /// Connecting failed.
+    /// Connecting failed (TCP, or the TLS handshake of an https:// instance).
     #[error("connect failed: {0}")]
-    Connect(#[source] std::io::Error),
+    Connect(Failure),
     /// The HTTP exchange failed.
     #[error("HTTP error: {0}")]
     Http(#[source] UpstreamError),
@@ -101,21 +100,20 @@ pub enum CheckError {
     Status(http::StatusCode),
 }
 
-/// Sends one check: `GET path` to `authority` on a fresh connection, with
-/// the transport's HTTP/1.1 client (the one requests use).
-pub async fn check_once(authority: &str, path: &str, timeout: Duration) -> Result<(), CheckError> {
+/// Sends one check: `GET path` to the instance of `pool` on a fresh
+/// connection made as requests' are (TCP, and TLS for an https:// instance),
+/// with the transport's HTTP/1.1 client (the one requests use).
+pub async fn check_once(pool: &Pool, path: &str, timeout: Duration) -> Result<(), CheckError> {
+    let authority = pool.authority();
     let exchange = async {
-        let stream = TcpStream::connect(authority)
-            .await
-            .map_err(CheckError::Connect)?;
-        let _ = stream.set_nodelay(true);
+        let conn = pool.fresh_connection().await.map_err(CheckError::Connect)?;
         let req = Request::get(path)
             .header(header::HOST, authority)
             .header(header::USER_AGENT, "gateway-health-check")
             .header(header::CONNECTION, "close")
             .body(RequestBody::empty())
             .map_err(CheckError::Request)?;
-        let resp = Conn::new(stream)
+        let resp = conn
             .send(Box::new(req), authority)
             .await
             .map_err(|failed| CheckError::Http(failed.error))?;
@@ -140,7 +138,7 @@ async fn run_checks(instance: Arc<InstanceState>, s: HealthSettings) {
     tokio::time::sleep(first).await;
     let mut tracker = HealthTracker::default();
     loop {
-        let result = check_once(instance.pool.authority(), &s.path, s.timeout).await;
+        let result = check_once(&instance.pool, &s.path, s.timeout).await;
         if let Err(e) = &result {
             instance
                 .metrics
@@ -290,7 +288,8 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         drop(l);
-        let e = check_once(&addr, "/health", Duration::from_secs(2))
+        let pool = Pool::new(addr, gateway_transport::pool::PoolSettings::default());
+        let e = check_once(&pool, "/health", Duration::from_secs(2))
             .await
             .unwrap_err();
         assert!(matches!(e, CheckError::Connect(_)), "{e}");

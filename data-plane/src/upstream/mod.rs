@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use gateway_transport::in_flight::{InFlight, InFlightCount};
-use gateway_transport::pool::{Pool, PoolSettings};
+use gateway_transport::pool::{InstanceTls, Pool, PoolSettings};
 
 use crate::metrics::InstanceMetrics;
 use crate::policy::signature::Signer;
@@ -115,6 +115,9 @@ pub struct InstanceKey {
     pub id: Arc<str>,
     /// Instance URL (`http://host:port`).
     pub url: Arc<str>,
+    /// The identity of the upstream's TLS settings (`None`: cleartext): a
+    /// change makes a new instance state, with new connections.
+    pub tls: Option<u64>,
 }
 
 /// Everything about one upstream instance that outlives a configuration version.
@@ -140,12 +143,17 @@ pub struct InstanceState {
 
 impl InstanceState {
     /// State for an instance at `authority` (`host:port`).
-    pub fn new(key: InstanceKey, authority: &str, pool: PoolSettings) -> Self {
+    pub fn new(
+        key: InstanceKey,
+        authority: &str,
+        pool: PoolSettings,
+        tls: Option<InstanceTls>,
+    ) -> Self {
         Self {
             id: key.id.clone(),
             hash_seed: balancer::instance_seed(&key.id),
             key,
-            pool: Pool::new(authority, pool),
+            pool: Pool::with_tls(authority, pool, tls),
             breaker: Breaker::new(),
             healthy: AtomicBool::new(true),
             in_flight: Arc::default(),

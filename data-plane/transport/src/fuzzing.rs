@@ -365,7 +365,10 @@ fn read_body(bytes: &[u8], framing: RespFraming, keep_alive: bool, piece: usize)
         }
         let left = body.conn.buf.len() + pieces.map(<[u8]>::len).sum::<usize>();
         let read = BodyRead { data, end, left };
-        (read, body.conn.io)
+        let crate::upstream_io::UpstreamIo::Tcp(io) = body.conn.io else {
+            unreachable!("the harness's connection is TCP")
+        };
+        (read, io)
     })
 }
 

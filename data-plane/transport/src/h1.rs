@@ -44,7 +44,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWriteExt as _;
-use tokio::net::TcpStream;
 use tokio_util::io::poll_read_buf;
 
 use crate::body::RequestBody;
@@ -53,6 +52,7 @@ use crate::response::{Fields, Response};
 use crate::response_head::{Kept, RawFields};
 use crate::rewind::Rewind;
 use crate::upstream_error::{Failure, SendError, UpstreamError};
+use crate::upstream_io::UpstreamIo;
 
 /// Most header fields a response head may have.
 pub const MAX_HEADERS: usize = 100;
@@ -66,7 +66,7 @@ const READ_CHUNK: usize = 8 * 1024;
 /// response body that owns it stays small to move.
 #[derive(Debug)]
 pub struct Conn {
-    pub(crate) io: TcpStream,
+    pub(crate) io: UpstreamIo,
     /// Bytes read and not yet consumed (empty while idle).
     pub(crate) buf: BytesMut,
     /// The request head being written (kept for its allocation).
@@ -85,10 +85,11 @@ enum ReqFraming {
 }
 
 impl Conn {
-    /// A connection over `io` (connected, `TCP_NODELAY` set by the caller).
-    pub fn new(io: TcpStream) -> Box<Self> {
+    /// A connection over `io` (connected, `TCP_NODELAY` set by the caller;
+    /// for TLS, the handshake done).
+    pub fn new(io: impl Into<UpstreamIo>) -> Box<Self> {
         Box::new(Self {
-            io,
+            io: io.into(),
             buf: BytesMut::new(),
             head: Vec::new(),
         })
@@ -98,9 +99,7 @@ impl Conn {
     /// has neither closed it nor sent anything unasked. Costs a system call
     /// only when the socket has become readable since its last read.
     pub fn is_reusable(&self) -> bool {
-        let mut probe = [0u8; 1];
-        self.buf.is_empty()
-            && matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        self.buf.is_empty() && self.io.is_idle_open()
     }
 
     /// Sends `req` (origin-form URI) and reads the response head. `authority`
@@ -145,6 +144,10 @@ impl Conn {
             } else {
                 failed(e, req, framing)
             });
+        }
+        // A TLS stream may hold the last record of the head (a TCP stream's flush does nothing).
+        if let Err(e) = self.io.flush().await {
+            return Err(failed(Failure::Io(e), req, framing));
         }
         let head_request = req.method() == Method::HEAD;
         let mut early = false;
@@ -232,7 +235,7 @@ impl Conn {
 pub enum Upgrade {
     /// 101 Switching Protocols: the connection is the new protocol's now,
     /// the bytes read past the head in front.
-    Switched(Response<()>, Rewind),
+    Switched(Response<()>, Rewind<UpstreamIo>),
     /// Any other answer, as a response (its connection closes with the body).
     Answered(Response<H1Body>),
 }
@@ -329,15 +332,20 @@ async fn write_body<W: tokio::io::AsyncWrite + Unpin>(
                 chunk.extend_from_slice(&data);
                 chunk.extend_from_slice(b"\r\n");
                 wr.write_all(&chunk).await.map_err(Failure::Io)?;
+                wr.flush().await.map_err(Failure::Io)?;
                 continue;
             }
             _ => {}
         }
         wr.write_all(&data).await.map_err(Failure::Io)?;
+        wr.flush().await.map_err(Failure::Io)?;
     }
     match framing {
         ReqFraming::Length(n) if sent != n => Err(Failure::BodyLength),
-        ReqFraming::Chunked => wr.write_all(b"0\r\n\r\n").await.map_err(Failure::Io),
+        ReqFraming::Chunked => {
+            wr.write_all(b"0\r\n\r\n").await.map_err(Failure::Io)?;
+            wr.flush().await.map_err(Failure::Io)
+        }
         _ => Ok(()),
     }
 }
@@ -801,6 +809,7 @@ impl Body for H1Body {
 mod tests {
     use super::*;
     use http_body_util::BodyExt as _;
+    use tokio::net::TcpStream;
 
     #[test]
     fn name_is_eq_ignore_ascii_case_on_tokens() {

@@ -10,7 +10,7 @@
 //!   cap on open connections), [`tls`] (the HTTPS listener's handshake), [`tunnels`] (connections that outlive their
 //!   exchange, for shutdown);
 //! * upstream side: [`h1`] (the HTTP/1.1 client), [`pool`] (per-instance
-//!   keep-alive pools), [`in_flight`] (requests in flight per instance);
+//!   keep-alive pools), [`upstream_io`] (TCP or TLS to an instance), [`in_flight`] (requests in flight per instance);
 //! * both: [`framing`] (body framing), [`body`] (request and response body
 //!   types), [`response`] (the response and its header fields),
 //!   [`response_head`] (upstream fields forwarded as bytes),
@@ -37,6 +37,7 @@ pub mod server;
 pub mod tls;
 pub mod tunnels;
 pub mod upstream_error;
+pub mod upstream_io;
 pub mod workers;
 
 #[doc(hidden)]

@@ -31,6 +31,7 @@ use crate::body::RequestBody;
 use crate::h1::{Conn, H1Body, Upgrade};
 use crate::response::Response;
 use crate::upstream_error::{Failure, SendError};
+use crate::upstream_io::{UpstreamIo, UpstreamTls};
 use crate::workers::Worker;
 
 /// Pool limits, the same for every instance.
@@ -67,6 +68,8 @@ struct Idle {
 
 struct Inner {
     authority: Arc<str>,
+    /// For an https:// instance: its upstream's TLS client, and the host its certificate is checked against by default.
+    tls: Option<InstanceTls>,
     settings: PoolSettings,
     /// One list per slot (see [`PoolSettings::slots`]).
     idle: Box<[Slot]>,
@@ -139,11 +142,30 @@ impl Checkin {
     }
 }
 
+/// How a pool's connections are made TLS (an https:// instance).
+#[derive(Debug, Clone)]
+pub struct InstanceTls {
+    /// The upstream's TLS client.
+    pub client: Arc<UpstreamTls>,
+    /// The instance URL's host: the server name unless the upstream sets one.
+    pub host: Arc<str>,
+}
+
 impl Pool {
-    /// A pool for the instance at `authority` (`host:port`).
+    /// A pool for the cleartext instance at `authority` (`host:port`).
     pub fn new(authority: impl Into<Arc<str>>, settings: PoolSettings) -> Self {
+        Self::with_tls(authority, settings, None)
+    }
+
+    /// A pool for the instance at `authority`, over TLS when `tls` is set.
+    pub fn with_tls(
+        authority: impl Into<Arc<str>>,
+        settings: PoolSettings,
+        tls: Option<InstanceTls>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
+                tls,
                 authority: authority.into(),
                 settings,
                 idle: (0..settings.slots.max(1))
@@ -194,6 +216,41 @@ impl Pool {
         Ok(stream)
     }
 
+    /// A new connection to the instance: TCP, then the TLS handshake for an
+    /// https:// instance (within the connect timeout too).
+    async fn connect(&self) -> Result<UpstreamIo, Failure> {
+        let tcp = self.connect_tcp().await?;
+        let Some(tls) = &self.inner.tls else {
+            return Ok(tcp.into());
+        };
+        let authority = &self.inner.authority;
+        match tokio::time::timeout(
+            self.inner.settings.connect_timeout,
+            tls.client.connect(&tls.host, tcp),
+        )
+        .await
+        {
+            Ok(Ok(io)) => Ok(io),
+            Ok(Err(source)) => Err(Failure::Tls {
+                authority: authority.clone(),
+                source,
+            }),
+            Err(_) => Err(Failure::Tls {
+                authority: authority.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no TLS handshake within the connect timeout",
+                ),
+            }),
+        }
+    }
+
+    /// A new connection to the instance, outside the idle lists (active
+    /// health checks: each on a connection of its own, closed after it).
+    pub async fn fresh_connection(&self) -> Result<Box<Conn>, Failure> {
+        Ok(Conn::new(self.connect().await?))
+    }
+
     /// A new hyper connection whose task hands the socket over to
     /// `hyper::upgrade::on` after a 101 answer instead of closing it.
     /// Sends an upgrade request (a WebSocket handshake) on a new connection of
@@ -201,7 +258,7 @@ impl Pool {
     /// to the tunnel, and after any other answer it is closed with the
     /// response body. Errors as in [`Pool::send`] (never on a reused connection).
     pub async fn send_upgrade(&self, req: Box<Request<RequestBody>>) -> Result<Upgrade, SendError> {
-        let stream = match self.connect_tcp().await {
+        let stream = match self.connect().await {
             Ok(s) => s,
             Err(failure) => return Err(SendError::not_sent(req, failure)),
         };
@@ -225,7 +282,7 @@ impl Pool {
         loop {
             let (conn, reused) = match self.take_idle(now, worker) {
                 Some(c) => (c, true),
-                None => match self.connect_tcp().await {
+                None => match self.connect().await {
                     Ok(s) => (Conn::new(s), false),
                     Err(failure) => return Err(SendError::not_sent(req, failure)),
                 },

@@ -33,6 +33,16 @@ pub enum Failure {
         /// host:port of the instance.
         authority: Arc<str>,
     },
+    /// The TLS handshake with an https:// instance failed (its certificate
+    /// not trusted or not for its name, no common protocol, the instance
+    /// wanting a client certificate it did not get), or did not finish within
+    /// the connect timeout. Nothing of the request was sent.
+    Tls {
+        /// host:port of the instance.
+        authority: Arc<str>,
+        /// The cause.
+        source: io::Error,
+    },
     /// Reading from or writing to the upstream connection failed.
     Io(io::Error),
     /// The upstream closed the connection before its response was complete.
@@ -52,6 +62,9 @@ impl fmt::Display for Failure {
         match self {
             Self::Connect { authority, .. } => write!(f, "connecting to {authority} failed"),
             Self::ConnectTimeout { authority } => write!(f, "connecting to {authority} timed out"),
+            Self::Tls { authority, source } => {
+                write!(f, "the TLS handshake with {authority} failed: {source}")
+            }
             Self::Io(_) => f.write_str("upstream connection I/O failed"),
             Self::Closed => {
                 f.write_str("the upstream closed the connection before the response was complete")
@@ -143,6 +156,11 @@ impl UpstreamError {
             self.failure,
             Failure::Connect { .. } | Failure::ConnectTimeout { .. }
         )
+    }
+
+    /// Whether the TLS handshake with the instance failed.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.failure, Failure::Tls { .. })
     }
 
     /// Whether the time allowed for the response head ran out.

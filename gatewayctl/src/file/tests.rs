@@ -115,7 +115,7 @@ fn validation_problems_point_at_the_route_and_field() {
     assert_eq!(
         p,
         [
-            "gw.yaml:16: upstream \"users\": instance \"users-1\": url \"ftp://x\" must be http://host:port (no path, query or credentials)"
+            "gw.yaml:16: upstream \"users\": instance \"users-1\": url \"ftp://x\" must be http://host:port or https://host:port (no path, query or credentials)"
         ]
     );
 }

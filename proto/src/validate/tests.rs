@@ -298,12 +298,13 @@ fn instances() {
         "http://localhost:80",
         "http://[::1]:8080",
         "http://orders-1:9000",
+        "https://orders-1:9443",
     ] {
         u.instances[0].url = good.into();
         assert!(check_upstream(u.clone()).is_ok(), "{good}");
     }
     for bad in [
-        "https://a:1",
+        "https://a",
         "http://a",
         "http://a:0",
         "http://a:70000",
