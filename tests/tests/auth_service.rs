@@ -351,7 +351,10 @@ async fn failed_logins_are_throttled_per_name_and_per_address() -> Result<()> {
         .arg("auth:{login}:ip:203.0.113.50")
         .query_async(&mut redis)
         .await?;
-    ensure!(count == Some(5), "auth:{{login}}:ip:203.0.113.50 = {count:?}");
+    ensure!(
+        count == Some(5),
+        "auth:{{login}}:ip:203.0.113.50 = {count:?}"
+    );
     let ttl: i64 = redis::cmd("TTL")
         .arg("auth:{login}:user:alice")
         .query_async(&mut redis)
