@@ -41,8 +41,10 @@ pub struct Cli {
     pub database: PathBuf,
 
     /// Redis holding refresh-token families (only SHA-256 hashes of tokens are stored):
-    /// `redis://[[user]:password@]host:port[/db]`, or `rediss://…` for TLS. Printed only
-    /// redacted (`redis://:***@host:port`); prefer the environment variable to the flag for a
+    /// `redis://[[user]:password@]host:port[/db]`, Sentinel
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/MASTER_NAME`, Cluster
+    /// `redis+cluster://[user:password@]host:port[,host:port…]`; `rediss…` of each for TLS.
+    /// Printed only redacted (`redis://:***@host:port`); prefer the environment variable to the flag for a
     /// URL with a password (a command line is visible in `ps`).
     #[arg(
         long,

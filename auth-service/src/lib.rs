@@ -29,8 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_redis::{RedisTarget, RedisTargetError};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use gateway_redis::{ConnectOptions, RedisConnection, RedisTarget, RedisTargetError};
 use tokio::net::TcpListener;
 
 use crate::args::ServerConfig;
@@ -64,27 +63,23 @@ pub enum RunError {
     },
 }
 
-/// The process's one Redis connection manager: connects lazily (the service starts even while
-/// Redis is down and answers 503 on token endpoints) and fails requests fast when Redis is slow.
-/// `redis://` or `rediss://`, with or without a password: the target's client carries it all.
-pub fn redis_connection(target: &RedisTarget) -> Result<ConnectionManager, RedisTargetError> {
-    let client = target.client()?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(1)))
-        .set_response_timeout(Some(Duration::from_secs(2)))
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(500));
-    ConnectionManager::new_lazy_with_config(client, config).map_err(|source| {
-        RedisTargetError::Client {
-            url: target.url().redacted().to_owned(),
-            source,
-        }
+/// The process's one Redis connection: connects lazily (the service starts even while Redis
+/// is down and answers 503 on token endpoints) and fails requests fast when Redis is slow.
+/// One Redis, Sentinel (following failovers) or Cluster, plain or TLS, with or without a
+/// password: the target carries it all.
+pub fn redis_connection(target: &RedisTarget) -> Result<RedisConnection, RedisTargetError> {
+    target.connect(&ConnectOptions {
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        retries: 2,
+        min_retry_delay: Duration::from_millis(50),
+        max_retry_delay: Duration::from_millis(500),
     })
 }
 
 /// One `PING` at start-up, so a wrong password, an untrusted certificate or an unreachable
 /// Redis is reported at once with its reason (the URL only redacted), not at the first login.
-async fn check_redis(mut conn: ConnectionManager, target: RedisTarget) {
+async fn check_redis(mut conn: RedisConnection, target: RedisTarget) {
     let ping = redis::cmd("PING");
     match tokio::time::timeout(
         Duration::from_secs(5),

@@ -1,9 +1,17 @@
 //! Refresh tokens: opaque, 256-bit random, rotated on every use, grouped in families.
 //!
 //! Redis layout (only SHA-256 hashes of tokens are stored, never the tokens):
-//! * `auth:fam:<family>` — hash `{current, sub, role, expires_at, revoked}`; expires with the family.
-//! * `auth:rt:<sha256 hex>` — the family of every token ever issued in it, so a replayed
-//!   (already consumed) token can still be traced to its family and burn it.
+//! * `auth:{<tag>}:fam:<family>` — hash `{current, sub, role, expires_at, revoked}`; expires
+//!   with the family.
+//! * `auth:{<tag>}:rt:<sha256 hex>` — the family of every token ever issued in it, so a
+//!   replayed (already consumed) token can still be traced to its family and burn it.
+//!
+//! `<tag>` is the family id's first 8 hex digits, and every token of the family starts with
+//! those 4 bytes (then 28 random ones: still 32 bytes, 43 base64url characters). So a token
+//! names its family's hash tag: on Redis Cluster a family and all its tokens share one slot,
+//! and each script below touches one slot only. Families created before this layout
+//! (`auth:fam:<family>`, `auth:rt:<hash>`, found when the tagged lookup misses) keep working
+//! on one Redis until they expire (7 days); they rotate within the old layout.
 //!
 //! A family lives at most [`REFRESH_TOKEN_TTL_SECS`] from login; rotation never extends it.
 //! Consumption is one Lua script (`lua/rotate.lua`), so two concurrent refreshes of one token
@@ -11,8 +19,8 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use gateway_redis::RedisConnection;
 use redis::Script;
-use redis::aio::ConnectionManager;
 use sha2::{Digest as _, Sha256};
 
 /// Absolute lifetime of a refresh-token family: 7 days from login.
@@ -87,7 +95,7 @@ pub enum RefreshError {
 /// Refresh-token families in Redis.
 #[derive(Clone)]
 pub struct RefreshStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     create: Script,
     rotate: Script,
     revoke: Script,
@@ -104,28 +112,66 @@ pub fn token_hash(token: &str) -> String {
     gateway_hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-fn new_token() -> (String, String) {
-    let token = URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
+/// Bytes of a token (and of its family id) that name the family's hash tag.
+const TAG_BYTES: usize = 4;
+
+/// A new token of the family whose id starts with `tag`: the tag's bytes, then random ones.
+fn new_token(tag: [u8; TAG_BYTES]) -> (String, String) {
+    let mut bytes: [u8; 32] = rand::random();
+    bytes[..TAG_BYTES].copy_from_slice(&tag);
+    let token = URL_SAFE_NO_PAD.encode(bytes);
     let hash = token_hash(&token);
     (token, hash)
 }
 
-/// True if `token` has the shape of one we issue (43 base64url characters = 32 bytes).
-fn well_formed(token: &str) -> bool {
-    token.len() == 43 && URL_SAFE_NO_PAD.decode(token).is_ok_and(|b| b.len() == 32)
+/// The 32 bytes of `token` if it has the shape of one we issue (43 base64url characters).
+fn decode(token: &str) -> Option<[u8; 32]> {
+    if token.len() != 43 {
+        return None;
+    }
+    URL_SAFE_NO_PAD.decode(token).ok()?.try_into().ok()
 }
 
-fn family_key(family: &str) -> String {
-    format!("{PREFIX}fam:{family}")
+/// Where a family's keys live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `auth:{<tag>}:…`: one slot per family.
+    Tagged,
+    /// `auth:fam:…`, `auth:rt:…`: families created before the tags.
+    Legacy,
 }
 
-fn token_key(hash: &str) -> String {
-    format!("{PREFIX}rt:{hash}")
+/// The hash tag of a family: its id's first [`TAG_BYTES`] bytes, in hex.
+fn tag_of(family: &str) -> &str {
+    family.get(..2 * TAG_BYTES).unwrap_or(family)
+}
+
+fn family_key(layout: Layout, family: &str) -> String {
+    match layout {
+        Layout::Tagged => format!("{PREFIX}{{{}}}:fam:{family}", tag_of(family)),
+        Layout::Legacy => format!("{PREFIX}fam:{family}"),
+    }
+}
+
+fn token_key(layout: Layout, tag: &str, hash: &str) -> String {
+    match layout {
+        Layout::Tagged => format!("{PREFIX}{{{tag}}}:rt:{hash}"),
+        Layout::Legacy => format!("{PREFIX}rt:{hash}"),
+    }
+}
+
+/// The tag bytes of a family id (random ones for a legacy id that is not hex).
+fn tag_bytes(family: &str) -> [u8; TAG_BYTES] {
+    let mut tag = [0; TAG_BYTES];
+    if gateway_hex::decode_to_slice(tag_of(family), &mut tag).is_err() {
+        tag = rand::random();
+    }
+    tag
 }
 
 impl RefreshStore {
-    /// Wraps the process's one Redis connection manager.
-    pub fn new(conn: ConnectionManager) -> Self {
+    /// Wraps the process's one Redis connection.
+    pub fn new(conn: RedisConnection) -> Self {
         Self {
             conn,
             create: Script::new(include_str!("lua/create_family.lua")),
@@ -142,12 +188,12 @@ impl RefreshStore {
         now: u64,
     ) -> Result<IssuedRefresh, RefreshError> {
         let family = gateway_hex::encode(rand::random::<[u8; 16]>());
-        let (token, hash) = new_token();
+        let (token, hash) = new_token(tag_bytes(&family));
         let expires_at = now + REFRESH_TOKEN_TTL_SECS;
         let _: i64 = self
             .create
-            .key(family_key(&family))
-            .key(token_key(&hash))
+            .key(family_key(Layout::Tagged, &family))
+            .key(token_key(Layout::Tagged, tag_of(&family), &hash))
             .arg(&hash)
             .arg(sub)
             .arg(role)
@@ -167,15 +213,23 @@ impl RefreshStore {
         })
     }
 
-    async fn family_of(&self, token: &str) -> Result<Option<String>, RefreshError> {
-        if !well_formed(token) {
+    /// The family of `token` and where its keys live, if it was ever issued.
+    async fn family_of(&self, token: &str) -> Result<Option<(String, Layout)>, RefreshError> {
+        let Some(bytes) = decode(token) else {
             return Ok(None);
+        };
+        let hash = token_hash(token);
+        let tag = gateway_hex::encode(&bytes[..TAG_BYTES]);
+        for layout in [Layout::Tagged, Layout::Legacy] {
+            let family: Option<String> = redis::cmd("GET")
+                .arg(token_key(layout, &tag, &hash))
+                .query_async(&mut self.conn.clone())
+                .await?;
+            if let Some(family) = family {
+                return Ok(Some((family, layout)));
+            }
         }
-        let family: Option<String> = redis::cmd("GET")
-            .arg(token_key(&token_hash(token)))
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(family)
+        Ok(None)
     }
 
     /// Consumes `token` and issues its successor, or says why not. A consumed token presented
@@ -183,14 +237,14 @@ impl RefreshStore {
     pub async fn rotate(&self, token: &str, now: u64) -> Result<RotateOutcome, RefreshError> {
         // The token -> family mapping never changes once written, so reading it outside the
         // script is safe; the decision itself happens atomically inside the script.
-        let Some(family) = self.family_of(token).await? else {
+        let Some((family, layout)) = self.family_of(token).await? else {
             return Ok(RotateOutcome::Rejected(Rejection::Unknown));
         };
-        let (new_token, new_hash) = new_token();
+        let (new_token, new_hash) = new_token(tag_bytes(&family));
         let reply: Vec<String> = self
             .rotate
-            .key(family_key(&family))
-            .key(token_key(&new_hash))
+            .key(family_key(layout, &family))
+            .key(token_key(layout, tag_of(&family), &new_hash))
             .arg(token_hash(token))
             .arg(&new_hash)
             .arg(now)
@@ -223,18 +277,25 @@ impl RefreshStore {
 
     /// Revokes the family of `token` (logout). Returns the family if the token was known.
     pub async fn revoke(&self, token: &str) -> Result<Option<String>, RefreshError> {
-        let Some(family) = self.family_of(token).await? else {
+        let Some((family, layout)) = self.family_of(token).await? else {
             return Ok(None);
         };
-        self.revoke_family(&family).await?;
+        self.revoke_in(layout, &family).await?;
         Ok(Some(family))
     }
 
     /// Revokes a family by id.
     pub async fn revoke_family(&self, family: &str) -> Result<bool, RefreshError> {
+        if self.revoke_in(Layout::Tagged, family).await? {
+            return Ok(true);
+        }
+        self.revoke_in(Layout::Legacy, family).await
+    }
+
+    async fn revoke_in(&self, layout: Layout, family: &str) -> Result<bool, RefreshError> {
         let existed: i64 = self
             .revoke
-            .key(family_key(family))
+            .key(family_key(layout, family))
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(existed == 1)
@@ -322,6 +383,81 @@ mod tests {
             "plaintext token in redis"
         );
         assert!(everything.contains(&token_hash(&issued.token)));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_family_and_all_its_tokens_share_one_cluster_slot() {
+        use redis::cluster_routing::Slot;
+        let (r, s) = store().await;
+        let now = 1_700_000_000;
+        let mut slots = Vec::new();
+        for _ in 0..3 {
+            let first = s.create("alice", "user", now).await.unwrap();
+            let family = first.session.family.clone();
+            let second = rotated(s.rotate(&first.token, now).await.unwrap());
+            rotated(s.rotate(&second.token, now).await.unwrap());
+            let mut conn = connection_manager(&r);
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("auth:{{{}}}:*", &family[..8]))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            // The family's hash and its three tokens' mappings.
+            assert_eq!(keys.len(), 4, "{keys:?}");
+            let slot = Slot::for_key(&keys[0]);
+            assert!(keys.iter().all(|k| Slot::for_key(k) == slot), "{keys:?}");
+            assert!(keys.contains(&family_key(Layout::Tagged, &family)));
+            slots.push(slot);
+        }
+        // Families are spread over slots (their tags are random).
+        assert!(slots[0] != slots[1] || slots[1] != slots[2], "{slots:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn families_of_the_untagged_layout_still_rotate_and_revoke() {
+        let (r, s) = store().await;
+        let now = 1_700_000_000;
+        // A family as the previous release wrote it.
+        let family = "00112233445566778899aabbccddeeff";
+        let token = URL_SAFE_NO_PAD.encode([7u8; 32]);
+        let mut conn = connection_manager(&r);
+        let _: () = redis::cmd("HSET")
+            .arg(format!("auth:fam:{family}"))
+            .arg(
+                &[
+                    "current",
+                    &token_hash(&token),
+                    "sub",
+                    "alice",
+                    "role",
+                    "user",
+                ][..],
+            )
+            .arg(&["expires_at", &(now + 100).to_string(), "revoked", "0"][..])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(format!("auth:rt:{}", token_hash(&token)))
+            .arg(family)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let next = rotated(s.rotate(&token, now).await.unwrap());
+        assert_eq!(next.session.family, family);
+        assert_eq!(next.session.expires_at, now + 100);
+        assert_eq!(
+            rejected(s.rotate(&token, now).await.unwrap()),
+            Rejection::Reused {
+                family: family.into()
+            }
+        );
+        let fresh = s.create("alice", "user", now).await.unwrap();
+        assert_eq!(
+            s.revoke(&fresh.token).await.unwrap(),
+            Some(fresh.session.family)
+        );
+        assert!(s.revoke_family(family).await.unwrap());
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -1,7 +1,7 @@
 //! Test support: a throwaway `redis-server` (devstack's launcher, the one every
 //! suite of the workspace uses) and connections configured like the service's.
 
-use redis::aio::ConnectionManager;
+use gateway_redis::RedisConnection;
 
 pub(crate) use devstack::RedisServer;
 
@@ -10,7 +10,7 @@ pub(crate) async fn start_redis() -> RedisServer {
     RedisServer::start().await.expect("redis-server starts")
 }
 
-/// A connection manager to `redis`, configured like the service's.
-pub(crate) fn connection_manager(redis: &RedisServer) -> ConnectionManager {
+/// A connection to `redis`, configured like the service's.
+pub(crate) fn connection_manager(redis: &RedisServer) -> RedisConnection {
     crate::redis_connection(&redis.target()).expect("redis client")
 }

@@ -21,13 +21,16 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
+use gateway_redis::RedisConnection;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use crate::users::validate_username;
 
-const USER_PREFIX: &str = "auth:login:user:";
-const IP_PREFIX: &str = "auth:login:ip:";
+// One hash tag for every counter: an attempt counts on its name and its address in one
+// script, which on Redis Cluster must stay in one slot. Failed logins are few; one slot
+// (one master) holds them all.
+const USER_PREFIX: &str = "auth:{login}:user:";
+const IP_PREFIX: &str = "auth:{login}:ip:";
 
 /// The throttle's limits (`--login-user-failures`, `--login-ip-failures`,
 /// `--login-failure-window-secs`; defaults in [`crate::args`]).
@@ -73,7 +76,7 @@ pub struct Attempt {
 /// The failed-login counters in Redis.
 #[derive(Clone)]
 pub struct LoginThrottle {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     config: ThrottleConfig,
     attempt: Script,
     succeeded: Script,
@@ -103,7 +106,7 @@ fn counted_address(ip: IpAddr) -> String {
 
 impl LoginThrottle {
     /// Counters on the process's Redis connection.
-    pub fn new(conn: ConnectionManager, config: ThrottleConfig) -> Self {
+    pub fn new(conn: RedisConnection, config: ThrottleConfig) -> Self {
         Self {
             conn,
             config,

@@ -5,11 +5,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
-use redis::{Client, TlsCertificates};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use redis::{Client, ConnectionAddr, TlsCertificates, TlsMode};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use crate::url::RedisUrl;
+use crate::connection::{ConnectOptions, RedisConnection};
+use crate::url::{Credentials, Node, RedisUrl, Topology};
 
 /// Where and how to reach one Redis.
 #[derive(Clone)]
@@ -53,6 +57,13 @@ pub enum RedisTargetError {
         /// Why.
         reason: String,
     },
+    /// [`RedisTarget::client`] was asked of a Sentinel or Cluster URL, which
+    /// names no single server; use [`RedisTarget::connect`].
+    #[error("{url} names Sentinels or a Cluster, not one Redis")]
+    NotStandalone {
+        /// The URL, redacted.
+        url: String,
+    },
     /// The redis crate refused the settings.
     #[error("Redis client for {url}: {source}")]
     Client {
@@ -90,28 +101,150 @@ impl RedisTarget {
         self.ca.as_ref().map(|c| c.path.as_path())
     }
 
-    /// A client for this Redis (connections are opened later, by its user).
+    /// A client for this one Redis (connections are opened later, by its user).
     /// `rediss://` verifies the server's certificate and host name against
-    /// the CA, or the system's roots.
+    /// the CA, or the system's roots. A Sentinel or Cluster URL names no single
+    /// server: [`RedisTargetError::NotStandalone`] (use [`RedisTarget::connect`]).
     pub fn client(&self) -> Result<Client, RedisTargetError> {
+        if !matches!(self.url.topology(), Topology::Standalone) {
+            return Err(RedisTargetError::NotStandalone {
+                url: self.url.redacted().to_owned(),
+            });
+        }
         let url = self.url.expose();
         let client = if self.url.is_tls() {
             install_crypto_provider();
-            Client::build_with_tls(
-                url,
-                TlsCertificates {
-                    client_tls: None,
-                    root_cert: self.ca.as_ref().map(|c| c.pem.clone()),
-                },
-            )
+            Client::build_with_tls(url, self.certificates())
         } else {
             Client::open(url)
         };
-        client.map_err(|source| RedisTargetError::Client {
+        client.map_err(|source| self.client_error(source))
+    }
+
+    /// The connection handle for whatever the URL names (one Redis, Sentinel,
+    /// Cluster; see [`RedisConnection`]). Connects lazily: it never waits on
+    /// the network, and must be called inside a Tokio runtime.
+    pub fn connect(&self, options: &ConnectOptions) -> Result<RedisConnection, RedisTargetError> {
+        match self.url.topology() {
+            Topology::Standalone => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(options.connect_timeout))
+                    .set_response_timeout(Some(options.response_timeout))
+                    .set_number_of_retries(options.retries)
+                    .set_min_delay(options.min_retry_delay)
+                    .set_max_delay(options.max_retry_delay);
+                let conn = ConnectionManager::new_lazy_with_config(self.client()?, config)
+                    .map_err(|source| self.client_error(source))?;
+                Ok(RedisConnection::single(conn))
+            }
+            Topology::Sentinel {
+                sentinels,
+                master,
+                credentials,
+            } => {
+                let tls = self.url.is_tls();
+                if tls {
+                    install_crypto_provider();
+                }
+                let mut builder = SentinelClientBuilder::new(
+                    sentinels.iter().map(|n| address(n, tls)),
+                    master,
+                    SentinelServerType::Master,
+                )
+                .map_err(|source| self.client_error(source))?;
+                if let Some(user) = &credentials.username {
+                    builder = builder
+                        .set_client_to_redis_username(user)
+                        .set_client_to_sentinel_username(user);
+                }
+                if let Some(password) = &credentials.password {
+                    builder = builder
+                        .set_client_to_redis_password(password)
+                        .set_client_to_sentinel_password(password);
+                }
+                if tls {
+                    builder = builder.set_client_to_redis_tls_mode(TlsMode::Secure);
+                    if self.ca.is_some() {
+                        builder = builder
+                            .set_client_to_redis_certificates(self.certificates())
+                            .set_client_to_sentinel_certificates(self.certificates());
+                    }
+                }
+                let client = builder
+                    .build()
+                    .map_err(|source| self.client_error(source))?;
+                Ok(RedisConnection::sentinel(client, options))
+            }
+            Topology::Cluster { nodes, credentials } => {
+                let tls = self.url.is_tls();
+                if tls {
+                    install_crypto_provider();
+                }
+                let mut builder = ClusterClient::builder(nodes.iter().map(|n| address(n, tls)))
+                    .connection_timeout(options.connect_timeout)
+                    .response_timeout(options.response_timeout)
+                    .retries(u32::try_from(options.retries).unwrap_or(u32::MAX))
+                    .min_retry_wait(millis(options.min_retry_delay))
+                    .max_retry_wait(millis(options.max_retry_delay));
+                builder = with_credentials(builder, credentials);
+                if tls {
+                    builder = builder.tls(TlsMode::Secure);
+                    if self.ca.is_some() {
+                        builder = builder.certs(self.certificates());
+                    }
+                }
+                let client = builder
+                    .build()
+                    .map_err(|source| self.client_error(source))?;
+                Ok(RedisConnection::cluster(client))
+            }
+        }
+    }
+
+    fn certificates(&self) -> TlsCertificates {
+        TlsCertificates {
+            client_tls: None,
+            root_cert: self.ca.as_ref().map(|c| c.pem.clone()),
+        }
+    }
+
+    fn client_error(&self, source: redis::RedisError) -> RedisTargetError {
+        RedisTargetError::Client {
             url: self.url.redacted().to_owned(),
             source,
-        })
+        }
     }
+}
+
+fn with_credentials(
+    mut builder: redis::cluster::ClusterClientBuilder,
+    credentials: &Credentials,
+) -> redis::cluster::ClusterClientBuilder {
+    if let Some(user) = &credentials.username {
+        builder = builder.username(user);
+    }
+    if let Some(password) = &credentials.password {
+        builder = builder.password(password);
+    }
+    builder
+}
+
+/// A node's address; with TLS its certificate is always verified.
+fn address(node: &Node, tls: bool) -> ConnectionAddr {
+    if tls {
+        ConnectionAddr::TcpTls {
+            host: node.host.clone(),
+            port: node.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(node.host.clone(), node.port)
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl fmt::Display for RedisTarget {

@@ -348,17 +348,20 @@ async fn failed_logins_are_throttled_per_name_and_per_address() -> Result<()> {
         .get_multiplexed_async_connection()
         .await?;
     let count: Option<u32> = redis::cmd("GET")
-        .arg("auth:login:ip:203.0.113.50")
+        .arg("auth:{login}:ip:203.0.113.50")
         .query_async(&mut redis)
         .await?;
-    ensure!(count == Some(5), "auth:login:ip:203.0.113.50 = {count:?}");
+    ensure!(
+        count == Some(5),
+        "auth:{{login}}:ip:203.0.113.50 = {count:?}"
+    );
     let ttl: i64 = redis::cmd("TTL")
-        .arg("auth:login:user:alice")
+        .arg("auth:{login}:user:alice")
         .query_async(&mut redis)
         .await?;
     ensure!(
         (1..=WINDOW_SECS as i64).contains(&ttl),
-        "auth:login:user:alice TTL {ttl}"
+        "auth:{{login}}:user:alice TTL {ttl}"
     );
     stack.shutdown().await;
     Ok(())

@@ -371,22 +371,22 @@ async fn redis_and_auth_are_private(stack: &Stack) -> Result<()> {
         .status()
         .as_u16();
     ensure!(spoofed == 401, "a failing login answered {spoofed}");
-    let client = format!("auth:login:ip:{}.1", stack.edge_net());
+    let client = format!("auth:{{login}}:ip:{}.1", stack.edge_net());
     let keys = stack
         .redis_from(
             "auth-service",
             "redis",
             &[
                 &auth,
-                "SCAN 0 MATCH auth:fam:* COUNT 10000",
+                "SCAN 0 MATCH auth:*:fam:* COUNT 10000",
                 "SCAN 0 MATCH rl:* COUNT 10000",
                 &format!("EXISTS {client}"),
-                "EXISTS auth:login:ip:198.51.100.77",
+                "EXISTS auth:{login}:ip:198.51.100.77",
             ],
         )
         .await?;
     ensure!(
-        keys.starts_with("+OK") && keys.contains("auth:fam:") && keys.contains("rl:"),
+        keys.starts_with("+OK") && keys.contains(":fam:") && keys.contains("rl:"),
         "no refresh family or rate-limit budget in Redis: {keys:?}"
     );
     // The two EXISTS replies are the last two lines.

@@ -1,6 +1,6 @@
 -- Fixed window, one atomic decision. Mirrors algorithm::fixed_window (src/algorithm.rs).
 --
--- KEYS[1]  the budget key, rl:{<policy>:<subject>} (a hash)
+-- KEYS[1]  the budget key, rl:{<subject>}:<policy> (a hash)
 -- ARGV[1]  limit: requests per window
 -- ARGV[2]  window in milliseconds; windows are aligned to multiples of it since the Unix epoch
 -- ARGV[3]  requests decided together (merged concurrent requests of one key), at least 1

@@ -12,7 +12,7 @@
 //!
 //! # Shared limiting
 //! Each decision is one `EVALSHA` of `token_bucket.lua` or `fixed_window.lua`
-//! on the key `rl:{<policy>:<subject>}` (a sliding window, or stacked limits:
+//! on the key `rl:{<subject>}:<policy>` (a sliding window, or stacked limits:
 //! `stacked.lua` over every key at once), timed by Redis's own clock (`TIME`), so
 //! every replica spends the same budget exactly: N replicas together admit
 //! `limit` per window, not N × `limit`. Keys expire once their budget is whole again.
@@ -34,9 +34,10 @@
 //! # Stacked limits
 //! A route may stack up to [`MAX_STACKED`] limits ([`RateLimiter::check_all`]).
 //! A request is admitted only when every limit admits it and only then spends
-//! from each, in one `stacked.lua` run over every key (so, on Redis Cluster,
-//! the keys would have to share a slot: stacked limits need one Redis, or one
-//! primary). Concurrent requests of one key set merge like single ones, and
+//! from each, in one `stacked.lua` run over every key. On Redis Cluster the
+//! limits of one subject share a slot and keep that rule; limits of different
+//! subjects are decided slot by slot, never admitting more than the tightest
+//! limit (`redis.rs`, "Keys and slots"). Concurrent requests of one key set merge like single ones, and
 //! the local fallback applies the same all-or-nothing rule ([`stacked`]). A
 //! limit found in the "denied until" cache refuses the whole request without
 //! a round trip.
@@ -95,6 +96,6 @@ pub use headers::{Decision, Source, write_headers};
 pub use limiter::{RateLimitError, RateLimiter, RateLimiterOptions};
 pub use local::LocalLimiter;
 pub use policy::{Algorithm, MAX_TOKEN_MILLIS, Policy, PolicyError};
-pub use redis::{FIXED_WINDOW_LUA, STACKED_LUA, TOKEN_BUCKET_LUA};
+pub use redis::{FIXED_WINDOW_LUA, REFUND_LUA, STACKED_LUA, TOKEN_BUCKET_LUA};
 pub use stacked::MAX_STACKED;
 pub use stats::{Stats, StatsSnapshot};

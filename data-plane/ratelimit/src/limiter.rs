@@ -24,7 +24,7 @@ use crate::lease::{LeaseSettings, Leases, RunAnswer};
 use crate::local::LocalLimiter;
 use crate::merge::{Batch, Lead, Merger, Role, Turn};
 use crate::policy::Policy;
-use crate::redis::{RedisStore, StoreOptions};
+use crate::redis::RedisStore;
 use crate::stacked::MAX_STACKED;
 use crate::stats::{Stats, StatsSnapshot};
 
@@ -89,10 +89,13 @@ impl Default for RateLimiterOptions {
 /// Why a limiter could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum RateLimitError {
-    /// The Redis URL does not parse (`redis://[user:password@]host:port[/db]`),
-    /// or the client cannot be set up. The message never contains the URL.
-    #[error("invalid rate-limit Redis URL: {0}")]
-    InvalidRedisUrl(#[source] ::redis::RedisError),
+    /// The Redis URL given to [`RateLimiter::new`] is refused (the message
+    /// shows it redacted, with the reason).
+    #[error("invalid rate-limit Redis URL {0}")]
+    InvalidRedisUrl(#[source] gateway_redis::RedisUrlError),
+    /// The Redis client cannot be set up (the message never holds the password).
+    #[error("rate-limit Redis: {0}")]
+    Redis(#[source] gateway_redis::RedisTargetError),
     /// [`RateLimiter::new`] was called outside a Tokio runtime.
     #[error("the rate limiter must be created inside a Tokio runtime (it spawns its Redis prober)")]
     NoRuntime,
@@ -125,10 +128,10 @@ struct Shared {
 }
 
 impl RateLimiter {
-    /// Builds a limiter. With `redis_url` (a plain `redis://` URL, password
-    /// allowed), budgets are shared through that Redis; without, every
-    /// decision is local (one replica, or tests). For TLS with a custom CA,
-    /// build the client yourself and use [`RateLimiter::with_client`].
+    /// Builds a limiter. With `redis_url` (any URL `gateway_redis::RedisUrl`
+    /// accepts: one Redis, Sentinel or Cluster, password allowed), budgets are
+    /// shared through it; without, every decision is local (one replica, or
+    /// tests). For TLS with a custom CA, use [`RateLimiter::with_target`].
     ///
     /// Never waits on Redis: the connection is opened in the background and
     /// decisions are local until it is up. Must be called inside a Tokio
@@ -137,31 +140,44 @@ impl RateLimiter {
         redis_url: Option<String>,
         options: RateLimiterOptions,
     ) -> Result<Self, RateLimitError> {
-        let client = redis_url
-            .map(|url| ::redis::Client::open(url.as_str()))
-            .transpose()
-            .map_err(RateLimitError::InvalidRedisUrl)?;
-        Self::with_client(client, options)
+        let target = redis_url
+            .map(|url| {
+                let url = gateway_redis::RedisUrl::parse(&url)
+                    .map_err(RateLimitError::InvalidRedisUrl)?;
+                gateway_redis::RedisTarget::new(url, None).map_err(RateLimitError::Redis)
+            })
+            .transpose()?;
+        Self::with_target(target.as_ref(), options)
     }
 
-    /// Like [`RateLimiter::new`], with a ready `redis::Client` (e.g. a
-    /// `rediss://` one trusting a private CA, from `gateway-redis`).
-    pub fn with_client(
-        redis: Option<::redis::Client>,
+    /// Like [`RateLimiter::new`], with a ready target (e.g. a `rediss://` one
+    /// trusting a private CA, from `gateway-redis`).
+    pub fn with_target(
+        redis: Option<&gateway_redis::RedisTarget>,
         options: RateLimiterOptions,
     ) -> Result<Self, RateLimitError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(RateLimitError::NoRuntime);
         }
-        let shared = match redis {
+        let connect = gateway_redis::ConnectOptions {
+            connect_timeout: options.connect_timeout,
+            // Bound on one command inside the client; decisions have their own, shorter deadline.
+            response_timeout: options.probe_timeout.max(options.decision_timeout),
+            // Reconnects are driven by our probes; the client itself should give
+            // up fast instead of backing off for seconds. Two: a Cluster's
+            // MOVED or ASK redirect is one retry.
+            retries: 2,
+            min_retry_delay: Duration::from_millis(20),
+            max_retry_delay: Duration::from_millis(200),
+        };
+        let conn = redis
+            .map(|target| target.connect(&connect))
+            .transpose()
+            .map_err(RateLimitError::Redis)?;
+        let shared = match conn {
             None => None,
-            Some(client) => {
-                let store_options = StoreOptions {
-                    connect_timeout: options.connect_timeout,
-                    response_timeout: options.probe_timeout.max(options.decision_timeout),
-                };
-                let store = RedisStore::new(client, &store_options)
-                    .map_err(RateLimitError::InvalidRedisUrl)?;
+            Some(conn) => {
+                let store = RedisStore::new(conn);
                 Some(Shared {
                     store,
                     // Open until the first probe connects, so no request waits on the connect.

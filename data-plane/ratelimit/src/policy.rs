@@ -195,19 +195,21 @@ impl Policy {
         &self.inner.limit_header
     }
 
-    /// The Redis key of `subject`'s budget: `rl:{<policy>:<subject>}`.
+    /// The Redis key of `subject`'s budget: `rl:{<subject>}:<policy>`.
     ///
-    /// The whole name is a hash tag, so on Redis Cluster every key of a budget
-    /// maps to one slot (a single limit's script touches exactly this one key;
-    /// stacked limits' `stacked.lua` touches one per limit).
+    /// The subject is the hash tag: on Redis Cluster every budget of one
+    /// subject maps to one slot, so stacked limits of one subject are decided
+    /// in one script run (see `redis.rs` for limits of different subjects).
+    /// A subject holding `}` ends the tag early, and an empty one leaves the
+    /// key untagged; the key is still the same for every decision of that
+    /// (policy, subject), and slots are computed from the key itself.
     pub fn redis_key(&self, subject: impl AsRef<[u8]>) -> Vec<u8> {
         let subject = subject.as_ref();
         let mut key = Vec::with_capacity(6 + self.inner.name.len() + subject.len());
         key.extend_from_slice(b"rl:{");
-        key.extend_from_slice(self.inner.name.as_bytes());
-        key.push(b':');
         key.extend_from_slice(subject);
-        key.push(b'}');
+        key.extend_from_slice(b"}:");
+        key.extend_from_slice(self.inner.name.as_bytes());
         key
     }
 
@@ -253,8 +255,8 @@ mod tests {
         assert_eq!(p.window_ms(), 60_000);
         assert_eq!(p.policy_header(), "\"api\";q=20;w=60");
         assert_eq!(p.limit_header(), "20");
-        assert_eq!(p.redis_key("alice"), b"rl:{api:alice}");
-        assert_eq!(p.redis_key("127.0.0.1"), b"rl:{api:127.0.0.1}");
+        assert_eq!(p.redis_key("alice"), b"rl:{alice}:api");
+        assert_eq!(p.redis_key("127.0.0.1"), b"rl:{127.0.0.1}:api");
     }
 
     #[test]

@@ -1,17 +1,19 @@
 -- Stacked limits, one atomic decision over N budgets, all or nothing. Mirrors
 -- stacked::decide (src/stacked.rs); also the script of a single sliding window.
 --
--- KEYS[i]  the budget key of limit i, rl:{<policy>:<subject>} (a hash)
+-- KEYS[i]  the budget key of limit i, rl:{<subject>}:<policy> (a hash; on Redis
+--          Cluster every key of one run must share a slot, see redis.rs)
 -- ARGV[1]  requests decided together (merged concurrent requests of one key set), at least 1
 -- ARGV[3i-1], ARGV[3i], ARGV[3i+1]  limit i: algorithm (0 token bucket, 1 fixed
 --          window, 2 sliding window), limit, window in milliseconds
--- Returns {admitted, remaining_1, reset_1, retry_1, ..., remaining_N, reset_N, retry_N}:
+-- Returns {admitted, remaining_1, reset_1, retry_1, ..., remaining_N, reset_N, retry_N, now}:
 -- the first `admitted` requests are admitted — the fewest any limit could
 -- admit — and every limit spends exactly that many, as if the requests had
 -- come one after another at this instant (a refused request spends nowhere).
 -- remaining_i and reset_i (ms until the whole budget is back) describe limit i
 -- after them; retry_i is, when remaining_i is 0, the wait until it admits one
--- more (else 0).
+-- more (else 0). now is Redis's time of the decision in milliseconds (what
+-- refund.lua needs to give back a spend that other slots' limits refused).
 --
 -- Fields: token bucket tl, tt (as token_bucket.lua); fixed window fw, fn (as
 -- fixed_window.lua); sliding window sw = window index, sc = its count,
@@ -172,4 +174,5 @@ for i = 1, n do
   out[#out + 1] = reset
   out[#out + 1] = retry
 end
+out[#out + 1] = now
 return out

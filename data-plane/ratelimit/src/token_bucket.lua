@@ -1,6 +1,6 @@
 -- Token bucket, one atomic decision. Mirrors algorithm::token_bucket (src/algorithm.rs).
 --
--- KEYS[1]  the budget key, rl:{<policy>:<subject>} (a hash)
+-- KEYS[1]  the budget key, rl:{<subject>}:<policy> (a hash)
 -- ARGV[1]  limit: bucket capacity in tokens
 -- ARGV[2]  window in milliseconds: time to refill the whole bucket
 -- ARGV[3]  requests decided together (merged concurrent requests of one key), at least 1

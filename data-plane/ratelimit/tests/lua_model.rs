@@ -320,6 +320,11 @@ async fn stacked_lua_matches_the_rust_model() {
             let reply: Vec<u64> = invocation.invoke_async(&mut conn).await.unwrap();
             let ctx = format!("{shapes:?} step {step_no} at {now}, {requests} requests");
             assert_eq!(reply[0], admitted, "{ctx}");
+            assert_eq!(
+                reply[1 + 3 * n],
+                now,
+                "the decision's time comes last: {ctx}"
+            );
             for (i, e) in expected.iter().enumerate() {
                 let actual = LimitOutcome {
                     remaining: reply[1 + 3 * i],
@@ -410,7 +415,9 @@ async fn single_limit_scripts_decide_like_stacked_lua_with_one_limit() {
                     .await
                     .unwrap();
 
-                assert_eq!(reply.len(), 4, "{ctx}");
+                // The limit's three figures, then Redis's time of the decision.
+                assert_eq!(reply.len(), 5, "{ctx}");
+                assert_eq!(reply[4], now, "{ctx}");
                 // The one figure the two define differently: a single script's
                 // retry is the wait of its denied requests (0 when all were
                 // admitted), stacked.lua's the wait for one more whenever the

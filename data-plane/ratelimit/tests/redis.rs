@@ -108,13 +108,13 @@ async fn exactly_limit_admitted(algorithm: Algorithm) {
     // The budget lives under the hash-tagged key and expires by itself.
     let mut conn = redis.connection().await.unwrap();
     let pttl: i64 = redis::cmd("PTTL")
-        .arg("rl:{burst:alice}")
+        .arg("rl:{alice}:burst")
         .query_async(&mut conn)
         .await
         .unwrap();
     assert!(
         pttl > 0 && pttl <= longest_ttl_ms,
-        "rl:{{burst:alice}} must carry an expiry, PTTL = {pttl}"
+        "rl:{{alice}}:burst must carry an expiry, PTTL = {pttl}"
     );
 }
 
@@ -362,7 +362,7 @@ async fn redis_killed_mid_traffic_stays_fast_falls_back_and_resumes_after_restar
     let mut conn = redis.connection().await.unwrap();
     loop {
         let exists: i64 = redis::cmd("EXISTS")
-            .arg("rl:{outage:user-0}")
+            .arg("rl:{user-0}:outage")
             .query_async(&mut conn)
             .await
             .unwrap();

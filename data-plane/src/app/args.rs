@@ -103,7 +103,9 @@ pub struct Args {
     pub jwt_audience: String,
 
     /// Redis holding the shared rate-limit budgets:
-    /// `redis://[[user]:password@]host:port[/db]`, or `rediss://…` for TLS.
+    /// `redis://[[user]:password@]host:port[/db]`, Sentinel
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/MASTER_NAME`, Cluster
+    /// `redis+cluster://[user:password@]host:port[,host:port…]`; `rediss…` of each for TLS.
     /// Printed only redacted (`redis://:***@host:port`); prefer the environment
     /// variable to the flag for a URL with a password (a command line is
     /// visible in `ps`).

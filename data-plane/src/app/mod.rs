@@ -181,9 +181,8 @@ impl DataPlane {
                         "no --redis-url: rate limits are enforced per replica, not shared"
                     );
                 }
-                let client = redis.as_ref().map(|r| r.client()).transpose()?;
                 let limiter =
-                    gateway_ratelimit::RateLimiter::with_client(client, args.ratelimit())?;
+                    gateway_ratelimit::RateLimiter::with_target(redis.as_ref(), args.ratelimit())?;
                 Arc::new(ratelimit::RouteLimiter::new(limiter))
             }
         };
