@@ -428,7 +428,7 @@ impl ProxyError {
                 "Service unavailable",
                 "No instance of the upstream is available (unhealthy or circuit open)."
             ),
-            Self::Upstream(e) if e.is_connect() => problem!(
+            Self::Upstream(e) if e.is_connect() || e.is_tls() => problem!(
                 502,
                 "upstream-unreachable",
                 "Bad gateway",

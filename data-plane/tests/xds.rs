@@ -63,7 +63,7 @@ async fn ack_nack_and_restart_from_cache() {
             route("api", "/api", "svc"),
             route("ghost", "/ghost", "nowhere"),
         ],
-        vec![upstream("svc", &[("b", "https://b.example:443".into())])],
+        vec![upstream("svc", &[("b", "ftp://b.example:443".into())])],
     );
     bad.hash = "hash-2".into();
     cp.push(&bad, "nonce-2");
