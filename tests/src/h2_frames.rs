@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::watch;
 
 /// The client connection preface (RFC 9113 §3.4).
@@ -199,7 +198,10 @@ impl Seen {
 
 /// Reads frames from `read` until the connection ends, publishing what it
 /// saw after every frame. The task ends with the connection.
-pub fn read_frames(mut read: OwnedReadHalf) -> watch::Receiver<Seen> {
+pub fn read_frames<R>(mut read: R) -> watch::Receiver<Seen>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
     let (tx, rx) = watch::channel(Seen::default());
     let started = Instant::now();
     tokio::spawn(async move {

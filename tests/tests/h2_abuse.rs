@@ -16,6 +16,8 @@
 //! is reached, plus one well-behaved h2 connection) is served every time
 //! within a deadline while the attack runs. Each test prints its figures
 //! (`cargo test --test h2_abuse -- --nocapture`); BENCHMARKS.md keeps them.
+//! Rapid reset and the CONTINUATION flood run on the HTTPS listener too
+//! (issue 27: TLS with ALPN `h2`), with the same checks.
 //!
 //! Needs the binaries built (`cargo build --workspace --bins`) and `redis-server` on PATH.
 #![allow(
@@ -31,7 +33,8 @@ use devstack::Stack;
 use futures::FutureExt;
 use gateway_tests::h2_frames::{self, GoAway, Seen, flag, kind};
 use gateway_tests::{cpu_seconds, metric_sum, open_route, rss_kib, upsert_route_synced};
-use tokio::io::AsyncWriteExt;
+use rustls::pki_types::pem::PemObject as _;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -225,13 +228,70 @@ struct Abuse {
     goaway: Option<GoAway>,
 }
 
-/// Opens an h2c connection (preface and empty SETTINGS), reads everything the
-/// server sends in a task, and keeps writing `batch()` until the server says
-/// GOAWAY or hangs up. Fails if it has not within [`DISCONNECT_DEADLINE`].
-async fn abuse_reading(addr: &str, mut batch: impl FnMut(&mut Vec<u8>) -> u64) -> Result<Abuse> {
-    let stream = h2_frames::connect(addr, None).await?;
-    let (read, mut write) = stream.into_split();
-    let seen = h2_frames::read_frames(read);
+/// Where an attack connects: the cleartext listener (h2c with prior
+/// knowledge) or the HTTPS one (TLS, ALPN `h2`), the same attacks on both.
+#[derive(Clone)]
+enum Listener {
+    /// "127.0.0.1:P".
+    Clear(String),
+    /// The HTTPS listener's port, and a client trusting the stack's edge CA.
+    Tls(u16, tokio_rustls::TlsConnector),
+}
+
+impl Listener {
+    /// The target's listener of this kind.
+    fn of(t: &Target, tls: bool) -> Result<Self> {
+        if !tls {
+            return Ok(Self::Clear(t.addr.clone()));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(t.stack.edge_ca())?;
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots.add(c?)?;
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Self::Tls(
+            t.stack.ports().gateways_tls[0],
+            tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+        ))
+    }
+
+    /// A new connection: a reader task's view of what the server sends, and the write side.
+    async fn open(&self) -> Result<(watch::Receiver<Seen>, Box<dyn AsyncWrite + Unpin + Send>)> {
+        match self {
+            Self::Clear(addr) => {
+                let (read, write) = h2_frames::connect(addr, None).await?.into_split();
+                Ok((h2_frames::read_frames(read), Box::new(write)))
+            }
+            Self::Tls(port, connector) => {
+                let tcp = h2_frames::connect(&format!("127.0.0.1:{port}"), None).await?;
+                let name = rustls::pki_types::ServerName::try_from("localhost")?;
+                let tls = connector.connect(name, tcp).await?;
+                ensure!(
+                    tls.get_ref().1.alpn_protocol() == Some(b"h2"),
+                    "the HTTPS listener did not choose h2"
+                );
+                let (read, write) = tokio::io::split(tls);
+                Ok((h2_frames::read_frames(read), Box::new(write)))
+            }
+        }
+    }
+}
+
+/// Opens an HTTP/2 connection on `listener` (preface and empty SETTINGS),
+/// reads everything the server sends in a task, and keeps writing `batch()`
+/// until the server says GOAWAY or hangs up. Fails if it has not within
+/// [`DISCONNECT_DEADLINE`].
+async fn abuse_reading(
+    listener: &Listener,
+    mut batch: impl FnMut(&mut Vec<u8>) -> u64,
+) -> Result<Abuse> {
+    let (seen, mut write) = listener.open().await?;
     let mut out = h2_frames::PREFACE.to_vec();
     h2_frames::settings(&mut out, &[]);
     write.write_all(&out).await?;
@@ -250,7 +310,11 @@ async fn abuse_reading(addr: &str, mut batch: impl FnMut(&mut Vec<u8>) -> u64) -
         }
         out.clear();
         let n = batch(&mut out);
-        match tokio::time::timeout(Duration::from_millis(500), write.write_all(&out)).await {
+        let written = async {
+            write.write_all(&out).await?;
+            write.flush().await
+        };
+        match tokio::time::timeout(Duration::from_millis(500), written).await {
             Ok(Ok(())) => frames_sent += n,
             // The server hung up (reset): wait for the reader to see how.
             Ok(Err(_)) => {
@@ -280,15 +344,15 @@ fn ended(seen: &Seen, frames_sent: u64, started: Instant) -> Option<Abuse> {
 
 /// Repeats `attack` on new connections for [`SUSTAINED`], each connection
 /// required to be disconnected; returns every connection's outcome.
-async fn sustained<F>(addr: &str, mut attack: F) -> Result<Vec<Abuse>>
+async fn sustained<F>(listener: &Listener, mut attack: F) -> Result<Vec<Abuse>>
 where
-    F: AsyncFnMut(&str) -> Result<Abuse>,
+    F: AsyncFnMut(&Listener) -> Result<Abuse>,
 {
     let started = Instant::now();
     let mut all = Vec::new();
     while started.elapsed() < SUSTAINED {
         all.push(
-            attack(addr)
+            attack(listener)
                 .await
                 .with_context(|| format!("connection {}", all.len() + 1))?,
         );
@@ -359,15 +423,26 @@ fn check_bounded(
 /// turn into upstream requests either.
 #[tokio::test(flavor = "multi_thread")]
 async fn rapid_reset_is_cut_off() -> Result<()> {
+    rapid_reset(false).await
+}
+
+/// [`rapid_reset_is_cut_off`] on the HTTPS listener (issue 27).
+#[tokio::test(flavor = "multi_thread")]
+async fn rapid_reset_over_tls_is_cut_off() -> Result<()> {
+    rapid_reset(true).await
+}
+
+async fn rapid_reset(tls: bool) -> Result<()> {
     let t = target().await?;
+    let listener = Listener::of(&t, tls)?;
     let users_port = t.stack.ports().users_1;
     let backend_before = gateway_tests::mock_requests(users_port).await?;
     let good = GoodClient::start(&t.addr).await?;
     let before = Usage::now(t.pid)?;
     let block = h2_frames::get_block(&t.addr, GOOD_PATH);
-    let abuses = sustained(&t.addr, async |addr: &str| {
+    let abuses = sustained(&listener, async |listener: &Listener| {
         let mut stream = 1u32;
-        abuse_reading(addr, |out| {
+        abuse_reading(listener, |out| {
             for _ in 0..100 {
                 h2_frames::get(out, stream, &block);
                 h2_frames::rst_stream(out, stream, h2_frames::CANCEL);
@@ -413,15 +488,26 @@ async fn rapid_reset_is_cut_off() -> Result<()> {
 /// small header field) without end.
 #[tokio::test(flavor = "multi_thread")]
 async fn continuation_flood_is_cut_off() -> Result<()> {
+    continuation_flood(false).await
+}
+
+/// [`continuation_flood_is_cut_off`] on the HTTPS listener (issue 27).
+#[tokio::test(flavor = "multi_thread")]
+async fn continuation_flood_over_tls_is_cut_off() -> Result<()> {
+    continuation_flood(true).await
+}
+
+async fn continuation_flood(tls: bool) -> Result<()> {
     let t = target().await?;
+    let listener = Listener::of(&t, tls)?;
     let good = GoodClient::start(&t.addr).await?;
     let before = Usage::now(t.pid)?;
     let block = h2_frames::get_block(&t.addr, GOOD_PATH);
     // One literal field without indexing, new name: x-a: b.
     let field = [0x00, 3, b'x', b'-', b'a', 1, b'b'];
-    let abuses = sustained(&t.addr, async |addr: &str| {
+    let abuses = sustained(&listener, async |listener: &Listener| {
         let mut opened = false;
-        abuse_reading(addr, |out| {
+        abuse_reading(listener, |out| {
             let mut n = 0;
             if !opened {
                 h2_frames::frame(out, kind::HEADERS, flag::END_STREAM, 1, &block);

@@ -205,11 +205,21 @@ impl Validator {
             }
         };
         let certified_key = CertifiedKey::new(chain, signing_key);
-        if certified_key.keys_match().is_err() {
-            self.push(format!(
-                "{who}: private_key_pem does not match the public key of the certificate (the leaf, first in cert_chain_pem)"
-            ));
-            return None;
+        match certified_key.keys_match() {
+            Ok(()) => {}
+            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+                self.push(format!(
+                    "{who}: private_key_pem does not match the public key of the certificate (the leaf, first in cert_chain_pem)"
+                ));
+                return None;
+            }
+            // webpki reads only X.509 v3 (an `openssl x509 -req` without extensions makes v1).
+            Err(e) => {
+                self.push(format!(
+                    "{who}: cert_chain_pem: the leaf is not a certificate TLS can use (X.509 v3 is required): {e}"
+                ));
+                return None;
+            }
         }
         (self.problems.len() == before).then(|| CertificateSpec {
             proto: c,
