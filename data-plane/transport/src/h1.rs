@@ -145,8 +145,10 @@ impl Conn {
                 failed(e, req, framing)
             });
         }
-        // A TLS stream may hold the last record of the head (a TCP stream's flush does nothing).
-        if let Err(e) = self.io.flush().await {
+        // A TLS stream may hold the last record of the head (a TCP stream holds nothing).
+        if self.io.buffers()
+            && let Err(e) = self.io.flush().await
+        {
             return Err(failed(Failure::Io(e), req, framing));
         }
         let head_request = req.method() == Method::HEAD;

@@ -597,7 +597,7 @@ async fn serve_http1<IO, F, Fut>(
     settings: HttpSettings,
 ) -> Result<(), ConnError>
 where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    IO: h1_server::ClientStream + Send + 'static,
     F: Fn(Box<Request<ClientBody>>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {

@@ -152,6 +152,11 @@ impl From<TcpStream> for UpstreamIo {
 }
 
 impl UpstreamIo {
+    /// Whether written bytes may wait in the stream until it is flushed (TLS).
+    pub(crate) fn buffers(&self) -> bool {
+        matches!(self, Self::Tls(_))
+    }
+
     /// Whether an idle connection can carry another request: the upstream
     /// has neither closed it nor sent anything unasked (for TLS: neither a
     /// close_notify nor any other record). A probe that finds bytes
