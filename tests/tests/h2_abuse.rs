@@ -16,8 +16,8 @@
 //! is reached, plus one well-behaved h2 connection) is served every time
 //! within a deadline while the attack runs. Each test prints its figures
 //! (`cargo test --test h2_abuse -- --nocapture`); BENCHMARKS.md keeps them.
-//! Rapid reset and the CONTINUATION flood run on the HTTPS listener too
-//! (issue 27: TLS with ALPN `h2`), with the same checks.
+//! Every frame-level attack (all but the window stall of a real client) runs
+//! on the HTTPS listener too (issue 27: TLS with ALPN `h2`), with the same checks.
 //!
 //! Needs the binaries built (`cargo build --workspace --bins`) and `redis-server` on PATH.
 #![allow(
@@ -228,6 +228,14 @@ struct Abuse {
     goaway: Option<GoAway>,
 }
 
+/// A connection that is never read: (server port, client port), its write
+/// side, and its read side (kept, unread, until the attack ends).
+type Unread = (
+    (u16, u16),
+    Box<dyn AsyncWrite + Unpin + Send>,
+    Box<dyn Send>,
+);
+
 /// Where an attack connects: the cleartext listener (h2c with prior
 /// knowledge) or the HTTPS one (TLS, ALPN `h2`), the same attacks on both.
 #[derive(Clone)]
@@ -259,6 +267,26 @@ impl Listener {
             t.stack.ports().gateways_tls[0],
             tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
         ))
+    }
+
+    /// A new connection whose client never reads after the handshake (its
+    /// receive buffer shrunk to 4 KiB, so the server's writes soon block): the
+    /// server's and the client's ports, the write side, and the read side,
+    /// kept unread.
+    async fn open_unread(&self) -> Result<Unread> {
+        let (addr, connector) = match self {
+            Self::Clear(addr) => (addr.clone(), None),
+            Self::Tls(port, connector) => (format!("127.0.0.1:{port}"), Some(connector)),
+        };
+        let tcp = h2_frames::connect(&addr, Some(4096)).await?;
+        let ports = (tcp.peer_addr()?.port(), tcp.local_addr()?.port());
+        let Some(connector) = connector else {
+            let (read, write) = tcp.into_split();
+            return Ok((ports, Box::new(write), Box::new(read)));
+        };
+        let name = rustls::pki_types::ServerName::try_from("localhost")?;
+        let (read, write) = tokio::io::split(connector.connect(name, tcp).await?);
+        Ok((ports, Box::new(write), Box::new(read)))
     }
 
     /// A new connection: a reader task's view of what the server sends, and the write side.
@@ -559,17 +587,15 @@ const ESTABLISHED: u8 = 0x01;
 /// and keeps writing `batch()` (writes that block for a while are retried)
 /// until the server has closed its side. Fails if it has not within `deadline`.
 async fn abuse_not_reading(
-    addr: &str,
+    listener: &Listener,
     deadline: Duration,
     mut batch: impl FnMut(&mut Vec<u8>) -> u64,
 ) -> Result<Abuse> {
-    let stream = h2_frames::connect(addr, Some(4096)).await?;
-    let server_port = stream.peer_addr()?.port();
-    let client_port = stream.local_addr()?.port();
-    let (_read, mut write) = stream.into_split();
+    let ((server_port, client_port), mut write, _unread) = listener.open_unread().await?;
     let mut out = h2_frames::PREFACE.to_vec();
     h2_frames::settings(&mut out, &[]);
     write.write_all(&out).await?;
+    write.flush().await?;
     let started = Instant::now();
     let mut frames_sent = 0;
     let mut pending = Vec::new();
@@ -592,7 +618,11 @@ async fn abuse_not_reading(
             frames_sent += batch(&mut pending);
         }
         // A write the server does not take within 200 ms is retried after the check above.
-        match tokio::time::timeout(Duration::from_millis(200), write.write_all(&pending)).await {
+        let written = async {
+            write.write_all(&pending).await?;
+            write.flush().await
+        };
+        match tokio::time::timeout(Duration::from_millis(200), written).await {
             Ok(Ok(())) => pending.clear(),
             Ok(Err(_)) => {
                 return Ok(Abuse {
@@ -616,10 +646,21 @@ const NOT_READING_DEADLINE: Duration = Duration::from_secs(25);
 /// Thousands of empty SETTINGS frames, the server's ACKs never read.
 #[tokio::test(flavor = "multi_thread")]
 async fn settings_flood_without_reading_is_cut_off() -> Result<()> {
+    settings_flood(false).await
+}
+
+/// [`settings_flood_without_reading_is_cut_off`] on the HTTPS listener (issue 27).
+#[tokio::test(flavor = "multi_thread")]
+async fn settings_flood_over_tls_without_reading_is_cut_off() -> Result<()> {
+    settings_flood(true).await
+}
+
+async fn settings_flood(tls: bool) -> Result<()> {
     let t = target().await?;
+    let listener = Listener::of(&t, tls)?;
     let good = GoodClient::start(&t.addr).await?;
     let before = Usage::now(t.pid)?;
-    let abuse = abuse_not_reading(&t.addr, NOT_READING_DEADLINE, |out| {
+    let abuse = abuse_not_reading(&listener, NOT_READING_DEADLINE, |out| {
         for _ in 0..1000 {
             h2_frames::settings(out, &[]);
         }
@@ -634,11 +675,22 @@ async fn settings_flood_without_reading_is_cut_off() -> Result<()> {
 /// Thousands of PING frames, the server's ACKs never read.
 #[tokio::test(flavor = "multi_thread")]
 async fn ping_flood_without_reading_is_cut_off() -> Result<()> {
+    ping_flood(false).await
+}
+
+/// [`ping_flood_without_reading_is_cut_off`] on the HTTPS listener (issue 27).
+#[tokio::test(flavor = "multi_thread")]
+async fn ping_flood_over_tls_without_reading_is_cut_off() -> Result<()> {
+    ping_flood(true).await
+}
+
+async fn ping_flood(tls: bool) -> Result<()> {
     let t = target().await?;
+    let listener = Listener::of(&t, tls)?;
     let good = GoodClient::start(&t.addr).await?;
     let before = Usage::now(t.pid)?;
     let mut n = 0u64;
-    let abuse = abuse_not_reading(&t.addr, NOT_READING_DEADLINE, |out| {
+    let abuse = abuse_not_reading(&listener, NOT_READING_DEADLINE, |out| {
         for _ in 0..1000 {
             n += 1;
             h2_frames::ping(out, n);
@@ -660,12 +712,23 @@ const LARGE_PATH: &str = "/open/users/1?bytes=1048576";
 /// streams for 1 MiB answers, and then neither reads nor sends WINDOW_UPDATE.
 #[tokio::test(flavor = "multi_thread")]
 async fn zero_window_without_reading_is_cut_off() -> Result<()> {
+    zero_window(false).await
+}
+
+/// [`zero_window_without_reading_is_cut_off`] on the HTTPS listener (issue 27).
+#[tokio::test(flavor = "multi_thread")]
+async fn zero_window_over_tls_without_reading_is_cut_off() -> Result<()> {
+    zero_window(true).await
+}
+
+async fn zero_window(tls: bool) -> Result<()> {
     let t = target().await?;
+    let listener = Listener::of(&t, tls)?;
     let good = GoodClient::start(&t.addr).await?;
     let before = Usage::now(t.pid)?;
     let block = h2_frames::get_block(&t.addr, LARGE_PATH);
     let mut opened = false;
-    let abuse = abuse_not_reading(&t.addr, NOT_READING_DEADLINE, |out| {
+    let abuse = abuse_not_reading(&listener, NOT_READING_DEADLINE, |out| {
         if opened {
             return 0;
         }
