@@ -97,7 +97,7 @@ pub struct Pipeline {
     pub rate_limiter: Option<Arc<dyn RateLimiter>>,
     /// Request spans (a disabled tracer still propagates trace context).
     pub tracer: Tracer,
-    /// The proxy worker this pipeline serves ([`Pipeline::for_worker`]);
+    /// The proxy worker this pipeline serves ([`Pipeline::for_listener`]);
     /// [`gateway_transport::workers::OFF_WORKER`] for one made off the workers.
     pub worker: Worker,
     /// The listener this pipeline serves: `X-Forwarded-Proto`, and what a
@@ -134,15 +134,8 @@ struct Seen<'c> {
 }
 
 impl Pipeline {
-    /// This pipeline, for the proxy worker `worker` (everything else is shared).
-    pub fn for_worker(&self, worker: Worker) -> Self {
-        Self {
-            worker,
-            ..self.clone()
-        }
-    }
-
-    /// This pipeline, for the listener of `scheme` on the proxy worker `worker`.
+    /// This pipeline, for the listener of `scheme` on the proxy worker
+    /// `worker` (everything else is shared).
     pub fn for_listener(&self, worker: Worker, scheme: Scheme) -> Self {
         Self {
             worker,
