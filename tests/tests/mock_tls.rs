@@ -11,39 +11,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use devstack::pki::Pki;
-use gateway_telemetry::Tracer;
 use http_body_util::{BodyExt as _, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use mock_service::{MockConfig, Service};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-/// A TLS mock on a free port; dropping the sender stops it.
-async fn start(pki: &Pki, client_ca: bool) -> (String, oneshot::Sender<()>) {
-    let tls = mock_service::tls::acceptor(
-        &pki.server_cert,
-        &pki.server_key,
-        client_ca.then_some(pki.ca.as_path()),
-    )
-    .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (tx, rx) = oneshot::channel::<()>();
-    let config = MockConfig::new(Service::Orders, "orders-tls", 0.0).unwrap();
-    tokio::spawn(mock_service::serve_tls(
-        listener,
-        config,
-        Tracer::disabled(),
-        tls,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    (addr, tx)
-}
+mod tls_mock;
 
 /// A client trusting the stack's CA, offering `alpn`, with the client
 /// certificate when `identify`, limited to `versions`.
@@ -111,7 +86,8 @@ const MODERN: &[&rustls::SupportedProtocolVersion] =
 async fn https_with_alpn_h2_and_http1_on_one_listener() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::generate(dir.path()).unwrap();
-    let (addr, _stop) = start(&pki, false).await;
+    let (addr, _stop) = tls_mock::start(&pki, false).await;
+    let addr = addr.to_string();
 
     let (alpn, version, doc) = get(&addr, connector(&pki, &[b"h2", b"http/1.1"], false, MODERN))
         .await
@@ -141,7 +117,8 @@ async fn https_with_alpn_h2_and_http1_on_one_listener() {
 async fn a_client_certificate_is_required_with_client_ca() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::generate(dir.path()).unwrap();
-    let (addr, _stop) = start(&pki, true).await;
+    let (addr, _stop) = tls_mock::start(&pki, true).await;
+    let addr = addr.to_string();
     let (_, _, doc) = get(&addr, connector(&pki, &[b"h2"], true, MODERN))
         .await
         .unwrap();
@@ -158,7 +135,8 @@ async fn grpc_over_tls_with_a_client_certificate() {
     use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::generate(dir.path()).unwrap();
-    let (addr, _stop) = start(&pki, true).await;
+    let (addr, _stop) = tls_mock::start(&pki, true).await;
+    let addr = addr.to_string();
     let read = |p: &std::path::Path| std::fs::read(p).unwrap();
     let tls = ClientTlsConfig::new()
         .domain_name("localhost")

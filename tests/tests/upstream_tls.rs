@@ -29,42 +29,14 @@ use gateway_proto::v1::{
     Certificate, DeleteCertificateRequest, HealthCheck, Instance, UpsertCertificateRequest,
     UpsertUpstreamRequest, Upstream, UpstreamTls,
 };
-use gateway_telemetry::Tracer;
 use gateway_tests::{
     client, metric_sample, one_data_plane, open_route, poll, upsert_route_synced,
     upsert_upstream_synced,
 };
-use mock_service::{MockConfig, Service};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+
+mod tls_mock;
 
 const DEADLINE: Duration = Duration::from_secs(20);
-
-/// A TLS orders mock on a free port, with `pki`'s server certificate,
-/// requiring a client certificate from `pki`'s CA when `client_ca`. Dropping
-/// the sender stops it.
-async fn tls_mock(pki: &Pki, client_ca: bool) -> (u16, oneshot::Sender<()>) {
-    let tls = mock_service::tls::acceptor(
-        &pki.server_cert,
-        &pki.server_key,
-        client_ca.then_some(pki.ca.as_path()),
-    )
-    .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (tx, rx) = oneshot::channel::<()>();
-    let config = MockConfig::new(Service::Orders, "orders-tls", 0.0).unwrap();
-    tokio::spawn(mock_service::serve_tls(
-        listener,
-        config,
-        Tracer::disabled(),
-        tls,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    (port, tx)
-}
 
 /// An upstream `name` with one https:// instance on `port` (`localhost`,
 /// which the mock's certificate is for), checked against `ca`.
@@ -115,7 +87,8 @@ async fn an_https_upstream_is_proxied_to_and_health_checked_and_a_wrong_ca_is_a_
     let dir = tempfile::tempdir()?;
     let pki = Pki::generate(&dir.path().join("upstream"))?;
     let other = Pki::generate(&dir.path().join("other"))?;
-    let (port, _mock) = tls_mock(&pki, false).await;
+    let (addr, _mock) = tls_mock::start(&pki, false).await;
+    let port = addr.port();
     let stack = one_data_plane(&[]).await;
 
     upsert_upstream_synced(&stack, https_upstream("secure", port, &pki, "")).await?;
@@ -163,7 +136,8 @@ async fn an_https_upstream_is_proxied_to_and_health_checked_and_a_wrong_ca_is_a_
 async fn mtls_presents_the_named_certificate_to_an_upstream_that_requires_one() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let pki = Pki::generate(dir.path())?;
-    let (port, _mock) = tls_mock(&pki, true).await;
+    let (addr, _mock) = tls_mock::start(&pki, true).await;
+    let port = addr.port();
     let stack = one_data_plane(&[]).await;
     // No health check here: it would mark the instance down while the
     // gateway has no client certificate, and this test is about requests.
