@@ -169,7 +169,7 @@ fn bench(c: &mut Criterion) {
     let cp = rt
         .block_on(ControlPlane::start(Settings {
             listen: "127.0.0.1:0".parse().unwrap(),
-            database: dir.path().join("grpc.db"),
+            database: dir.path().join("grpc.db").into(),
             seed: None,
             metrics_listen: None,
             tracer: gateway_telemetry::Tracer::disabled(),

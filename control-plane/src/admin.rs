@@ -237,7 +237,7 @@ impl AdminService for Admin {
     ) -> Result<Response<ListDataPlanesResponse>, Status> {
         let current_version = self.store.current().version;
         Ok(Response::new(ListDataPlanesResponse {
-            data_planes: self.nodes.list(current_version),
+            data_planes: self.nodes.list(current_version).await?,
             current_version,
         }))
     }

@@ -1,5 +1,6 @@
 //! Command-line flags; every flag can also be set from an environment variable.
 
+use crate::database::Database;
 use clap::builder::BoolishValueParser;
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
@@ -27,13 +28,16 @@ pub struct Args {
     #[arg(long, env = "CONTROL_PLANE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// SQLite database file; created (with its schema) if missing.
+    /// Where versions are stored: `sqlite://PATH` or a plain file path (one control plane;
+    /// created with its schema if missing), or `postgres://USER:PASSWORD@HOST:PORT/DB`, which
+    /// several control planes share (each streams every commit to its own data planes; the
+    /// data-plane registry lives there too). The schema is created or migrated on start.
     #[arg(
         long,
         env = "CONTROL_PLANE_DATABASE",
         default_value = "control-plane.db"
     )]
-    pub database: PathBuf,
+    pub database: Database,
 
     /// JSON file in the ApplyConfigRequest shape, committed only when the database has no version yet.
     /// It is validated on every start: a bad seed file stops the control plane.
@@ -93,7 +97,7 @@ mod tests {
     fn defaults_match_the_contract() {
         let a = Args::try_parse_from(["control-plane"]).unwrap();
         assert_eq!(a.listen, "127.0.0.1:50051".parse().unwrap());
-        assert_eq!(a.database, PathBuf::from("control-plane.db"));
+        assert_eq!(a.database, Database::sqlite("control-plane.db"));
         assert_eq!(a.seed, None);
         assert_eq!(a.log_format, LogFormat::Text);
         assert_eq!(a.auth_tokens_file, None);
@@ -118,10 +122,20 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(a.listen.port(), 0);
+        assert_eq!(a.database, Database::sqlite("/tmp/x.db"));
         assert_eq!(a.seed, Some(PathBuf::from("seed.json")));
         assert_eq!(a.metrics_listen.unwrap().port(), 9100);
         assert_eq!(a.log_format, LogFormat::Json);
         assert!(Args::try_parse_from(["control-plane", "--listen", "nope"]).is_err());
+        let a = Args::try_parse_from([
+            "control-plane",
+            "--database",
+            "postgres://gw:pw@127.0.0.1:5432/gateway",
+        ])
+        .unwrap();
+        assert!(a.database.is_shared());
+        let e = Args::try_parse_from(["control-plane", "--database", "mysql://x@y/z"]).unwrap_err();
+        assert!(e.to_string().contains("unsupported scheme"), "{e}");
         assert!(Args::try_parse_from(["control-plane", "--tls-cert", "c.pem"]).is_err());
         assert!(Args::try_parse_from(["control-plane", "--client-ca", "ca.pem"]).is_err());
         let a = Args::try_parse_from([

@@ -159,6 +159,8 @@ impl Session {
         };
         let mut serving = parse_version(&first.version_info);
         let stream = self.nodes.connect(&node, serving);
+        // With a shared registry: a version it rejected on another control plane is not resent here.
+        self.nodes.recall(&node.id).await;
         tracing::info!(
             node = %node.id,
             hostname = %node.hostname,

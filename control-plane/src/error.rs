@@ -41,10 +41,15 @@ pub enum StoreError {
     /// A bug: a task panicked.
     #[error("internal error: {0}")]
     Internal(String),
-    /// SQLite failed (I/O, lock timeout, ...). The text is the whole story (it
-    /// becomes the gRPC message), so the cause is not exposed again as `source`.
+    /// The database failed (I/O, lock timeout, a constraint, ...). The text is
+    /// the whole story (it becomes the gRPC message), so the cause is not
+    /// exposed again as `source`.
     #[error("storage error: {0}")]
     Database(sqlx::Error),
+    /// The database cannot be reached (Postgres down or restarting, no
+    /// connection within the acquire timeout). Nothing changed; retry later.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
     /// The schema migrations failed.
     #[error("database migration failed: {0}")]
     Migrate(sqlx::migrate::MigrateError),
@@ -52,7 +57,31 @@ pub enum StoreError {
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        StoreError::Database(e)
+        if is_unreachable(&e) {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Database(e)
+        }
+    }
+}
+
+/// Whether `e` says the database could not be reached, rather than that it
+/// refused what was asked: no connection in time, a connection that broke,
+/// or Postgres shutting down, starting up or out of connections.
+fn is_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        // Postgres SQLSTATE classes 08 (connection exception) and 57P
+        // (operator intervention: admin_shutdown, crash_shutdown, cannot_connect_now),
+        // 53300 too_many_connections.
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || code.starts_with("57P") || code == "53300"
+        }),
+        _ => false,
     }
 }
 
@@ -77,6 +106,7 @@ impl From<StoreError> for Status {
             StoreError::VersionMismatch { .. } | StoreError::NoSecretsKey => {
                 Code::FailedPrecondition
             }
+            StoreError::Unavailable(_) => Code::Unavailable,
             StoreError::WrongSecretsKey(_)
             | StoreError::Corrupt(_)
             | StoreError::Internal(_)
@@ -85,6 +115,8 @@ impl From<StoreError> for Status {
         };
         if code == Code::Internal {
             tracing::error!(error = %e, "request failed");
+        } else if code == Code::Unavailable {
+            tracing::warn!(error = %e, "request failed");
         }
         Status::new(code, e.to_string())
     }
@@ -109,6 +141,10 @@ mod tests {
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert_eq!(s.message(), "expected version 3, current is 5");
         let s: Status = StoreError::Corrupt("x".into()).into();
+        assert_eq!(s.code(), Code::Internal);
+        let s: Status = StoreError::from(sqlx::Error::PoolTimedOut).into();
+        assert_eq!(s.code(), Code::Unavailable);
+        let s: Status = StoreError::from(sqlx::Error::RowNotFound).into();
         assert_eq!(s.code(), Code::Internal);
         let s: Status = StoreError::NoSecretsKey.into();
         assert_eq!(s.code(), Code::FailedPrecondition);

@@ -1,5 +1,6 @@
 //! The gateway control plane: routes, upstreams, API keys and TLS
-//! certificates stored as numbered versions in SQLite, an operator gRPC API
+//! certificates stored as numbered versions in SQLite or in a Postgres
+//! database several control planes share, an operator gRPC API
 //! (`gateway.v1.AdminService`) and the config stream to data planes
 //! (`gateway.v1.ConfigDiscoveryService`).
 //!
@@ -10,7 +11,8 @@
 //!   [`certificates`] TLS certificates around their shared validation,
 //!   [`changes`] the diff between two configurations;
 //! * [`secrets`] the `--secrets-key-file` key that seals private keys at rest;
-//! * [`store`] the SQLite version history (one transaction per mutation);
+//! * [`database`] the `--database` URL; [`store`] the version history (one
+//!   transaction per mutation; with Postgres, commits of other replicas followed by LISTEN);
 //! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry;
 //! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
 //! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes.
@@ -24,6 +26,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod credentials;
+pub mod database;
 pub mod discovery;
 pub mod error;
 pub mod logging;
@@ -36,6 +39,7 @@ mod shutdown;
 pub mod store;
 
 pub use args::{Args, LogFormat};
+pub use database::Database;
 pub use error::StoreError;
 pub use server::{ControlPlane, Settings, StartError, TlsFiles};
 pub use store::Store;

@@ -93,10 +93,15 @@ pub async fn apply(store: &Store, path: &Path) -> Result<Option<u64>, SeedError>
         dry_run: false,
         author: Some(SEED_AUTHOR.into()),
     };
-    let outcome = store
-        .mutate(Mutation::Replace(config), &options)
-        .await
-        .map_err(err)?;
+    let outcome = match store.mutate(Mutation::Replace(config), &options).await {
+        Ok(outcome) => outcome,
+        // Another control plane of a shared database seeded it first.
+        Err(StoreError::VersionMismatch { expected: 0, .. }) => {
+            tracing::info!(seed = %path.display(), "another control plane seeded the database first; seed file not applied");
+            return Ok(None);
+        }
+        Err(e) => return Err(err(e)),
+    };
     tracing::info!(seed = %path.display(), version = outcome.version, "seeded configuration");
     Ok(outcome.committed.then_some(outcome.version))
 }

@@ -6,6 +6,7 @@ use crate::admin::Admin;
 use crate::args::Args;
 use crate::auth::{AuthLayer, Policy, Tokens, TokensError};
 use crate::clock::{now_utc, system_clock};
+use crate::database::Database;
 use crate::discovery::Discovery;
 use crate::error::StoreError;
 use crate::metrics::{self, Gauges, Metrics};
@@ -42,8 +43,8 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
 pub struct Settings {
     /// gRPC listen address (ignored by [`ControlPlane::start_on`]).
     pub listen: SocketAddr,
-    /// SQLite database file.
-    pub database: PathBuf,
+    /// Where versions are stored: a SQLite file, or Postgres shared with other control planes.
+    pub database: Database,
     /// Seed file committed when the database is empty.
     pub seed: Option<PathBuf>,
     /// Prometheus endpoint address.
@@ -78,7 +79,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
-            database: PathBuf::from("control-plane.db"),
+            database: Database::sqlite("control-plane.db"),
             seed: None,
             metrics_listen: None,
             tracer: gateway_telemetry::Tracer::disabled(),
@@ -125,18 +126,18 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The database could not be opened or migrated.
-    #[error("cannot open database {path}")]
+    #[error("cannot open database {database}")]
     Database {
-        /// The database file.
-        path: PathBuf,
+        /// The database (a Postgres password masked).
+        database: Database,
         /// Why.
         source: StoreError,
     },
     /// The database holds private keys the given secrets key (or none) cannot decrypt.
-    #[error("cannot open database {path}: {reason}")]
+    #[error("cannot open database {database}: {reason}")]
     SecretsKeyMismatch {
-        /// The database file.
-        path: PathBuf,
+        /// The database (a Postgres password masked).
+        database: Database,
         /// Which key is missing or wrong, and what to do.
         reason: String,
     },
@@ -188,6 +189,8 @@ pub struct ControlPlane {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     metrics: Option<JoinHandle<()>>,
+    /// The commit follower and the shared registry's writer (Postgres).
+    background: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -222,15 +225,15 @@ impl ControlPlane {
                 None
             }
         };
-        let store = Store::open_with(&settings.database, system_clock(), secrets)
+        let store = Store::connect(&settings.database, system_clock(), secrets)
             .await
             .map_err(|source| match source {
                 StoreError::WrongSecretsKey(reason) => StartError::SecretsKeyMismatch {
-                    path: settings.database.clone(),
+                    database: settings.database.clone(),
                     reason,
                 },
                 source => StartError::Database {
-                    path: settings.database.clone(),
+                    database: settings.database.clone(),
                     source,
                 },
             })?;
@@ -245,10 +248,21 @@ impl ControlPlane {
         let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let nodes = Arc::new(NodeRegistry::new(
-            system_clock(),
-            Arc::new(Metrics::default()),
-        ));
+        // With Postgres, the registry is shared by every control plane of the
+        // database, and this one follows the commits of the others.
+        let nodes = Arc::new(match store.postgres_pool() {
+            Some(pool) => NodeRegistry::shared(
+                system_clock(),
+                Arc::new(Metrics::default()),
+                pool,
+                addr.to_string(),
+            ),
+            None => NodeRegistry::new(system_clock(), Arc::new(Metrics::default())),
+        });
+        let background = vec![
+            tokio::spawn(store.clone().follow_commits(shutdown_rx.clone())),
+            tokio::spawn(nodes.clone().run(shutdown_rx.clone())),
+        ];
         // ApplyConfig of 10,000 routes is a few MB; tonic's default limit is 4 MB.
         let admin = AdminServiceServer::new(Admin::new(store.clone(), nodes.clone()))
             .max_decoding_message_size(MAX_REQUEST_BYTES);
@@ -319,7 +333,7 @@ impl ControlPlane {
                 let snapshot = config.borrow().clone();
                 nodes.metrics().render(&Gauges {
                     connected: nodes.connected(),
-                    known: nodes.list(0).len(),
+                    known: nodes.known(),
                     version: snapshot.version,
                     certificate_expiry: metrics::certificate_expiry(
                         &snapshot.certificates,
@@ -334,7 +348,7 @@ impl ControlPlane {
             tls = settings.tls.is_some(),
             client_certificates = settings.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
             metrics = ?metrics_addr,
-            database = %settings.database.display(),
+            database = %settings.database,
             secrets_key = settings.secrets_key_file.is_some(),
             version = store.current().version,
             "listening"
@@ -347,6 +361,7 @@ impl ControlPlane {
             shutdown,
             server,
             metrics,
+            background,
         })
     }
 
@@ -384,6 +399,7 @@ impl ControlPlane {
             shutdown,
             mut server,
             metrics,
+            background,
             ..
         } = self;
         let mut stopping = shutdown.subscribe();
@@ -409,6 +425,9 @@ impl ControlPlane {
         shutdown.send_replace(true);
         if let Some(m) = metrics {
             let _ = m.await;
+        }
+        for task in background {
+            let _ = task.await;
         }
         store.close().await;
         match result {

@@ -1,12 +1,15 @@
-//! Versioned configuration storage in SQLite (sqlx).
+//! Versioned configuration storage in SQLite or Postgres (sqlx; the two
+//! engines' differences are in `store/db.rs`).
 //!
 //! Every committed configuration is one row of `config_versions`; the current
 //! configuration is the row with the highest version, and version 0 (no row) is
-//! the empty configuration. Each mutation is one `BEGIN IMMEDIATE` transaction:
-//! load the current version, apply the change, validate the whole result, insert
-//! version + 1, commit. `BEGIN IMMEDIATE` takes SQLite's write lock up front, so
-//! writers (even in other processes) serialize instead of failing at commit time,
-//! and versions stay gap-free (a trigger also enforces it).
+//! the empty configuration. Each mutation is one transaction that takes the
+//! database's write lock first (`BEGIN IMMEDIATE` in SQLite; in Postgres a
+//! transaction-level advisory lock that every control plane of the database
+//! takes): load the current version, apply the change, validate the whole
+//! result, insert version + 1, commit. Writers, in this process or another,
+//! on this machine or (Postgres) another, serialize instead of failing at
+//! commit time, and versions stay gap-free (a trigger also enforces it).
 //!
 //! Durability: WAL journal with `synchronous = FULL`. WAL alone already keeps the
 //! file consistent if the process is killed at any moment (a torn write is just an
@@ -18,12 +21,15 @@
 //!
 //! After each commit the new snapshot is published on a `watch` channel, which
 //! is what config streams follow (no polling) and what reads are served from.
+//! With Postgres the commit also sends a `NOTIFY`; every other control plane
+//! of the database hears it (`store/follow.rs`), reads the new head and
+//! publishes it on its own channel.
 //!
 //! Content hashes: every version's `hash` is [`Config::hash`] under the
 //! database's own hash key (table `hash_key`, 32 random bytes made at first
 //! open), so the hash every viewer sees covers secrets only through keyed
-//! digests. The key lives next to the secrets it protects, in this file, and
-//! nowhere else. A database written before the key existed gets the key and
+//! digests. The key lives next to the secrets it protects, in this database,
+//! and nowhere else. A database written before the key existed gets the key and
 //! all its hashes recomputed, in one transaction, the first time it is opened.
 //!
 //! Private keys: a certificate's key is stored sealed with the
@@ -34,31 +40,29 @@
 use crate::changes::{self, Action, Change, Kind};
 use crate::clock::{now_utc, rfc3339, system_clock};
 use crate::config::{Config, ConfigRef, Mutation};
+use crate::database::Database;
 use crate::error::StoreError;
 use crate::secrets::SecretsKey;
+use db::{Exec, Pool, StoredVersion, from_db, to_db};
 use gateway_clock::Clock;
 use gateway_proto::hash::{HASH_KEY_LEN, HashKey, plain_sha256};
 use gateway_proto::v1::{ConfigSnapshot, ConfigVersion};
 use rand::RngCore as _;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
-};
-use sqlx::{AssertSqlSafe, Connection as _, Row, SqlSafeStr};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{Mutex, watch};
+
+mod db;
+mod follow;
+
+pub use db::{PG_ACQUIRE_TIMEOUT, PG_CHANNEL};
+pub use follow::RESYNC_INTERVAL;
 
 /// `author` recorded when the caller is not identified.
 pub const ANONYMOUS: &str = "anonymous";
 
 /// Default number of versions `ListConfigVersions` returns.
 pub const DEFAULT_VERSION_LIMIT: u32 = 50;
-
-/// How long a writer waits for another process's write lock before failing.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Caller-supplied conditions of a mutation.
 #[derive(Clone, Debug, Default)]
@@ -88,10 +92,13 @@ pub struct Outcome {
 
 /// The configuration database and the published current snapshot.
 pub struct Store {
-    pool: SqlitePool,
+    pool: Pool,
+    /// Where `pool` leads: the commit follower opens its own listening connection.
+    database: Database,
     /// Serializes this process's writers so they queue in order instead of
-    /// spinning on SQLite's busy handler, and so snapshots are published in
-    /// version order. `BEGIN IMMEDIATE` still guards against other processes.
+    /// contending for the database's write lock, and so snapshots are
+    /// published in version order. The database's lock (`BEGIN IMMEDIATE`,
+    /// or Postgres' advisory lock) still guards against other processes.
     writer: Mutex<()>,
     current: watch::Sender<Arc<ConfigSnapshot>>,
     clock: Arc<dyn Clock>,
@@ -104,13 +111,14 @@ pub struct Store {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
+            .field("database", &self.database)
             .field("current_version", &self.current.borrow().version)
             .finish_non_exhaustive()
     }
 }
 
 impl Store {
-    /// Opens (creating if needed) the database file, runs migrations and loads the current version.
+    /// Opens (creating if needed) the SQLite file, runs migrations and loads the current version.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
         Self::open_with_clock(path, system_clock()).await
     }
@@ -129,27 +137,28 @@ impl Store {
         clock: Arc<dyn Clock>,
         secrets: Option<SecretsKey>,
     ) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(BUSY_TIMEOUT);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?;
-        migrator().run(&pool).await?;
-        check_secrets_key(&pool, secrets.as_ref()).await?;
+        Self::connect(&Database::sqlite(path), clock, secrets).await
+    }
+
+    /// [`Store::open_with`] for either engine: a SQLite file, or a Postgres
+    /// database that other control planes may share (then
+    /// [`Store::follow_commits`] keeps this one's published snapshot current).
+    pub async fn connect(
+        database: &Database,
+        clock: Arc<dyn Clock>,
+        secrets: Option<SecretsKey>,
+    ) -> Result<Self, StoreError> {
+        let pool = Pool::open(database).await?;
+        let mut conn = pool.acquire().await?;
+        check_secrets_key(&mut conn.exec(), secrets.as_ref()).await?;
         let secrets = secrets.map(Arc::new);
-        let hash_key = load_or_make_hash_key(&pool, secrets.as_deref()).await?;
-        let latest = {
-            let mut conn = pool.acquire().await?;
-            load_latest(&mut conn, &hash_key, secrets.as_deref()).await?
-        };
+        let hash_key = load_or_make_hash_key(&mut conn, secrets.as_deref()).await?;
+        let latest = load_latest(&mut conn.exec(), &hash_key, secrets.as_deref()).await?;
+        drop(conn);
         let (current, _) = watch::channel(Arc::new(latest));
         Ok(Store {
             pool,
+            database: database.clone(),
             writer: Mutex::new(()),
             current,
             clock,
@@ -161,6 +170,16 @@ impl Store {
     /// Closes the connection pool (checkpointing is left to SQLite).
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+
+    /// The database this store writes to.
+    pub fn database(&self) -> &Database {
+        &self.database
+    }
+
+    /// The connection pool, when the database is Postgres (the shared data-plane registry uses it).
+    pub fn postgres_pool(&self) -> Option<sqlx::PgPool> {
+        self.pool.postgres().cloned()
     }
 
     /// The current configuration.
@@ -175,16 +194,20 @@ impl Store {
 
     /// Whether no version has ever been committed.
     pub async fn is_empty(&self) -> Result<bool, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM config_versions")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(n == 0)
+        let mut conn = self.pool.acquire().await?;
+        Ok(conn.exec().count().await? == 0)
     }
 
     /// One version: 0 is the empty configuration; an unknown version is `NotFound`.
     pub async fn snapshot(&self, version: u64) -> Result<ConfigSnapshot, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        load_version(&mut conn, version, &self.hash_key, self.secrets.as_deref()).await
+        load_version(
+            &mut conn.exec(),
+            version,
+            &self.hash_key,
+            self.secrets.as_deref(),
+        )
+        .await
     }
 
     /// Metadata of the newest `limit` versions, newest first (`0` means [`DEFAULT_VERSION_LIMIT`]).
@@ -194,24 +217,8 @@ impl Store {
         } else {
             limit
         };
-        let rows = sqlx::query(
-            "SELECT version, hash, created_at, summary, author FROM config_versions \
-             ORDER BY version DESC LIMIT ?",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(ConfigVersion {
-                    version: version_of(row)?,
-                    hash: row.try_get("hash")?,
-                    created_at: row.try_get("created_at")?,
-                    summary: row.try_get("summary")?,
-                    author: row.try_get("author")?,
-                })
-            })
-            .collect()
+        let mut conn = self.pool.acquire().await?;
+        conn.exec().list(i64::from(limit)).await
     }
 
     /// Applies one mutation: validates the whole resulting configuration and,
@@ -223,7 +230,7 @@ impl Store {
     ) -> Result<Outcome, StoreError> {
         if options.dry_run {
             let mut conn = self.pool.acquire().await?;
-            let current = self.latest_in(&mut conn).await?;
+            let current = self.latest_in(&mut conn.exec()).await?;
             drop(conn);
             let planned = self
                 .plan_off_runtime(current.clone(), mutation, options)
@@ -259,18 +266,11 @@ impl Store {
     }
 
     /// The current version as the database sees it on `conn`. The published
-    /// snapshot is used when it is that version (always, unless another process
-    /// writes the same file), which saves decoding it again.
-    async fn latest_in(
-        &self,
-        conn: &mut SqliteConnection,
-    ) -> Result<Arc<ConfigSnapshot>, StoreError> {
-        let latest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM config_versions")
-            .fetch_one(&mut *conn)
-            .await?;
-        let latest = latest.map_or(Ok(0), |v| {
-            u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative version {v}")))
-        })?;
+    /// snapshot is used when it is that version (always with SQLite; with
+    /// Postgres, unless another replica committed since), which saves
+    /// decoding it again.
+    async fn latest_in(&self, conn: &mut Exec<'_>) -> Result<Arc<ConfigSnapshot>, StoreError> {
+        let latest = conn.head().await?;
         let cached = self.current();
         if cached.version == latest {
             Ok(cached)
@@ -279,6 +279,19 @@ impl Store {
                 load_latest(conn, &self.hash_key, self.secrets.as_deref()).await?,
             ))
         }
+    }
+
+    /// Publishes `snapshot` unless the published one is as new: the
+    /// published version never moves backwards, whichever replica committed.
+    fn publish(&self, snapshot: Arc<ConfigSnapshot>) -> bool {
+        self.current.send_if_modified(|cur| {
+            if snapshot.version > cur.version {
+                *cur = snapshot;
+                true
+            } else {
+                false
+            }
+        })
     }
 
     /// The write path shared by every mutation.
@@ -290,11 +303,12 @@ impl Store {
         let _writer = self.writer.lock().await;
         let mut conn = self.pool.acquire().await?;
         let outcome = self.commit_on(&mut conn, pending, options).await;
-        if let Err(StoreError::Database(e)) = &outcome {
+        if let Err(e @ (StoreError::Database(_) | StoreError::Unavailable(_))) = &outcome {
             // SQLite may have ended the transaction itself (a full disk, an
             // I/O error); sqlx's ROLLBACK on drop then finds none and the
             // connection stays "in a transaction" for sqlx, refusing every
-            // later BEGIN. It is not given back to the pool.
+            // later BEGIN. A Postgres connection may be dead. It is not given
+            // back to the pool.
             tracing::warn!(error = %e, "a configuration write failed; closing its database connection");
             conn.close_on_drop();
         }
@@ -304,19 +318,24 @@ impl Store {
     /// [`Store::commit`]'s transaction, on `conn`.
     async fn commit_on(
         &self,
-        conn: &mut SqliteConnection,
+        conn: &mut db::Conn,
         pending: Pending,
         options: &MutateOptions,
     ) -> Result<Outcome, StoreError> {
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let current = self.latest_in(&mut tx).await?;
+        let mut tx = conn.begin_write().await?;
+        let current = self.latest_in(&mut tx.exec()).await?;
         check_expected(options.expected_version, current.version)?;
         let mutation = match pending {
             Pending::Ready(m) => *m,
             // Read the old version inside the transaction, like everything else.
             Pending::Rollback(version) => {
-                let old =
-                    load_version(&mut tx, version, &self.hash_key, self.secrets.as_deref()).await?;
+                let old = load_version(
+                    &mut tx.exec(),
+                    version,
+                    &self.hash_key,
+                    self.secrets.as_deref(),
+                )
+                .await?;
                 Mutation::Rollback {
                     version,
                     content: Config::new(old.routes, old.upstreams)
@@ -340,18 +359,16 @@ impl Store {
         let version = current.version + 1;
         let created_at = rfc3339(now_utc(&*self.clock));
         let author = options.author.as_deref().unwrap_or(ANONYMOUS);
-        sqlx::query(
-            "INSERT INTO config_versions (version, snapshot, hash, created_at, summary, author) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(to_db(version)?)
-        .bind(&planned.encoded)
-        .bind(&planned.hash)
-        .bind(&created_at)
-        .bind(&planned.summary)
-        .bind(author)
-        .execute(&mut *tx)
-        .await?;
+        let row = StoredVersion {
+            version: to_db(version)?,
+            snapshot: planned.encoded,
+            hash: planned.hash,
+            created_at,
+            summary: planned.summary,
+            author: author.to_owned(),
+        };
+        let mut exec = tx.exec();
+        exec.insert(&row).await?;
         if let Some(secrets) = &self.secrets
             && planned
                 .config
@@ -361,41 +378,26 @@ impl Store {
         {
             // With the first sealed key: from now on only this key opens the database.
             let (nonce, ciphertext) = secrets.check_value();
-            sqlx::query(
-                "INSERT OR IGNORE INTO secrets_key_check (id, nonce, ciphertext) VALUES (1, ?, ?)",
-            )
-            .bind(nonce)
-            .bind(ciphertext)
-            .execute(&mut *tx)
-            .await?;
+            exec.insert_key_check(&nonce, &ciphertext).await?;
         }
+        exec.notify(row.version).await?;
         tx.commit().await?;
-        tracing::info!(version, summary = %planned.summary, author, "committed configuration");
+        tracing::info!(version, summary = %row.summary, author, "committed configuration");
         for warning in &planned.warnings {
             tracing::warn!(version, %warning, "accepted with a warning");
         }
-        let snapshot = Arc::new(ConfigSnapshot {
+        self.publish(Arc::new(ConfigSnapshot {
             version,
-            hash: planned.hash,
+            hash: row.hash,
             routes: planned.config.routes,
             upstreams: planned.config.upstreams,
             api_keys: planned.config.api_keys,
             certificates: planned.config.certificates,
-            created_at,
-            summary: planned.summary,
-            author: author.to_owned(),
+            created_at: row.created_at,
+            summary: row.summary,
+            author: row.author,
             redacted: false,
-        });
-        // Never move the published version backwards (only matters if another
-        // process writes the same file; this process's writers are serialized).
-        self.current.send_if_modified(|cur| {
-            if snapshot.version > cur.version {
-                *cur = snapshot;
-                true
-            } else {
-                false
-            }
-        });
+        }));
         Ok(Outcome {
             version,
             committed: true,
@@ -502,47 +504,15 @@ fn check_expected(expected: Option<u64>, current: u64) -> Result<(), StoreError>
     }
 }
 
-/// The schema, embedded in the binary (migrations/*.sql).
-fn migrator() -> Migrator {
-    Migrator::with_migrations(vec![
-        Migration::new(
-            1,
-            "config versions".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(include_str!("../migrations/0001_config_versions.sql")).into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            2,
-            "hash key".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(include_str!("../migrations/0002_hash_key.sql")).into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            3,
-            "certificates".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(include_str!("../migrations/0003_certificates.sql")).into_sql_str(),
-            false,
-        ),
-    ])
-}
-
 /// Refuses to open a database whose private keys `secrets` cannot open: its
 /// check value was sealed with another key, or no key was given at all.
 async fn check_secrets_key(
-    pool: &SqlitePool,
+    conn: &mut Exec<'_>,
     secrets: Option<&SecretsKey>,
 ) -> Result<(), StoreError> {
-    let row = sqlx::query("SELECT nonce, ciphertext FROM secrets_key_check WHERE id = 1")
-        .fetch_optional(pool)
-        .await?;
-    let Some(row) = row else {
+    let Some((nonce, ciphertext)) = conn.key_check().await? else {
         return Ok(());
     };
-    let nonce: Vec<u8> = row.try_get("nonce")?;
-    let ciphertext: Vec<u8> = row.try_get("ciphertext")?;
     match secrets {
         Some(key) if key.verifies(&nonce, &ciphertext) => Ok(()),
         Some(_) => Err(StoreError::WrongSecretsKey(
@@ -564,53 +534,39 @@ async fn check_secrets_key(
 /// plain SHA-256 over the secrets. Each old hash is checked against its
 /// content first, so a corrupt row stops the open instead of being blessed.
 async fn load_or_make_hash_key(
-    pool: &SqlitePool,
+    conn: &mut db::Conn,
     secrets: Option<&SecretsKey>,
 ) -> Result<HashKey, StoreError> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let stored: Option<Vec<u8>> = sqlx::query_scalar("SELECT key FROM hash_key WHERE id = 1")
-        .fetch_optional(&mut *tx)
-        .await?;
-    if let Some(bytes) = stored {
+    // Read without the lock first: every open but the very first finds the key.
+    if let Some(bytes) = conn.exec().hash_key().await? {
+        return hash_key_from(bytes);
+    }
+    // Under the write lock, so replicas opening a new database together make one key.
+    let mut tx = conn.begin_write().await?;
+    let mut exec = tx.exec();
+    if let Some(bytes) = exec.hash_key().await? {
         tx.rollback().await?;
-        let bytes: [u8; HASH_KEY_LEN] = bytes.try_into().map_err(|b: Vec<u8>| {
-            StoreError::Corrupt(format!(
-                "hash_key: {} bytes, expected {HASH_KEY_LEN}",
-                b.len()
-            ))
-        })?;
-        return Ok(HashKey::from_bytes(bytes));
+        return hash_key_from(bytes);
     }
     let mut bytes = [0u8; HASH_KEY_LEN];
     rand::rng().fill_bytes(&mut bytes);
     let key = HashKey::from_bytes(bytes);
-    sqlx::query("INSERT INTO hash_key (id, key) VALUES (1, ?)")
-        .bind(&bytes[..])
-        .execute(&mut *tx)
-        .await?;
+    exec.insert_hash_key(&bytes[..]).await?;
     // One row at a time: a long history of large configurations never sits in memory at once.
-    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM config_versions")
-        .fetch_all(&mut *tx)
-        .await?;
+    let versions = exec.numbers().await?;
     for &version in &versions {
-        let row = sqlx::query("SELECT snapshot, hash FROM config_versions WHERE version = ?")
-            .bind(version)
-            .fetch_one(&mut *tx)
-            .await?;
-        let blob: Vec<u8> = row.try_get("snapshot")?;
-        let old: String = row.try_get("hash")?;
-        if plain_sha256(&blob) != old {
+        let row = exec
+            .version(version)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("version {version} vanished")))?;
+        if plain_sha256(&row.snapshot) != row.hash {
             return Err(StoreError::Corrupt(format!(
                 "version {version}: content does not match its hash"
             )));
         }
-        let config = Config::decode(&blob, secrets)
+        let config = Config::decode(&row.snapshot, secrets)
             .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
-        sqlx::query("UPDATE config_versions SET hash = ? WHERE version = ?")
-            .bind(config.hash(&key))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
+        exec.set_hash(version, &config.hash(&key)).await?;
     }
     tx.commit().await?;
     if !versions.is_empty() {
@@ -620,6 +576,16 @@ async fn load_or_make_hash_key(
         );
     }
     Ok(key)
+}
+
+fn hash_key_from(bytes: Vec<u8>) -> Result<HashKey, StoreError> {
+    let bytes: [u8; HASH_KEY_LEN] = bytes.try_into().map_err(|b: Vec<u8>| {
+        StoreError::Corrupt(format!(
+            "hash_key: {} bytes, expected {HASH_KEY_LEN}",
+            b.len()
+        ))
+    })?;
+    Ok(HashKey::from_bytes(bytes))
 }
 
 /// The empty configuration every database starts at.
@@ -632,27 +598,19 @@ fn version_zero(hash_key: &HashKey) -> ConfigSnapshot {
     }
 }
 
-const SELECT_SNAPSHOT: &str =
-    "SELECT version, snapshot, hash, created_at, summary, author FROM config_versions";
-
 async fn load_latest(
-    conn: &mut SqliteConnection,
+    conn: &mut Exec<'_>,
     hash_key: &HashKey,
     secrets: Option<&SecretsKey>,
 ) -> Result<ConfigSnapshot, StoreError> {
-    let row = sqlx::query(AssertSqlSafe(format!(
-        "{SELECT_SNAPSHOT} ORDER BY version DESC LIMIT 1"
-    )))
-    .fetch_optional(&mut *conn)
-    .await?;
-    match row {
-        Some(row) => snapshot_from_row(&row, hash_key, secrets),
+    match conn.latest().await? {
+        Some(row) => snapshot_from_row(row, hash_key, secrets),
         None => Ok(version_zero(hash_key)),
     }
 }
 
 async fn load_version(
-    conn: &mut SqliteConnection,
+    conn: &mut Exec<'_>,
     version: u64,
     hash_key: &HashKey,
     secrets: Option<&SecretsKey>,
@@ -660,54 +618,37 @@ async fn load_version(
     if version == 0 {
         return Ok(version_zero(hash_key));
     }
-    let row = sqlx::query(AssertSqlSafe(format!(
-        "{SELECT_SNAPSHOT} WHERE version = ?"
-    )))
-    .bind(to_db(version)?)
-    .fetch_optional(&mut *conn)
-    .await?;
-    match row {
-        Some(row) => snapshot_from_row(&row, hash_key, secrets),
+    match conn.version(to_db(version)?).await? {
+        Some(row) => snapshot_from_row(row, hash_key, secrets),
         None => Err(StoreError::NotFound(format!("version {version} not found"))),
     }
 }
 
 fn snapshot_from_row(
-    row: &SqliteRow,
+    row: StoredVersion,
     hash_key: &HashKey,
     secrets: Option<&SecretsKey>,
 ) -> Result<ConfigSnapshot, StoreError> {
-    let version = version_of(row)?;
-    let blob: Vec<u8> = row.try_get("snapshot")?;
-    let hash: String = row.try_get("hash")?;
-    let config = Config::decode(&blob, secrets)
+    let version = from_db(row.version)?;
+    let config = Config::decode(&row.snapshot, secrets)
         .map_err(|e| StoreError::Corrupt(format!("version {version}: {e}")))?;
-    if config.hash(hash_key) != hash {
+    if config.hash(hash_key) != row.hash {
         return Err(StoreError::Corrupt(format!(
             "version {version}: content does not match its hash"
         )));
     }
     Ok(ConfigSnapshot {
         version,
-        hash,
+        hash: row.hash,
         routes: config.routes,
         upstreams: config.upstreams,
         api_keys: config.api_keys,
         certificates: config.certificates,
-        created_at: row.try_get("created_at")?,
-        summary: row.try_get("summary")?,
-        author: row.try_get("author")?,
+        created_at: row.created_at,
+        summary: row.summary,
+        author: row.author,
         redacted: false,
     })
-}
-
-fn version_of(row: &SqliteRow) -> Result<u64, StoreError> {
-    let v: i64 = row.try_get("version")?;
-    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative version {v}")))
-}
-
-fn to_db(version: u64) -> Result<i64, StoreError> {
-    i64::try_from(version).map_err(|_| StoreError::NotFound(format!("version {version} not found")))
 }
 
 #[cfg(test)]

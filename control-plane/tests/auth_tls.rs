@@ -87,7 +87,7 @@ async fn start(dir: &Path, pki: &Pki, client_ca: bool, tokens: Option<&str>) -> 
     ControlPlane::start_on(
         listener,
         Settings {
-            database: dir.join("cp.db"),
+            database: dir.join("cp.db").into(),
             tls: Some(TlsFiles {
                 cert: pki.server_cert.clone(),
                 key: pki.server_key.clone(),
@@ -316,7 +316,7 @@ async fn bad_tls_files_are_clear_startup_errors() {
         let e = ControlPlane::start_on(
             listener,
             Settings {
-                database: dir.path().join("cp.db"),
+                database: dir.path().join("cp.db").into(),
                 tls: Some(TlsFiles {
                     cert: cert.clone(),
                     key,

@@ -20,7 +20,7 @@ async fn start(dir: &tempfile::TempDir) -> ControlPlane {
         listener,
         Settings {
             listen: "127.0.0.1:0".parse().unwrap(),
-            database: dir.path().join("cp.db"),
+            database: dir.path().join("cp.db").into(),
             seed: None,
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             tracer: gateway_telemetry::Tracer::disabled(),
@@ -109,7 +109,7 @@ async fn metrics_show_each_certificates_expiry() {
     let cp = ControlPlane::start_on(
         listener,
         Settings {
-            database: dir.path().join("cp.db"),
+            database: dir.path().join("cp.db").into(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             secrets_key_file: Some(key_file),
             ..Settings::default()

@@ -38,7 +38,7 @@ async fn start_cp(dir: &Path, tls: Option<TlsFiles>) -> ControlPlane {
     ControlPlane::start_on(
         listener,
         Settings {
-            database: dir.join("cp.db"),
+            database: dir.join("cp.db").into(),
             auth_tokens_file: Some(tokens),
             tls,
             ..Settings::default()
@@ -137,7 +137,7 @@ async fn right_token_syncs_wrong_token_keeps_serving_the_cache() {
         assert_eq!(served_version(&dp).await, Some(2), "{refused:?}");
         assert!(
             cp.nodes()
-                .list(3)
+                .list_local(3)
                 .iter()
                 .all(|n| n.node_id != "dp-test" || n.status != DataPlaneState::Synced as i32),
             "a refused data plane is listed as synced"

@@ -468,27 +468,27 @@ async fn the_schema_keeps_history_append_only_and_gap_free() {
         "INSERT INTO config_versions (version, snapshot, hash, created_at, summary) \
          VALUES (5, x'', 'h', 't', 's')",
     )
-    .execute(&store.pool)
+    .execute(store.pool.sqlite())
     .await
     .unwrap_err();
     assert!(gap.to_string().contains("consecutive"), "{gap}");
     let update = sqlx::query("UPDATE config_versions SET summary = 'x'")
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap_err();
     assert!(update.to_string().contains("append-only"), "{update}");
     let update = sqlx::query("UPDATE config_versions SET snapshot = x''")
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap_err();
     assert!(update.to_string().contains("append-only"), "{update}");
     let delete = sqlx::query("DELETE FROM config_versions")
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap_err();
     assert!(delete.to_string().contains("append-only"), "{delete}");
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(&store.pool)
+        .fetch_one(store.pool.sqlite())
         .await
         .unwrap();
     assert_eq!(mode, "wal");
@@ -503,11 +503,11 @@ async fn a_row_whose_content_does_not_match_its_hash_is_reported_corrupt() {
         .await
         .unwrap();
     sqlx::query("DROP TRIGGER config_versions_no_update")
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap();
     sqlx::query("UPDATE config_versions SET hash = 'bad' WHERE version = 1")
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap();
     let e = store.snapshot(1).await.unwrap_err();
@@ -612,18 +612,18 @@ async fn a_secret_only_change_is_a_new_hash_that_reveals_nothing_of_it() {
 /// no key, every hash the plain SHA-256 of its row's bytes.
 async fn forget_hash_key(store: &Store) {
     sqlx::query("DELETE FROM hash_key")
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap();
     let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as("SELECT version, snapshot FROM config_versions")
-        .fetch_all(&store.pool)
+        .fetch_all(store.pool.sqlite())
         .await
         .unwrap();
     for (version, blob) in rows {
         sqlx::query("UPDATE config_versions SET hash = ? WHERE version = ?")
             .bind(gateway_proto::hash::plain_sha256(&blob))
             .bind(version)
-            .execute(&store.pool)
+            .execute(store.pool.sqlite())
             .await
             .unwrap();
     }
@@ -683,7 +683,7 @@ async fn a_corrupt_row_stops_the_hash_key_migration() {
         .unwrap();
     forget_hash_key(&store).await;
     sqlx::query("UPDATE config_versions SET hash = 'bad' WHERE version = 1")
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap();
     store.close().await;
@@ -707,11 +707,11 @@ async fn fail_inserts(store: &Store, armed: bool) {
          BEGIN SELECT RAISE(ROLLBACK, 'injected: disk full'); END",
         "DELETE FROM test_fault",
     ] {
-        sqlx::query(sql).execute(&store.pool).await.unwrap();
+        sqlx::query(sql).execute(store.pool.sqlite()).await.unwrap();
     }
     sqlx::query("INSERT INTO test_fault (armed) VALUES (?)")
         .bind(armed)
-        .execute(&store.pool)
+        .execute(store.pool.sqlite())
         .await
         .unwrap();
 }
@@ -746,7 +746,7 @@ async fn a_write_that_sqlite_rolls_back_leaves_the_store_usable() {
 
     fail_inserts(&store, false).await;
     // More commits than the pool has connections: every one is used again.
-    let n = store.pool.options().get_max_connections() + 1;
+    let n = store.pool.sqlite().options().get_max_connections() + 1;
     for i in 0..n {
         store
             .mutate(Mutation::UpsertRoute(route(&format!("r{i}"), "u")), &none())
