@@ -353,7 +353,7 @@ pub(crate) fn secrets_key(dir: &Path) -> anyhow::Result<PathBuf> {
     if !path.exists() {
         let mut key = [0u8; 32];
         std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-        std::fs::write(&path, gateway_hex::encode(&key))?;
+        std::fs::write(&path, gateway_hex::encode(key))?;
     }
     Ok(path)
 }
