@@ -41,7 +41,6 @@ async fn seed(admin: &mut AdminClient, mock: &Mock) -> anyhow::Result<u64> {
                 instances: vec![Instance {
                     id: "orders-1".into(),
                     url: mock.url(),
-                    ..Default::default()
                 }],
                 ..Default::default()
             }),
