@@ -57,31 +57,11 @@ pub enum StoreError {
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        if is_unreachable(&e) {
+        if gateway_database::postgres::is_unreachable(&e) {
             StoreError::Unavailable(e.to_string())
         } else {
             StoreError::Database(e)
         }
-    }
-}
-
-/// Whether `e` says the database could not be reached, rather than that it
-/// refused what was asked: no connection in time, a connection that broke,
-/// or Postgres shutting down, starting up or out of connections.
-fn is_unreachable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed => true,
-        // Postgres SQLSTATE classes 08 (connection exception) and 57P
-        // (operator intervention: admin_shutdown, crash_shutdown, cannot_connect_now),
-        // 53300 too_many_connections.
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08") || code.starts_with("57P") || code == "53300"
-        }),
-        _ => false,
     }
 }
 

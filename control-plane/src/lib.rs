@@ -25,14 +25,16 @@ pub mod changes;
 pub mod cli;
 pub mod clock;
 pub mod config;
+/// The `--database` URL (shared with the auth service: `gateway-database`).
+pub use gateway_database::url as database;
 pub mod credentials;
-pub mod database;
 pub mod discovery;
 pub mod error;
 pub mod logging;
 pub mod metrics;
 pub mod nodes;
-pub mod secrets;
+/// The `--secrets-key-file` key (shared with the auth service: `gateway-database`).
+pub use gateway_database::secrets;
 pub mod seed;
 pub mod server;
 mod shutdown;

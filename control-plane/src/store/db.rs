@@ -18,7 +18,7 @@ use crate::error::StoreError;
 use gateway_proto::v1::ConfigVersion;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -32,12 +32,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a request waits for a Postgres connection before it fails with
 /// `UNAVAILABLE`: while Postgres is down, writes answer within this.
-pub const PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Server-side limits of every Postgres session: a statement never hangs a
-/// request for long, nor does waiting for another replica's write lock.
-const PG_SESSION_OPTIONS: [(&str, &str); 2] =
-    [("statement_timeout", "30s"), ("lock_timeout", "15s")];
+pub use gateway_database::postgres::ACQUIRE_TIMEOUT as PG_ACQUIRE_TIMEOUT;
 
 /// The `NOTIFY` channel of committed versions; the payload is the version.
 pub const PG_CHANNEL: &str = "gateway_config_versions";
@@ -143,15 +138,7 @@ impl Pool {
 
 /// A Postgres pool of `max` connections with the short acquire timeout and the session limits.
 pub(crate) async fn open_postgres(url: &PostgresUrl, max: u32) -> Result<PgPool, StoreError> {
-    let options = url
-        .options()?
-        .application_name("gateway-control-plane")
-        .options(PG_SESSION_OPTIONS);
-    Ok(PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(PG_ACQUIRE_TIMEOUT)
-        .connect_with(options)
-        .await?)
+    Ok(gateway_database::postgres::pool(url, max, "gateway-control-plane").await?)
 }
 
 async fn open_sqlite(path: &Path) -> Result<SqlitePool, StoreError> {

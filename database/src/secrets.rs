@@ -1,18 +1,20 @@
-//! Private keys at rest: the `--secrets-key-file` key and the AEAD that
-//! seals certificates' private keys in the database.
+//! Private keys at rest: the key of a secrets key file (the control plane's
+//! `--secrets-key-file`, the auth service's `--keys-secret-file`) and the
+//! AEAD that seals private keys in the database: certificates' keys in the
+//! control plane's versions, signing keys in the auth service's table.
 //!
 //! * The key file holds 32 bytes: 64 hex digits (surrounding whitespace
 //!   ignored, e.g. `openssl rand -hex 32 > secrets.key`) or the 32 raw bytes.
 //! * Each private key is sealed with AES-256-GCM (ring) under that key, with a
 //!   fresh 96-bit nonce from the OS for every record, stored beside the
-//!   ciphertext, and the certificate's name as associated data: a sealed key
-//!   moved to another certificate's name does not open. Every commit seals
+//!   ciphertext, and the owner's name (a certificate's name, a signing key's
+//!   kid) as associated data: a sealed key moved to another name does not open. Every commit seals
 //!   the keys of its version again; random nonces stay safe for 2^32 seals
 //!   per key (NIST SP 800-38D), billions of commits away.
 //! * The database keeps one check value sealed with the key (table
 //!   `secrets_key_check`), written with the first private key ever stored, so
 //!   a start with another key file, or none, is refused before anything is
-//!   served ([`crate::store::Store::open_with`]).
+//!   served (the control plane's `Store::open_with`).
 //!
 //! Neither the key nor a plaintext ever appears in a log line or an error.
 

@@ -1,0 +1,14 @@
+//! Storage plumbing the control plane and the auth service share:
+//!
+//! * [`url`]: the `--database` value, a SQLite file or a `postgres://` URL
+//!   that several replicas share, shown with its password masked;
+//! * [`postgres`]: Postgres pools that fail fast while Postgres is down, and
+//!   the test that tells "unreachable" from "refused";
+//! * [`secrets`]: the key from a key file that seals private keys at rest
+//!   (AES-256-GCM), so a database never holds one in the clear.
+
+pub mod postgres;
+pub mod secrets;
+pub mod url;
+
+pub use url::{Database, DatabaseUrlError, PostgresUrl};
