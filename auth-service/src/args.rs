@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use gateway_database::Database;
 use gateway_proto::cidr::Cidr;
 use gateway_redis::{RedisTarget, RedisTargetError, RedisUrl, RedisUrlParser};
 
@@ -36,9 +37,11 @@ pub struct Cli {
     #[arg(long, env = "AUTH_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
-    /// SQLite database file holding the users (created if missing).
+    /// Where the users live: `sqlite://PATH` or a plain file path (created if missing), or
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB`, which several auth services share; with Postgres
+    /// the signing keys and their rotation schedule live there too (see --keys-secret-file).
     #[arg(long, env = "AUTH_DATABASE", default_value = "auth.db")]
-    pub database: PathBuf,
+    pub database: Database,
 
     /// Redis holding refresh-token families (only SHA-256 hashes of tokens are stored):
     /// `redis://[[user]:password@]host:port[/db]`, Sentinel
@@ -68,9 +71,17 @@ pub struct Cli {
     #[arg(long, env = "AUTH_AUDIENCE", default_value = "gateway")]
     pub audience: String,
 
-    /// Directory where Ed25519 signing keys are persisted (PKCS#8 PEM + JSON metadata).
+    /// Directory where Ed25519 signing keys are persisted (PKCS#8 PEM + JSON metadata), with
+    /// a SQLite --database. With Postgres the keys are in the database and this is not used.
     #[arg(long, env = "AUTH_KEY_DIR", default_value = "auth-keys")]
     pub key_dir: PathBuf,
+
+    /// With a postgres:// --database (required there, refused otherwise): file holding the
+    /// 32-byte key that encrypts the signing keys' private halves in the database (AES-256-GCM):
+    /// 64 hex digits (`openssl rand -hex 32 > FILE`) or 32 raw bytes, mode 0600. Every auth
+    /// service of the database needs the same file.
+    #[arg(long, env = "AUTH_KEYS_SECRET_FILE")]
+    pub keys_secret_file: Option<PathBuf>,
 
     /// How often a new signing key takes over (seconds).
     #[arg(long, env = "AUTH_KEY_ROTATION_INTERVAL_SECS", default_value_t = DEFAULT_ROTATION_SECS)]
@@ -122,7 +133,7 @@ pub enum LogFormat {
 /// Administrative subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Manage users in the SQLite database.
+    /// Manage users in the --database.
     Users {
         /// What to do.
         #[command(subcommand)]
@@ -130,8 +141,8 @@ pub enum Command {
     },
 }
 
-/// `users …` subcommands. They work on the `--database` file directly, also while a server
-/// uses it (SQLite in WAL mode; the server reads users at every login).
+/// `users …` subcommands. They work on the `--database` directly, also while a server
+/// uses it (SQLite in WAL mode, or Postgres; the server reads users at every login).
 #[derive(Debug, Subcommand)]
 pub enum UsersCommand {
     /// Add a user. The password is asked for twice without echo when stdin is a terminal,
@@ -169,16 +180,18 @@ pub enum UsersCommand {
 pub struct ServerConfig {
     /// Listen address.
     pub listen: SocketAddr,
-    /// SQLite path.
-    pub database: PathBuf,
+    /// The users' database (and, with Postgres, the signing keys').
+    pub database: Database,
     /// Redis holding refresh tokens (its `Debug` and `Display` are redacted).
     pub redis: RedisTarget,
     /// Token issuer.
     pub issuer: String,
     /// Token audience.
     pub audience: String,
-    /// Key directory.
+    /// Key directory (SQLite).
     pub key_dir: PathBuf,
+    /// The key file that seals signing keys in a Postgres database.
+    pub keys_secret_file: Option<PathBuf>,
     /// Key rotation schedule.
     pub rotation: RotationPolicy,
     /// Peers whose `X-Forwarded-For` names the client.
@@ -201,6 +214,13 @@ pub enum ArgsError {
     /// The failed-login window is 0 or longer than a day.
     #[error("--login-failure-window-secs must be 1 to {MAX_LOGIN_FAILURE_WINDOW_SECS} (got {0})")]
     LoginWindow(u64),
+    /// Postgres without --keys-secret-file, or the file without Postgres.
+    #[error(
+        "--keys-secret-file goes with a postgres:// --database, and is required there: the \
+         signing keys then live in the database, their private keys encrypted with it (with \
+         SQLite they stay in --key-dir)"
+    )]
+    KeysSecretFile,
     /// The Redis settings cannot be used (`--redis-ca` without TLS, an unreadable CA file).
     #[error(transparent)]
     Redis(#[from] RedisTargetError),
@@ -221,6 +241,9 @@ impl Cli {
         if !(1..=MAX_LOGIN_FAILURE_WINDOW_SECS).contains(&self.login_failure_window_secs) {
             return Err(ArgsError::LoginWindow(self.login_failure_window_secs));
         }
+        if self.database.is_shared() != self.keys_secret_file.is_some() {
+            return Err(ArgsError::KeysSecretFile);
+        }
         let redis = RedisTarget::new(self.redis_url.clone(), self.redis_ca.as_deref())?;
         Ok(ServerConfig {
             listen: self.listen,
@@ -229,6 +252,7 @@ impl Cli {
             issuer: self.issuer.clone(),
             audience: self.audience.clone(),
             key_dir: self.key_dir.clone(),
+            keys_secret_file: self.keys_secret_file.clone(),
             rotation: RotationPolicy::new(
                 Duration::from_secs(self.key_rotation_interval_secs),
                 Duration::from_secs(self.key_publish_lead_secs),
@@ -271,6 +295,28 @@ mod tests {
         let cfg = cli.server_config().unwrap();
         assert_eq!(cfg.rotation.interval, 86_400);
         assert_eq!(cfg.rotation.publish_lead, DEFAULT_PUBLISH_LEAD_SECS);
+        assert_eq!(cfg.database, Database::sqlite("auth.db"));
+    }
+
+    #[test]
+    fn postgres_needs_the_keys_secret_file_and_sqlite_refuses_it() {
+        let pg = "postgres://auth:pw@127.0.0.1:5432/gateway";
+        let cli = Cli::try_parse_from(["auth-service", "--database", pg]).unwrap();
+        let e = cli.server_config().unwrap_err().to_string();
+        assert!(e.contains("--keys-secret-file"), "{e}");
+        let cli = Cli::try_parse_from([
+            "auth-service",
+            "--database",
+            pg,
+            "--keys-secret-file",
+            "/etc/gw/auth-keys.secret",
+        ])
+        .unwrap();
+        let cfg = cli.server_config().unwrap();
+        assert!(cfg.database.is_shared());
+        assert!(!format!("{cfg:?}").contains(":pw@"), "{cfg:?}");
+        let cli = Cli::try_parse_from(["auth-service", "--keys-secret-file", "/etc/gw/k"]).unwrap();
+        assert!(cli.server_config().is_err());
     }
 
     #[test]

@@ -54,7 +54,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 users_cli::read_password_from(&input, name)
             })
             .await
-            .with_context(|| format!("user database {}", cli.database.display()))?;
+            .with_context(|| format!("user database {}", users_cli::shown(&cli.database)))?;
             print!("{}", report.stdout);
             eprint!("{}", report.stderr);
             Ok(())

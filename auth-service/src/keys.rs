@@ -18,6 +18,10 @@
 //!
 //! Files: `<kid>.pem` (PKCS#8, mode 0600) and `<kid>.json` (metadata, written last, so a key
 //! exists only once both are complete). One auth-service process owns a key directory.
+//!
+//! With a Postgres `--database` the keys live in the database instead
+//! ([`crate::shared_keys`]), which applies the same schedule ([`plan`]) once for every replica;
+//! each replica then holds a [`KeyRing`] without a directory, as the database has it.
 
 use std::fs;
 use std::io::Write as _;
@@ -109,6 +113,20 @@ impl std::fmt::Debug for KeyEntry {
 }
 
 impl KeyEntry {
+    /// A key from its PKCS#8 DER form, checked against `meta.kid`.
+    pub fn from_pkcs8_der(der: &[u8], meta: KeyMeta) -> Result<Self, KeyError> {
+        let signing = SigningKey::from_pkcs8_der(der)
+            .map_err(|e| KeyError::Encode(format!("key {}: {e}", meta.kid)))?;
+        let x = URL_SAFE_NO_PAD.encode(signing.verifying_key().as_bytes());
+        if jwk_thumbprint(&x) != meta.kid {
+            return Err(KeyError::Encode(format!(
+                "key {}: kid does not match the private key",
+                meta.kid
+            )));
+        }
+        Self::from_signing_key(&signing, meta)
+    }
+
     fn from_signing_key(key: &SigningKey, meta: KeyMeta) -> Result<Self, KeyError> {
         let der = key
             .to_pkcs8_der()
@@ -190,6 +208,18 @@ pub enum KeyError {
     /// PKCS#8 encoding failed.
     #[error("encoding a key: {0}")]
     Encode(String),
+    /// The shared key table failed (Postgres down, or a statement refused).
+    #[error("signing keys in the database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A stored private key does not open with the `--keys-secret-file` key.
+    #[error(
+        "signing key {0} in the database cannot be decrypted with --keys-secret-file: every auth \
+         service of a database must be given the key file the keys were stored with"
+    )]
+    Sealed(String),
+    /// The `--keys-secret-file` was refused.
+    #[error(transparent)]
+    SecretsKey(#[from] gateway_database::secrets::SecretsKeyError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KeyError + '_ {
@@ -208,10 +238,66 @@ pub struct Maintenance {
     pub deleted: Vec<String>,
 }
 
-/// All keys of a key directory, ordered by activation time.
+/// What the rotation schedule asks for at a moment, whatever holds the keys.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Generate a successor that activates then (the newest key then retires at `retire`'s time).
+    pub generate: Option<u64>,
+    /// The key to give a retirement time, and that time.
+    pub retire: Option<(String, u64)>,
+    /// Keys to delete: every token they signed has expired.
+    pub delete: Vec<String>,
+}
+
+/// The schedule at `now` for `keys` (sorted by activation, never empty): a
+/// successor `publish_lead` before the newest key's interval ends, and the
+/// deletion of retired keys other than the signing one.
+pub fn plan(keys: &[KeyMeta], policy: RotationPolicy, now: u64) -> Plan {
+    let mut plan = Plan::default();
+    let Some(newest) = keys.last() else {
+        return plan;
+    };
+    let rotate_at = newest.activates_at + policy.interval - policy.publish_lead;
+    if now >= rotate_at {
+        // Never sign with a key that has not been published for the full lead time.
+        let activates_at = (newest.activates_at + policy.interval).max(now + policy.publish_lead);
+        plan.generate = Some(activates_at);
+        plan.retire = Some((newest.kid.clone(), activates_at + policy.retire_after));
+    }
+    // A successor activates in the future, so it never changes which key signs now.
+    let signing = keys
+        .iter()
+        .rev()
+        .find(|k| k.activates_at <= now)
+        .unwrap_or(&keys[0]);
+    plan.delete = keys
+        .iter()
+        .filter(|k| k.kid != signing.kid && k.retires_at.is_some_and(|r| r <= now))
+        .map(|k| k.kid.clone())
+        .collect();
+    plan
+}
+
+/// A new Ed25519 key and its metadata.
+pub fn new_key(now: u64, activates_at: u64) -> (SigningKey, KeyMeta) {
+    let signing = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+    let x = URL_SAFE_NO_PAD.encode(signing.verifying_key().as_bytes());
+    let meta = KeyMeta {
+        kid: jwk_thumbprint(&x),
+        alg: "EdDSA".to_owned(),
+        created_at: now,
+        activates_at,
+        retires_at: None,
+    };
+    (signing, meta)
+}
+
+/// The keys in force, ordered by activation time: those of a key directory,
+/// or (without one) the copy of the database's keys a replica signs with.
 #[derive(Debug)]
 pub struct KeyRing {
-    dir: PathBuf,
+    /// `None` for a copy of the shared keys: the database owns them.
+    dir: Option<PathBuf>,
     policy: RotationPolicy,
     keys: Vec<Arc<KeyEntry>>,
 }
@@ -234,7 +320,7 @@ impl KeyRing {
         }
         keys.sort_by_key(|k| (k.meta.activates_at, k.meta.created_at));
         let mut ring = Self {
-            dir: dir.to_path_buf(),
+            dir: Some(dir.to_path_buf()),
             policy,
             keys,
         };
@@ -245,6 +331,16 @@ impl KeyRing {
         }
         ring.maintain(now)?;
         Ok(ring)
+    }
+
+    /// A ring of keys held elsewhere (the shared table), with no directory.
+    pub fn from_keys(policy: RotationPolicy, mut keys: Vec<Arc<KeyEntry>>) -> Self {
+        keys.sort_by_key(|k| (k.meta.activates_at, k.meta.created_at));
+        Self {
+            dir: None,
+            policy,
+            keys,
+        }
     }
 
     /// The rotation policy in force.
@@ -280,26 +376,26 @@ impl KeyRing {
     }
 
     /// Generates a successor when the current interval nears its end and deletes keys whose
-    /// tokens have all expired.
+    /// tokens have all expired ([`plan`]), in memory and in the key directory.
     pub fn maintain(&mut self, now: u64) -> Result<Maintenance, KeyError> {
         let mut report = Maintenance::default();
-        let newest = self.keys.last().expect("non-empty").meta.clone();
-        let rotate_at = newest.activates_at + self.policy.interval - self.policy.publish_lead;
-        if now >= rotate_at {
-            // Never sign with a key that has not been published for the full lead time.
-            let activates_at =
-                (newest.activates_at + self.policy.interval).max(now + self.policy.publish_lead);
+        let metas: Vec<KeyMeta> = self.keys.iter().map(|k| k.meta.clone()).collect();
+        let plan = plan(&metas, self.policy, now);
+        if let Some(activates_at) = plan.generate {
             let kid = self.generate(now, activates_at)?;
-            self.set_retirement(&newest.kid, activates_at + self.policy.retire_after)?;
+            if let Some((old, retires_at)) = &plan.retire {
+                self.set_retirement(old, *retires_at)?;
+            }
             report.generated = Some((kid, activates_at));
         }
-        let signing = self.signing_key(now).meta.kid.clone();
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.keys)
             .into_iter()
-            .partition(|k| k.meta.kid != signing && k.meta.retires_at.is_some_and(|r| r <= now));
+            .partition(|k| plan.delete.contains(&k.meta.kid));
         self.keys = kept;
         for key in gone {
-            remove_key_files(&self.dir, &key.meta.kid)?;
+            if let Some(dir) = &self.dir {
+                remove_key_files(dir, &key.meta.kid)?;
+            }
             report.deleted.push(key.meta.kid.clone());
         }
         Ok(report)
@@ -329,21 +425,15 @@ impl KeyRing {
     }
 
     fn generate(&mut self, now: u64, activates_at: u64) -> Result<String, KeyError> {
-        let signing = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
-        let x = URL_SAFE_NO_PAD.encode(signing.verifying_key().as_bytes());
-        let meta = KeyMeta {
-            kid: jwk_thumbprint(&x),
-            alg: "EdDSA".to_owned(),
-            created_at: now,
-            activates_at,
-            retires_at: None,
-        };
-        let pem = signing
-            .to_pkcs8_pem(LineEnding::LF)
-            .map_err(|e| KeyError::Encode(e.to_string()))?;
-        let pem_path = self.dir.join(format!("{}.pem", meta.kid));
-        write_atomic(&pem_path, pem.as_bytes(), true)?;
-        write_meta(&self.dir, &meta)?;
+        let (signing, meta) = new_key(now, activates_at);
+        if let Some(dir) = &self.dir {
+            let pem = signing
+                .to_pkcs8_pem(LineEnding::LF)
+                .map_err(|e| KeyError::Encode(e.to_string()))?;
+            let pem_path = dir.join(format!("{}.pem", meta.kid));
+            write_atomic(&pem_path, pem.as_bytes(), true)?;
+            write_meta(dir, &meta)?;
+        }
         let kid = meta.kid.clone();
         self.keys
             .push(Arc::new(KeyEntry::from_signing_key(&signing, meta)?));
@@ -359,7 +449,9 @@ impl KeyRing {
         let old = &self.keys[pos];
         let mut meta = old.meta.clone();
         meta.retires_at = Some(retires_at);
-        write_meta(&self.dir, &meta)?;
+        if let Some(dir) = &self.dir {
+            write_meta(dir, &meta)?;
+        }
         self.keys[pos] = Arc::new(KeyEntry {
             meta,
             encoding: old.encoding.clone(),

@@ -1,9 +1,12 @@
-//! Auth service: logins against SQLite users (Argon2id), Ed25519 access JWTs published as JWKS
-//! with automatic key rotation, and opaque refresh tokens in Redis that rotate on every use and
-//! burn their whole family when a consumed one is replayed (docs/auth-service.md).
+//! Auth service: logins against users in SQLite or Postgres (Argon2id), Ed25519 access JWTs
+//! published as JWKS with automatic key rotation, and opaque refresh tokens in Redis that rotate
+//! on every use and burn their whole family when a consumed one is replayed
+//! (docs/auth-service.md). With Postgres several auth services share the users and the signing
+//! keys, so each signs with the current key and publishes the same JWKS.
 //!
 //! Modules, one concern each: [`args`] (CLI), [`users`], [`users_cli`] (the `users`
-//! subcommands), [`keys`] (signing keys and rotation), [`tokens`] (access JWTs), [`refresh`]
+//! subcommands), [`keys`] (signing keys and rotation), [`shared_keys`] (the keys in Postgres,
+//! rotated once for every replica), [`tokens`] (access JWTs), [`refresh`]
 //! (refresh families), [`throttle`] (failed-login limits), [`client_addr`] (whose address a
 //! login is counted against), [`service`] (the flows), [`http`] (the API), [`problem`]
 //! (error → HTTP mapping). Time comes from the workspace's injectable clock (`gateway_clock`).
@@ -16,6 +19,7 @@ pub mod keys;
 pub mod problem;
 pub mod refresh;
 pub mod service;
+pub mod shared_keys;
 pub mod throttle;
 pub mod tokens;
 pub mod users;
@@ -36,6 +40,7 @@ use crate::args::ServerConfig;
 use crate::keys::KeyRing;
 use crate::refresh::RefreshStore;
 use crate::service::AuthService;
+use crate::shared_keys::SharedKeys;
 use crate::throttle::LoginThrottle;
 use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
@@ -117,8 +122,16 @@ pub async fn run_with_listener(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let users = UserStore::open(&config.database).await?;
-    let ring = KeyRing::load_or_init(&config.key_dir, config.rotation, clock.unix_secs())?;
+    let users = UserStore::connect(&config.database).await?;
+    // With Postgres the keys are the database's, shared by every replica; else the key directory's.
+    let shared = match (users.postgres_pool(), &config.keys_secret_file) {
+        (Some(pool), Some(file)) => Some(SharedKeys::new(pool, file, config.rotation)?),
+        _ => None,
+    };
+    let ring = match &shared {
+        Some(shared) => shared.maintain(clock.unix_secs()).await?.0,
+        None => KeyRing::load_or_init(&config.key_dir, config.rotation, clock.unix_secs())?,
+    };
     tracing::info!(
         keys = ring.len(),
         signing_kid = %ring.signing_key(clock.unix_secs()).kid(),
@@ -155,7 +168,10 @@ pub async fn run_with_listener(
         source,
     })?;
     tracing::info!(%addr, "auth-service listening");
-    let rotation = tokio::spawn(rotate_keys(keys, clock));
+    let rotation = match shared {
+        Some(shared) => tokio::spawn(follow_shared_keys(keys, shared, clock)),
+        None => tokio::spawn(rotate_keys(keys, clock)),
+    };
     let served = http::serve(
         listener,
         service,
@@ -169,6 +185,37 @@ pub async fn run_with_listener(
         addr: addr.to_string(),
         source,
     })
+}
+
+/// Longest wait between two reads of the shared keys: a replica that missed
+/// a rotation (Postgres was down) catches up within this.
+const SHARED_KEYS_REFRESH: Duration = Duration::from_secs(60);
+
+/// With shared keys: applies the schedule in the database (once for every
+/// replica) whenever this replica's copy says it has work, and at least every
+/// [`SHARED_KEYS_REFRESH`], then signs with what the database holds.
+async fn follow_shared_keys(keys: Arc<RwLock<KeyRing>>, shared: SharedKeys, clock: Arc<dyn Clock>) {
+    loop {
+        let now = clock.unix_secs();
+        let next = keys.read().next_maintenance(now);
+        let wait = Duration::from_secs(next.saturating_sub(now)).min(SHARED_KEYS_REFRESH);
+        tokio::time::sleep(wait).await;
+        match shared.maintain(clock.unix_secs()).await {
+            Ok((ring, m)) => {
+                if let Some((kid, activates_at)) = m.generated {
+                    tracing::info!(%kid, activates_at, "new signing key published for every replica; it signs from activates_at");
+                }
+                for kid in m.deleted {
+                    tracing::info!(%kid, "retired key removed: every token it signed has expired");
+                }
+                *keys.write() = ring;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "shared signing keys not read; signing with the ones held, retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
 }
 
 /// Applies the rotation schedule whenever it has work to do.

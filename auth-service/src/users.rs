@@ -1,4 +1,6 @@
-//! Users in SQLite with Argon2id password hashes.
+//! Users in SQLite, or in Postgres shared by several auth services, with
+//! Argon2id password hashes. Every statement is written once with `$N`
+//! parameters both engines read; [`on!`] runs it on the engine's pool.
 //!
 //! Hashing and verification run on the blocking pool (they take tens of milliseconds and ~19 MiB
 //! each at the argon2 crate's default parameters), bounded by a semaphore so a login flood queues
@@ -13,9 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHasher as _, PasswordVerifier as _};
+use gateway_database::Database;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{SqlSafeStr as _, SqlitePool};
+use sqlx::{PgPool, SqlSafeStr as _, SqlitePool};
 use tokio::sync::Semaphore;
 
 /// Longest accepted password (bytes); longer input is refused before hashing.
@@ -77,10 +80,27 @@ pub enum UserError {
     Io(#[from] std::io::Error),
 }
 
-/// SQLite-backed users.
+/// The users' database: one SQLite file, or Postgres.
+#[derive(Debug, Clone)]
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$p` bound to the engine's own pool.
+macro_rules! on {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            Pool::Sqlite($p) => $body,
+            Pool::Postgres($p) => $body,
+        }
+    };
+}
+
+/// Users in SQLite or Postgres.
 #[derive(Debug, Clone)]
 pub struct UserStore {
-    pool: SqlitePool,
+    pool: Pool,
     /// Same-parameter hash of a random password, verified when the user does not exist.
     dummy_hash: Arc<str>,
     hashing: Arc<Semaphore>,
@@ -89,29 +109,69 @@ pub struct UserStore {
     verifications: Arc<AtomicU64>,
 }
 
-fn migrator() -> Migrator {
-    Migrator::with_migrations(vec![Migration::new(
-        1,
-        Cow::Borrowed("users"),
+fn migration(version: i64, description: &'static str, sql: &'static str) -> Migration {
+    Migration::new(
+        version,
+        Cow::Borrowed(description),
         MigrationType::Simple,
-        include_str!("../migrations/0001_users.sql").into_sql_str(),
+        sql.into_sql_str(),
         false,
+    )
+}
+
+fn sqlite_migrator() -> Migrator {
+    Migrator::with_migrations(vec![migration(
+        1,
+        "users",
+        include_str!("../migrations/0001_users.sql"),
     )])
 }
 
+/// The Postgres schema: the users, and the signing keys ([`crate::shared_keys`]).
+fn postgres_migrator() -> Migrator {
+    Migrator::with_migrations(vec![
+        migration(
+            1,
+            "users",
+            include_str!("../migrations/postgres/0001_users.sql"),
+        ),
+        migration(
+            2,
+            "signing keys",
+            include_str!("../migrations/postgres/0002_signing_keys.sql"),
+        ),
+    ])
+}
+
 impl UserStore {
-    /// Opens (creating if needed) the database and applies migrations.
+    /// Opens (creating if needed) the SQLite file and applies migrations.
     pub async fn open(path: &Path) -> Result<Self, UserError> {
-        let options = SqliteConnectOptions::from_str("sqlite:")?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(std::time::Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?;
-        migrator().run(&pool).await?;
+        Self::connect(&Database::sqlite(path)).await
+    }
+
+    /// Opens `database` (a SQLite file, created if needed, or Postgres) and applies migrations.
+    pub async fn connect(database: &Database) -> Result<Self, UserError> {
+        let pool = match database {
+            Database::Sqlite(path) => {
+                let options = SqliteConnectOptions::from_str("sqlite:")?
+                    .filename(path)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .busy_timeout(std::time::Duration::from_secs(5));
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await?;
+                sqlite_migrator().run(&pool).await?;
+                Pool::Sqlite(pool)
+            }
+            Database::Postgres(url) => {
+                let pool = gateway_database::postgres::pool(url, 8, "gateway-auth-service").await?;
+                // sqlx's Postgres migrator holds an advisory lock: replicas starting together migrate once.
+                postgres_migrator().run(&pool).await?;
+                Pool::Postgres(pool)
+            }
+        };
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
         let dummy_password: [u8; 32] = rand::random();
         let dummy_hash =
@@ -122,6 +182,14 @@ impl UserStore {
             hashing: Arc::new(Semaphore::new(permits)),
             verifications: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// The Postgres pool, when the users live there (the shared signing keys use it too).
+    pub fn postgres_pool(&self) -> Option<PgPool> {
+        match &self.pool {
+            Pool::Sqlite(_) => None,
+            Pool::Postgres(p) => Some(p.clone()),
+        }
     }
 
     /// Adds a user (or replaces one with `replace`).
@@ -149,15 +217,15 @@ impl UserStore {
         if existing && !replace {
             return Err(UserError::Exists(username.to_owned()));
         }
-        sqlx::query(
-            "INSERT INTO users (username, password_hash, role) VALUES (?1, ?2, ?3) \
-             ON CONFLICT(username) DO UPDATE SET password_hash = excluded.password_hash, role = excluded.role",
-        )
-        .bind(username)
-        .bind(&hash)
-        .bind(role)
-        .execute(&self.pool)
-        .await?;
+        const SQL: &str = "INSERT INTO users (username, password_hash, role) VALUES ($1, $2, $3) \
+             ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, role = excluded.role";
+        on!(&self.pool, p => sqlx::query(SQL)
+            .bind(username)
+            .bind(&hash)
+            .bind(role)
+            .execute(p)
+            .await
+            .map(drop)?);
         Ok(if existing {
             AddOutcome::Replaced(username.to_owned())
         } else {
@@ -167,10 +235,10 @@ impl UserStore {
 
     /// Every user, ordered by name.
     pub async fn list(&self) -> Result<Vec<User>, UserError> {
-        let rows: Vec<(String, String)> =
+        let rows: Vec<(String, String)> = on!(&self.pool, p =>
             sqlx::query_as("SELECT username, role FROM users ORDER BY username")
-                .fetch_all(&self.pool)
-                .await?;
+                .fetch_all(p)
+                .await?);
         Ok(rows
             .into_iter()
             .map(|(username, role)| User { username, role })
@@ -181,11 +249,12 @@ impl UserStore {
     /// [`crate::tokens::ACCESS_TOKEN_TTL_SECS`]); their next refresh is refused and revokes
     /// the family.
     pub async fn delete(&self, username: &str) -> Result<(), UserError> {
-        let done = sqlx::query("DELETE FROM users WHERE username = ?1")
+        let deleted = on!(&self.pool, p => sqlx::query("DELETE FROM users WHERE username = $1")
             .bind(username)
-            .execute(&self.pool)
-            .await?;
-        if done.rows_affected() == 0 {
+            .execute(p)
+            .await?
+            .rows_affected());
+        if deleted == 0 {
             return Err(UserError::NotFound(username.to_owned()));
         }
         Ok(())
@@ -197,11 +266,11 @@ impl UserStore {
     }
 
     async fn find_with_hash(&self, username: &str) -> Result<Option<(User, String)>, UserError> {
-        let row: Option<(String, String, String)> =
-            sqlx::query_as("SELECT username, role, password_hash FROM users WHERE username = ?1")
+        let row: Option<(String, String, String)> = on!(&self.pool, p =>
+            sqlx::query_as("SELECT username, role, password_hash FROM users WHERE username = $1")
                 .bind(username)
-                .fetch_optional(&self.pool)
-                .await?;
+                .fetch_optional(p)
+                .await?);
         Ok(row.map(|(username, role, hash)| (User { username, role }, hash)))
     }
 

@@ -7,8 +7,8 @@
 //! history, `ps`): it is asked for on the terminal without echo, piped in on stdin, or named by
 //! `--password-env`.
 
+use gateway_database::Database;
 use std::io::{BufRead, Read};
-use std::path::Path;
 
 use crate::args::UsersCommand;
 use crate::users::{MAX_PASSWORD_BYTES, UserError, UserStore};
@@ -33,9 +33,17 @@ pub struct Report {
     pub stderr: String,
 }
 
+/// How a report names the database: a SQLite file by its path, Postgres by its URL, password masked.
+pub fn shown(database: &Database) -> String {
+    match database {
+        Database::Sqlite(path) => path.display().to_string(),
+        Database::Postgres(url) => url.to_string(),
+    }
+}
+
 /// Runs one `users` subcommand on `database`; `password` is called only by `add`.
 pub async fn run(
-    database: &Path,
+    database: &Database,
     command: &UsersCommand,
     password: impl FnOnce(&str) -> Result<String, UserError>,
 ) -> Result<Report, UserError> {
@@ -50,7 +58,7 @@ pub async fn run(
             crate::users::validate_username(name)?;
             crate::users::validate_role(role)?;
             let password = password(name)?;
-            let store = UserStore::open(database).await?;
+            let store = UserStore::connect(database).await?;
             let outcome = store.add_user(name, role, password, *replace).await?;
             Ok(Report {
                 stderr: format!("{outcome}\n"),
@@ -58,7 +66,7 @@ pub async fn run(
             })
         }
         UsersCommand::List => {
-            let store = UserStore::open(database).await?;
+            let store = UserStore::connect(database).await?;
             let users = store.list().await?;
             let mut stdout = String::new();
             for user in &users {
@@ -66,11 +74,11 @@ pub async fn run(
             }
             Ok(Report {
                 stdout,
-                stderr: format!("{} user(s) in {}\n", users.len(), database.display()),
+                stderr: format!("{} user(s) in {}\n", users.len(), shown(database)),
             })
         }
         UsersCommand::Delete { name } => {
-            let store = UserStore::open(database).await?;
+            let store = UserStore::connect(database).await?;
             store.delete(name).await?;
             Ok(Report {
                 stderr: format!(
@@ -174,6 +182,7 @@ pub fn read_password(mut input: impl Read) -> Result<String, UserError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn password_from_stdin_strips_one_newline() {
@@ -208,7 +217,9 @@ mod tests {
             panic!("not a users command: {args:?}");
         };
         let password = password.to_owned();
-        run(db, &command, move |_| Ok(password)).await.unwrap()
+        run(&Database::sqlite(db), &command, move |_| Ok(password))
+            .await
+            .unwrap()
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -242,21 +253,33 @@ mod tests {
             password_env: None,
         };
         let never = |_: &str| -> Result<String, UserError> { panic!("password asked for") };
-        let err = run(&db, &add("a b", "user"), never).await.unwrap_err();
-        assert!(err.to_string().contains("must be 1-64 characters"), "{err}");
-        let err = run(&db, &add("dave", "Admin"), never).await.unwrap_err();
-        assert!(err.to_string().contains("role \"Admin\""), "{err}");
-        run(&db, &add("dave", "user"), |_| Ok("x".into()))
-            .await
-            .unwrap();
-        let err = run(&db, &add("dave", "user"), |_| Ok("y".into()))
+        let err = run(&Database::sqlite(&db), &add("a b", "user"), never)
             .await
             .unwrap_err();
+        assert!(err.to_string().contains("must be 1-64 characters"), "{err}");
+        let err = run(&Database::sqlite(&db), &add("dave", "Admin"), never)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("role \"Admin\""), "{err}");
+        run(&Database::sqlite(&db), &add("dave", "user"), |_| {
+            Ok("x".into())
+        })
+        .await
+        .unwrap();
+        let err = run(&Database::sqlite(&db), &add("dave", "user"), |_| {
+            Ok("y".into())
+        })
+        .await
+        .unwrap_err();
         assert!(err.to_string().contains("already exists"), "{err}");
         assert!(err.to_string().contains("--replace"), "{err}");
-        let err = run(&db, &UsersCommand::Delete { name: "zed".into() }, never)
-            .await
-            .unwrap_err();
+        let err = run(
+            &Database::sqlite(&db),
+            &UsersCommand::Delete { name: "zed".into() },
+            never,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.to_string(), "no user \"zed\"");
     }
 }

@@ -148,6 +148,21 @@ impl SecretsKey {
         self.open_with(sealed.name.as_bytes(), &sealed.nonce, &sealed.ciphertext)
     }
 
+    /// Seals `plaintext` with `owner` (a signing key's kid) as associated data: (nonce, ciphertext).
+    pub fn seal_bytes(&self, owner: &[u8], plaintext: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        self.seal_with(owner, plaintext)
+    }
+
+    /// Opens what [`SecretsKey::seal_bytes`] sealed for `owner`.
+    pub fn open_bytes(
+        &self,
+        owner: &[u8],
+        nonce: &[u8],
+        ciphertext: &[u8],
+    ) -> Result<Vec<u8>, OpenError> {
+        self.open_with(owner, nonce, ciphertext)
+    }
+
     /// A fresh check value: (nonce, ciphertext) of a fixed plaintext.
     pub fn check_value(&self) -> (Vec<u8>, Vec<u8>) {
         self.seal_with(CHECK_AAD, CHECK_PLAINTEXT)

@@ -595,3 +595,119 @@ pub(crate) async fn grpcurl(
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
 }
+
+/// `iss` and `aud` of the suites' auth services.
+pub(crate) const ISSUER: &str = "gateway-auth";
+pub(crate) const AUDIENCE: &str = "gateway";
+
+/// An auth service process on a shared database.
+pub(crate) struct AuthService {
+    pub(crate) proc: Proc,
+    pub(crate) port: u16,
+}
+
+impl AuthService {
+    /// Starts `auth-service --database URL` with the suite's keys secret file,
+    /// the Redis at `redis_url` and extra `args`, and waits for `/healthz`.
+    pub(crate) async fn start(
+        name: &str,
+        database: &str,
+        redis_url: &str,
+        dir: &Path,
+        args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let port = devstack::ports::free_port()?;
+        let mut all = vec![
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+            "--issuer".to_owned(),
+            ISSUER.to_owned(),
+            "--audience".to_owned(),
+            AUDIENCE.to_owned(),
+        ];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let proc = Proc::spawn(
+            "auth-service",
+            &all,
+            &[
+                ("AUTH_DATABASE", database.to_owned()),
+                ("AUTH_REDIS_URL", redis_url.to_owned()),
+                (
+                    "AUTH_KEYS_SECRET_FILE",
+                    secrets_key(dir)?.display().to_string(),
+                ),
+            ],
+            dir.join(format!("{name}.log")),
+        )?;
+        let auth = Self { proc, port };
+        let health = format!("{}/healthz", auth.url());
+        let http = gateway_tests::client();
+        poll(SOON, &format!("{name} healthy"), || async {
+            match http.get(&health).send().await {
+                Ok(r) if r.status() == 200 => Ok(()),
+                Ok(r) => Err(format!("status {}", r.status())),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+        .with_context(|| auth.proc.log_tail(30))?;
+        Ok(auth)
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Its JWKS document.
+    pub(crate) async fn jwks(&self) -> anyhow::Result<serde_json::Value> {
+        Ok(gateway_tests::client()
+            .get(format!("{}/.well-known/jwks.json", self.url()))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+}
+
+/// `auth-service users add NAME --role user` on `database`, the password from the environment.
+pub(crate) async fn add_user(database: &str, name: &str, password: &str) -> anyhow::Result<()> {
+    let exe =
+        devstack::binaries::find_binary("auth-service", &devstack::binaries::search_dirs(None))?;
+    let out = Command::new(exe)
+        .args([
+            "users",
+            "add",
+            name,
+            "--role",
+            "user",
+            "--password-env",
+            "NEW_PASSWORD",
+        ])
+        .env("AUTH_DATABASE", database)
+        .env("NEW_PASSWORD", password)
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    ensure!(
+        out.status.success(),
+        "users add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// The kids of a JWKS document, sorted.
+pub(crate) fn kids(jwks: &serde_json::Value) -> Vec<String> {
+    let mut kids: Vec<String> = jwks["keys"]
+        .as_array()
+        .map(|keys| {
+            keys.iter()
+                .filter_map(|k| k["kid"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    kids.sort();
+    kids
+}
