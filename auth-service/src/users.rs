@@ -128,8 +128,10 @@ fn sqlite_migrator() -> Migrator {
 }
 
 /// The Postgres schema: the users, and the signing keys ([`crate::shared_keys`]).
+/// Its own migrations table, so the auth service and the control plane can
+/// share one database (their tables have different names).
 fn postgres_migrator() -> Migrator {
-    Migrator::with_migrations(vec![
+    let mut migrator = Migrator::with_migrations(vec![
         migration(
             1,
             "users",
@@ -140,7 +142,11 @@ fn postgres_migrator() -> Migrator {
             "signing keys",
             include_str!("../migrations/postgres/0002_signing_keys.sql"),
         ),
-    ])
+    ]);
+    // "dangerous" only for a database that already recorded migrations under
+    // another name; Postgres support starts with this name.
+    migrator.dangerous_set_table_name("_auth_service_migrations");
+    migrator
 }
 
 impl UserStore {

@@ -444,9 +444,10 @@ fn sqlite_migrator() -> Migrator {
 }
 
 /// The same schema for Postgres (migrations/postgres/*.sql), plus the shared
-/// data-plane registry.
+/// data-plane registry. Its own migrations table, so the control plane and
+/// the auth service can share one database (their tables have different names).
 fn postgres_migrator() -> Migrator {
-    Migrator::with_migrations(vec![
+    let mut migrator = Migrator::with_migrations(vec![
         migration(
             1,
             "config versions",
@@ -467,5 +468,9 @@ fn postgres_migrator() -> Migrator {
             "data-plane registry",
             include_str!("../../migrations/postgres/0004_data_planes.sql"),
         ),
-    ])
+    ]);
+    // "dangerous" only for a database that already recorded migrations under
+    // another name; Postgres support starts with this name.
+    migrator.dangerous_set_table_name("_control_plane_migrations");
+    migrator
 }
