@@ -460,6 +460,16 @@ impl DataPlane {
         control_planes: &[String],
         dir: &Path,
     ) -> anyhow::Result<Self> {
+        Self::start_with(node_id, control_planes, dir, &[]).await
+    }
+
+    /// [`DataPlane::start`] with extra flags.
+    pub(crate) async fn start_with(
+        node_id: &str,
+        control_planes: &[String],
+        dir: &Path,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let port = devstack::ports::free_port()?;
         let admin_port = devstack::ports::free_port()?;
         let args = vec![
@@ -475,7 +485,10 @@ impl DataPlane {
             dir.join(format!("{node_id}-cache")).display().to_string(),
             "--workers".to_owned(),
             "1".to_owned(),
-        ];
+        ]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect::<Vec<_>>();
         let proc = Proc::spawn(
             "data-plane",
             &args,
