@@ -37,8 +37,14 @@ impl Store {
         loop {
             tokio::select! {
                 e = self.follow_once(url, &mut backoff) => {
-                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
-                        "lost the commit notifications of the other control planes; reconnecting");
+                    // Loud once per outage (a reconnection resets the backoff), quiet while it lasts.
+                    if backoff == BACKOFF_MIN {
+                        tracing::warn!(error = %e,
+                            "lost the commit notifications of the other control planes; reconnecting");
+                    } else {
+                        tracing::debug!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                            "still no connection for the commit notifications");
+                    }
                 }
                 _ = crate::shutdown::requested(&mut shutdown) => return,
             }
