@@ -543,6 +543,38 @@ mod tests {
         RotationPolicy::new(Duration::from_secs(100), Duration::from_secs(20))
     }
 
+    fn meta(kid: &str, activates_at: u64, retires_at: Option<u64>) -> KeyMeta {
+        KeyMeta {
+            kid: kid.into(),
+            alg: "EdDSA".into(),
+            created_at: activates_at,
+            activates_at,
+            retires_at,
+        }
+    }
+
+    /// The schedule both stores apply (the key directory here, the shared table in shared_keys.rs).
+    #[test]
+    fn plan_generates_once_due_and_deletes_only_retired_keys_that_do_not_sign() {
+        let p = policy();
+        let one = [meta("a", 1000, None)];
+        // Before interval - lead (100 - 20): nothing to do.
+        assert_eq!(plan(&one, p, 1079), Plan::default());
+        // Due: the successor activates when the interval ends, the old key retires after the TTL.
+        let due = plan(&one, p, 1080);
+        assert_eq!(due.generate, Some(1100));
+        assert_eq!(due.retire, Some(("a".into(), 1100 + p.retire_after)));
+        assert!(due.delete.is_empty());
+        // Overdue after a long downtime: the successor still waits out the full lead.
+        assert_eq!(plan(&one, p, 5000).generate, Some(5020));
+        // A retired key goes once its time has come, but never the key that signs.
+        let two = [meta("a", 1000, Some(1200)), meta("b", 1100, None)];
+        assert!(plan(&two, p, 1199).delete.is_empty());
+        assert_eq!(plan(&two, p, 1200).delete, ["a"]);
+        let lone = [meta("a", 1000, Some(1200))];
+        assert!(plan(&lone, p, 5000).delete.is_empty());
+    }
+
     fn kids(ring: &KeyRing, now: u64) -> Vec<String> {
         ring.published(now).map(|k| k.kid().to_owned()).collect()
     }
