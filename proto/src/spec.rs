@@ -83,6 +83,8 @@ pub enum Auth {
     Jwt,
     /// An API key (`AUTH_API_KEY`).
     ApiKey,
+    /// A verified client certificate on the HTTPS listener (`AUTH_MTLS`).
+    Mtls,
 }
 
 /// A validated rate limit.
@@ -287,6 +289,7 @@ fn route(r: &Route) -> Result<RouteSpec<'_>, SpecError> {
         Ok(AuthMode::AuthNone) => Auth::None,
         Ok(AuthMode::AuthJwt) => Auth::Jwt,
         Ok(AuthMode::AuthApiKey) => Auth::ApiKey,
+        Ok(AuthMode::AuthMtls) => Auth::Mtls,
         Err(_) => return Err(format!("{}: auth: unknown value {}", who(), r.auth)),
     };
     Ok(RouteSpec {

@@ -229,6 +229,11 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
                 meaning: "Host port (on 127.0.0.1) of the edge load balancer; default 8080.",
             },
             EnvVar {
+                name: "GATEWAY_EDGE_TLS_PORT",
+                read_by: "compose",
+                meaning: "Host port (on 127.0.0.1) of the edge's TLS pass-through to the data planes' HTTPS listeners; default 8443.",
+            },
+            EnvVar {
                 name: "GATEWAY_CONTROL_PLANE_PORT",
                 read_by: "compose",
                 meaning: "Host port (on 127.0.0.1) of the control plane's gRPC; default 50051.",

@@ -45,6 +45,13 @@ pub struct Args {
     #[arg(long, env = "DP_TLS_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     pub tls_handshake_timeout_ms: u64,
 
+    /// PEM CA certificate(s) for client certificates on the HTTPS listener:
+    /// every client is asked for one (optional); one that does not chain to
+    /// these fails the handshake, and a verified one authenticates the caller
+    /// on AUTH_MTLS routes. Without it, AUTH_MTLS routes refuse every request.
+    #[arg(long, env = "DP_TLS_CLIENT_CA", requires = "tls_listen")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Ops listener: /healthz, /readyz, /metrics, /health/*, /config.
     #[arg(long, env = "DP_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,

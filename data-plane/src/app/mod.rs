@@ -64,6 +64,9 @@ pub enum StartError {
     /// The HTTPS listener's TLS settings could not be built.
     #[error("HTTPS listener: {0}")]
     Tls(#[from] rustls::Error),
+    /// `--tls-client-ca` cannot be read or holds no usable CA certificate.
+    #[error("HTTPS listener: {0}")]
+    ClientCa(#[from] gateway_transport::tls::ClientCaError),
     /// A proxy worker thread or its runtime could not be created.
     #[error("cannot start the proxy workers: {0}")]
     Workers(#[source] std::io::Error),
@@ -193,9 +196,14 @@ impl DataPlane {
         // Every handshake asks the current snapshot for its certificate.
         let (tls, tls_addr) = match tls_sockets {
             Some((sockets, addr)) => {
+                let client_ca = match &args.tls_client_ca {
+                    Some(path) => Some(gateway_transport::tls::client_ca_roots(path)?),
+                    None => None,
+                };
                 let acceptor = Arc::new(TlsAcceptor::new(
                     Arc::new(SniResolver(runtime.config.clone())),
                     std::time::Duration::from_millis(args.tls_handshake_timeout_ms),
+                    client_ca,
                 )?);
                 (Some(TlsListeners { sockets, acceptor }), Some(addr))
             }

@@ -45,7 +45,7 @@ use crate::policy::sanitize::{
     Cidr, Strip, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip,
     ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
-use crate::policy::{grpc, https};
+use crate::policy::{grpc, https, mtls};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::{self, Affinity};
@@ -470,6 +470,11 @@ impl Pipeline {
         match route.auth {
             Auth::Jwt => {}
             Auth::ApiKey => return authenticate_api_key(cfg, route, parts).map(Some),
+            Auth::Mtls => {
+                let identity = mtls::identity(parts)?;
+                set_identity(&mut parts.headers, &identity);
+                return Ok(Some(identity));
+            }
             Auth::None => return Ok(None),
         }
         let verifier = self
@@ -479,12 +484,7 @@ impl Pipeline {
         let identity = verifier.authenticate(parts).await?;
         // The token has done its job; upstreams get the verified identity instead.
         parts.headers.remove(header::AUTHORIZATION);
-        parts
-            .headers
-            .insert(X_USER_ID.clone(), identity.subject.clone());
-        parts
-            .headers
-            .insert(X_USER_ROLE.clone(), identity.role.clone());
+        set_identity(&mut parts.headers, &identity);
         Ok(Some(identity))
     }
 
@@ -555,6 +555,12 @@ impl Pipeline {
 
 /// The API-key variant of the authenticate stage: the snapshot's key table
 /// (no I/O), the key itself dropped, the key's identity forwarded.
+/// The verified identity as the upstream sees it: `X-User-Id` and `X-User-Role`.
+fn set_identity(headers: &mut http::HeaderMap, identity: &Identity) {
+    headers.insert(X_USER_ID.clone(), identity.subject.clone());
+    headers.insert(X_USER_ROLE.clone(), identity.role.clone());
+}
+
 fn authenticate_api_key(
     cfg: &Compiled,
     route: &RouteEntry,
@@ -565,12 +571,7 @@ fn authenticate_api_key(
         ProxyError::ApiKey(e)
     })?;
     parts.headers.remove(&X_API_KEY);
-    parts
-        .headers
-        .insert(X_USER_ID.clone(), identity.subject.clone());
-    parts
-        .headers
-        .insert(X_USER_ROLE.clone(), identity.role.clone());
+    set_identity(&mut parts.headers, identity);
     if let Some(name) = &identity.api_key {
         parts.headers.insert(X_API_KEY_NAME.clone(), name.clone());
     }

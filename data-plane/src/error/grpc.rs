@@ -46,7 +46,9 @@ impl Code {
     /// The code of `e`.
     pub fn of(e: &ProxyError) -> Self {
         match e {
-            ProxyError::Unauthorized(_) | ProxyError::ApiKey(_) => Self::Unauthenticated,
+            ProxyError::Unauthorized(_)
+            | ProxyError::ApiKey(_)
+            | ProxyError::ClientCertificate(_) => Self::Unauthenticated,
             ProxyError::RateLimited(_)
             | ProxyError::BodyTooLarge { .. }
             | ProxyError::HeadersTooLarge { .. } => Self::ResourceExhausted,

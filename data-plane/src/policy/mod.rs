@@ -6,7 +6,7 @@
 //!   the client address; [`normalize`]: the path;
 //! * [`router`]: routes by host, prefix and method; [`https`]: `https_only` routes;
 //! * [`grpc`]: gRPC calls (recognised by `content-type`) and their `grpc-timeout`;
-//! * [`ip_rules`], [`cors`], [`api_key`], [`jwt`] (behind the
+//! * [`ip_rules`], [`cors`], [`api_key`], [`mtls`] (client certificates), [`jwt`] (behind the
 //!   [`hooks::Authenticator`] hook), [`ratelimit`] (behind
 //!   [`hooks::RateLimiter`]);
 //! * [`transform`]: request and response header changes; [`signature`]:
@@ -19,6 +19,7 @@ pub mod hooks;
 pub mod https;
 pub mod ip_rules;
 pub mod jwt;
+pub mod mtls;
 pub mod normalize;
 pub mod ratelimit;
 pub mod router;
