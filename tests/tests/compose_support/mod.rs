@@ -105,6 +105,8 @@ pub(crate) struct Stack {
     root: PathBuf,
     env: Vec<(String, String)>,
     edge_port: u16,
+    /// The edge's TLS pass-through port (the data planes terminate TLS).
+    edge_tls_port: u16,
     control_plane_port: u16,
     edge_net: String,
     state_net: String,
@@ -153,9 +155,13 @@ impl Stack {
             _ => !docker_ok(&["image", "inspect", &jaeger_image]).await,
         };
         let mut files = vec![root.join("docker-compose.yml")];
-        let [edge_port, control_plane_port, jaeger_port] = free_ports()?;
+        let [edge_port, edge_tls_port, control_plane_port, jaeger_port] = free_ports()?;
         let mut env = vec![
             ("GATEWAY_EDGE_PORT".to_owned(), edge_port.to_string()),
+            (
+                "GATEWAY_EDGE_TLS_PORT".to_owned(),
+                edge_tls_port.to_string(),
+            ),
             (
                 "GATEWAY_CONTROL_PLANE_PORT".to_owned(),
                 control_plane_port.to_string(),
@@ -216,6 +222,7 @@ impl Stack {
             root,
             env,
             edge_port,
+            edge_tls_port,
             control_plane_port,
             edge_net,
             state_net,
@@ -729,6 +736,11 @@ impl Stack {
         out.trim()
             .parse()
             .with_context(|| format!("login from the edge network printed {out:?}"))
+    }
+
+    /// The edge's TLS port on the host (passed through to the data planes).
+    pub(crate) fn edge_tls_port(&self) -> u16 {
+        self.edge_tls_port
     }
 
     /// One GET on the probe route through the edge: (status, X-Served-By, body).
