@@ -199,6 +199,16 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
                 meaning: "Required. Redis `requirepass`, at least 32 letters and digits; the auth service and data planes get it inside their Redis URL.",
             },
             EnvVar {
+                name: "GATEWAY_SECRETS_KEY",
+                read_by: "compose, entrypoint",
+                meaning: "Optional, needed for HTTPS: 64 hex digits; written to `GATEWAY_SECRETS_KEY_FILE` (default /var/lib/gateway/secrets-key) and passed as the control plane's `--secrets-key-file`, which encrypts certificates' private keys.",
+            },
+            EnvVar {
+                name: "GATEWAY_SECRETS_KEY_FILE",
+                read_by: "entrypoint",
+                meaning: "Where the entrypoint writes `GATEWAY_SECRETS_KEY` (mode 0600); default /var/lib/gateway/secrets-key.",
+            },
+            EnvVar {
                 name: "GATEWAY_SEED_USERS",
                 read_by: "compose, entrypoint",
                 meaning: "`name:password:role ...`: users the auth service's entrypoint creates when its database is new; default none.",

@@ -400,24 +400,22 @@ async fn an_http2_upstream_is_health_checked_over_http2_and_refuses_websocket_ro
         )
         .await
     };
-    // A path the instance does not serve: its checks fail (404) and it is marked unhealthy.
-    upsert_upstream(&stack, checked("/missing")).await?;
-    poll(DEADLINE, "orders-1 unhealthy", || async {
-        match healthy().await {
-            Ok(0.0) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await?;
-    // Its health endpoint: healthy again.
-    upsert_upstream(&stack, checked("/health")).await?;
-    poll(DEADLINE, "orders-1 healthy", || async {
-        match healthy().await {
-            Ok(1.0) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await?;
+    // A path the instance does not serve: its checks fail (404) and it is
+    // marked unhealthy; then its health endpoint: healthy again.
+    for (path, want) in [("/missing", 0.0), ("/health", 1.0)] {
+        upsert_upstream(&stack, checked(path)).await?;
+        poll(
+            DEADLINE,
+            &format!("orders-1 healthy = {want} with {path}"),
+            || async {
+                match healthy().await {
+                    Ok(h) if h == want => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await?;
+    }
 
     // WebSocket needs HTTP/1.1: refused with the reason.
     let ws = Route {

@@ -50,6 +50,8 @@ pub(crate) struct Tokens {
     pub viewer: String,
     /// `GATEWAY_REDIS_PASSWORD` (Redis's requirepass).
     pub redis_password: String,
+    /// `GATEWAY_SECRETS_KEY` (encrypts certificates' private keys; empty: none).
+    pub secrets_key: String,
 }
 
 /// 32 random bytes from the kernel, hex-encoded (what `openssl rand -hex 32` makes).
@@ -72,6 +74,7 @@ fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
             Some(("GATEWAY_DATA_PLANE_TOKEN", v)) => Some((v, &tokens.data_plane)),
             Some(("GATEWAY_VIEWER_TOKEN", v)) => Some((v, &tokens.viewer)),
             Some(("GATEWAY_REDIS_PASSWORD", v)) => Some((v, &tokens.redis_password)),
+            Some(("GATEWAY_SECRETS_KEY", v)) => Some((v, &tokens.secrets_key)),
             _ => None,
         };
         match value {
@@ -91,8 +94,8 @@ fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
         }
     }
     ensure!(
-        set == 4,
-        ".env.example lacks some of the 3 GATEWAY_*_TOKEN lines and GATEWAY_REDIS_PASSWORD"
+        set == 5,
+        ".env.example lacks some of the 3 GATEWAY_*_TOKEN lines, GATEWAY_REDIS_PASSWORD and GATEWAY_SECRETS_KEY"
     );
     Ok(out)
 }
@@ -190,6 +193,7 @@ impl Stack {
             data_plane: random_token()?,
             viewer: random_token()?,
             redis_password: random_token()?,
+            secrets_key: random_token()?,
         };
         let example =
             std::fs::read_to_string(root.join(".env.example")).context("reading .env.example")?;
@@ -212,6 +216,7 @@ impl Stack {
                     data_plane: tokens.data_plane.clone(),
                     viewer: tokens.viewer.clone(),
                     redis_password: String::new(),
+                    secrets_key: tokens.secrets_key.clone(),
                 },
             )?,
         )?;
