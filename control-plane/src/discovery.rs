@@ -7,7 +7,9 @@
 //!   already serves that version, and again after every commit;
 //! * a message quoting the last push's nonce ACKs it (empty `error_detail`) or
 //!   NACKs it; messages quoting an older nonce are ignored, as in xDS;
-//! * a version the node NACKed is never pushed to it again (later ones are).
+//! * a version the node NACKed is never pushed to it again (later ones are);
+//! * a message carrying `upstream_health` (a status report, sent with an empty
+//!   nonce) is kept in [`HealthReports`] for the web console.
 //!
 //! Safety choice: the empty version 0 is pushed only to a data plane that
 //! serves nothing yet (so it can become ready). A data plane that already
@@ -15,6 +17,7 @@
 //! plane whose database is empty, instead of being wiped; it shows as STALE.
 
 use crate::nodes::{NodeRegistry, StreamId};
+use crate::upstream_health::HealthReports;
 use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryService;
 use gateway_proto::v1::{ConfigRequest, ConfigResponse, ConfigSnapshot};
 use std::sync::Arc;
@@ -34,6 +37,7 @@ pub struct Discovery {
     nodes: Arc<NodeRegistry>,
     shutdown: watch::Receiver<bool>,
     nonces: Arc<Nonces>,
+    health: Option<Arc<HealthReports>>,
 }
 
 impl Discovery {
@@ -48,7 +52,15 @@ impl Discovery {
             nodes,
             shutdown,
             nonces: Arc::new(Nonces::new()),
+            health: None,
         }
+    }
+
+    /// The same service, keeping the data planes' status reports
+    /// (`upstream_health`) in `reports`; without it they are ignored.
+    pub fn with_health_reports(mut self, reports: Arc<HealthReports>) -> Self {
+        self.health = Some(reports);
+        self
     }
 }
 
@@ -96,6 +108,7 @@ impl ConfigDiscoveryService for Discovery {
             nodes: self.nodes.clone(),
             shutdown: self.shutdown.clone(),
             nonces: self.nonces.clone(),
+            health: self.health.clone(),
             tx,
         };
         tokio::spawn(async move {
@@ -119,6 +132,7 @@ struct Session {
     nodes: Arc<NodeRegistry>,
     shutdown: watch::Receiver<bool>,
     nonces: Arc<Nonces>,
+    health: Option<Arc<HealthReports>>,
     tx: ResponseTx,
 }
 
@@ -246,8 +260,12 @@ impl Session {
         pushed: Option<&mut Pushed>,
         serving: &mut Option<u64>,
     ) {
+        if let (Some(report), Some(reports)) = (&m.upstream_health, &self.health) {
+            reports.record(node_id, report.clone());
+        }
         let Some(p) = pushed.filter(|p| !p.answered && p.nonce == m.response_nonce) else {
-            // First-message repeat, stale nonce or duplicate answer: ignored as in xDS.
+            // Status report, first-message repeat, stale nonce or duplicate answer:
+            // no ACK or NACK, as in xDS.
             self.nodes.seen(node_id, stream);
             return;
         };
