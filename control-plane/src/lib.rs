@@ -11,7 +11,9 @@
 //!   [`changes`] the diff between two configurations;
 //! * [`secrets`] the `--secrets-key-file` key that seals private keys at rest;
 //! * [`store`] the SQLite version history (one transaction per mutation);
-//! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry;
+//! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry,
+//!   [`upstream_health`] the upstream health the data planes report;
+//! * [`console`] the web console (`--console-listen`), over the same AdminService;
 //! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
 //! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes.
 
@@ -23,6 +25,7 @@ pub mod changes;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod credentials;
 pub mod discovery;
 pub mod error;
@@ -34,6 +37,7 @@ pub mod seed;
 pub mod server;
 mod shutdown;
 pub mod store;
+pub mod upstream_health;
 
 pub use args::{Args, LogFormat};
 pub use error::StoreError;
