@@ -50,6 +50,7 @@ pub fn document(title: &str, body: &str) -> String {
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <title>{} · gateway console</title>\
+         <link rel=\"icon\" href=\"/static/favicon.svg\" type=\"image/svg+xml\">\
          <link rel=\"stylesheet\" href=\"/static/console.css\"></head>\
          <body>{body}</body></html>\n",
         escape(title)

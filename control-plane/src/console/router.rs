@@ -20,6 +20,10 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self';
 /// The embedded stylesheet, served at `/static/console.css`.
 const STYLESHEET: &str = include_str!("console.css");
 
+/// The embedded icon, served at `/static/favicon.svg` (and `/favicon.ico`,
+/// which browsers ask for by themselves).
+const FAVICON: &str = include_str!("favicon.svg");
+
 /// A request as the pages see it: the form fields already decoded.
 #[derive(Debug)]
 pub struct Req {
@@ -124,6 +128,14 @@ async fn route(c: &Console, req: &Req) -> Answer {
                 content_type: "text/css; charset=utf-8",
                 headers: vec![(header::CACHE_CONTROL, "max-age=300".into())],
                 body: Bytes::from_static(STYLESHEET.as_bytes()),
+            };
+        }
+        "/static/favicon.svg" | "/favicon.ico" if get => {
+            return Answer {
+                status: StatusCode::OK,
+                content_type: "image/svg+xml",
+                headers: vec![(header::CACHE_CONTROL, "max-age=86400".into())],
+                body: Bytes::from_static(FAVICON.as_bytes()),
             };
         }
         "/signin" if get => return pages::signin::form(c, req),

@@ -9,9 +9,13 @@ use crate::console::session;
 use crate::console::signin::{REFUSED, Refusal, THROTTLED};
 use crate::console::{Console, csrf, html};
 
-/// The sign-in form, with `error` above it when set.
-fn render(c: &Console, status: StatusCode, error: Option<&str>) -> Answer {
-    let token = csrf::new_token();
+/// The sign-in form, with `error` above it when set. The browser's pairing
+/// token is kept while its cookie lives, so two tabs (or the browser's own
+/// requests, such as the favicon's) do not invalidate each other's form.
+fn render(c: &Console, req: &Req, status: StatusCode, error: Option<&str>) -> Answer {
+    let token = session::cookie(&req.headers, csrf::SIGNIN_COOKIE)
+        .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map_or_else(csrf::new_token, str::to_owned);
     let error = error
         .map(|e| format!(r#"<p class="error" role="alert">{}</p>"#, html::escape(e)))
         .unwrap_or_default();
@@ -31,8 +35,8 @@ fn render(c: &Console, status: StatusCode, error: Option<&str>) -> Answer {
 }
 
 /// `GET /signin`.
-pub fn form(c: &Console, _req: &Req) -> Answer {
-    render(c, StatusCode::OK, None)
+pub fn form(c: &Console, req: &Req) -> Answer {
+    render(c, req, StatusCode::OK, None)
 }
 
 /// `POST /signin`.
@@ -57,8 +61,8 @@ pub fn submit(c: &Console, req: &Req) -> Answer {
         }
         Err(Refusal::Refused) => {
             tracing::info!(peer = %req.peer, "console sign-in refused");
-            render(c, StatusCode::UNAUTHORIZED, Some(REFUSED))
+            render(c, req, StatusCode::UNAUTHORIZED, Some(REFUSED))
         }
-        Err(Refusal::Throttled) => render(c, StatusCode::TOO_MANY_REQUESTS, Some(THROTTLED)),
+        Err(Refusal::Throttled) => render(c, req, StatusCode::TOO_MANY_REQUESTS, Some(THROTTLED)),
     }
 }
