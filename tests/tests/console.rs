@@ -497,3 +497,51 @@ async fn over_tls_the_console_uses_the_control_planes_certificate_and_secure_coo
     assert!(overview.starts_with("HTTP/1.1 303"), "{overview}");
     stack.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_health_shows_an_instance_that_stopped_answering() {
+    let stack = start(1).await;
+    upsert_route_synced(
+        &stack,
+        open_route("open-orders", "/open/orders", "orders", "/orders"),
+    )
+    .await
+    .unwrap();
+    stack.kill("orders-1").await.unwrap();
+    let gateway = stack.gateways()[0].clone();
+    let row = poll(SOON, "orders-1's breaker open on the health page", || {
+        let mut viewer = ConsoleClient::new(&stack.console_url());
+        let token = stack.viewer_token().to_owned();
+        let gateway = gateway.clone();
+        async move {
+            // Traffic that reaches orders-1 fails to connect (and is retried on orders-2).
+            for _ in 0..4 {
+                let _ = client()
+                    .get(format!("{gateway}/open/orders/7"))
+                    .send()
+                    .await;
+            }
+            viewer.sign_in(&token).await.map_err(|e| e.to_string())?;
+            let body = viewer.get("/health").await.map_err(|e| e.to_string())?.body;
+            let row = body
+                .split("<tr>")
+                .find(|r| r.contains("<code>orders-1</code>"))
+                .ok_or_else(|| format!("no orders-1 row: {body}"))?
+                .to_owned();
+            if row.contains(">open<") {
+                Ok(row)
+            } else {
+                Err(row)
+            }
+        }
+    })
+    .await
+    .unwrap();
+    // The failed attempts show in its error rate (100 %: nothing it was sent succeeded),
+    // unless the report came after the breaker had already stopped sending it anything.
+    assert!(
+        row.contains("100.0 %") || row.contains("no requests"),
+        "{row}"
+    );
+    stack.shutdown().await;
+}
