@@ -244,7 +244,8 @@ impl Browser {
         Ok(())
     }
 
-    async fn query(&mut self, session: &str, selector: &str) -> anyhow::Result<u64> {
+    /// The DOM node id of the first element matching `selector`.
+    pub async fn query(&mut self, session: &str, selector: &str) -> anyhow::Result<u64> {
         let document = self
             .call(Some(session), "DOM.getDocument", json!({"depth": 0}))
             .await?;

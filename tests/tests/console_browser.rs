@@ -116,6 +116,46 @@ async fn a_browser_signs_in_and_renders_every_page_without_csp_violations() {
         }
     }
 
+    // Signed out (the form in the header), then in as the admin: the write
+    // controls render, and log nothing either.
+    browser
+        .navigate(&page, &format!("{console}/overview"))
+        .await
+        .unwrap();
+    let signout = browser.query(&page, "form.signout button").await.unwrap();
+    browser
+        .call(Some(&page), "DOM.focus", json!({"nodeId": signout}))
+        .await
+        .unwrap();
+    browser.press_enter_and_wait(&page).await.unwrap();
+    assert!(browser.url(&page).await.unwrap().ends_with("/signin"));
+    browser
+        .navigate(&page, &format!("{console}/overview"))
+        .await
+        .unwrap();
+    assert!(
+        browser.url(&page).await.unwrap().ends_with("/signin"),
+        "the session ended"
+    );
+    browser
+        .type_into(&page, "#token", stack.admin_token())
+        .await
+        .unwrap();
+    browser.press_enter_and_wait(&page).await.unwrap();
+    for (path, control) in [
+        ("/versions", "Roll back to 1"),
+        ("/versions/rollback?version=1", "Roll back to version 1"),
+        ("/api-keys", "New API key"),
+    ] {
+        browser
+            .navigate(&page, &format!("{console}{path}"))
+            .await
+            .unwrap();
+        let html = browser.html(&page).await.unwrap();
+        assert!(html.contains(control), "{path}: {html}");
+        assert_eq!(browser.problems(), Vec::<String>::new(), "{path}");
+    }
+
     // The policy is enforced: a script added to the page does not run, and
     // the browser reports the violation (so the checks above can see one).
     let ran = browser
