@@ -16,6 +16,7 @@
 //! serves a configuration from its disk cache keeps it when it meets a control
 //! plane whose database is empty, instead of being wiped; it shows as STALE.
 
+use crate::ack_times::AckTimes;
 use crate::nodes::{NodeRegistry, StreamId};
 use crate::upstream_health::HealthReports;
 use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryService;
@@ -38,6 +39,7 @@ pub struct Discovery {
     shutdown: watch::Receiver<bool>,
     nonces: Arc<Nonces>,
     health: Option<Arc<HealthReports>>,
+    acks: Option<Arc<AckTimes>>,
 }
 
 impl Discovery {
@@ -53,6 +55,7 @@ impl Discovery {
             shutdown,
             nonces: Arc::new(Nonces::new()),
             health: None,
+            acks: None,
         }
     }
 
@@ -60,6 +63,12 @@ impl Discovery {
     /// (`upstream_health`) in `reports`; without it they are ignored.
     pub fn with_health_reports(mut self, reports: Arc<HealthReports>) -> Self {
         self.health = Some(reports);
+        self
+    }
+
+    /// The same service, noting when each data plane ACKs in `acks`.
+    pub fn with_ack_times(mut self, acks: Arc<AckTimes>) -> Self {
+        self.acks = Some(acks);
         self
     }
 }
@@ -109,6 +118,7 @@ impl ConfigDiscoveryService for Discovery {
             shutdown: self.shutdown.clone(),
             nonces: self.nonces.clone(),
             health: self.health.clone(),
+            acks: self.acks.clone(),
             tx,
         };
         tokio::spawn(async move {
@@ -133,6 +143,7 @@ struct Session {
     shutdown: watch::Receiver<bool>,
     nonces: Arc<Nonces>,
     health: Option<Arc<HealthReports>>,
+    acks: Option<Arc<AckTimes>>,
     tx: ResponseTx,
 }
 
@@ -273,6 +284,9 @@ impl Session {
         if m.error_detail.is_empty() {
             *serving = Some(p.version);
             self.nodes.ack(node_id, stream, p.version, p.at.elapsed());
+            if let Some(acks) = &self.acks {
+                acks.record(node_id, p.version);
+            }
             tracing::debug!(node = %node_id, version = p.version, "ACK");
         } else {
             *serving = parse_version(&m.version_info);

@@ -12,11 +12,12 @@
 //! * [`secrets`] the `--secrets-key-file` key that seals private keys at rest;
 //! * [`store`] the SQLite version history (one transaction per mutation);
 //! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry,
-//!   [`upstream_health`] the upstream health the data planes report;
+//!   [`upstream_health`] the upstream health the data planes report, [`ack_times`] when each last ACKed;
 //! * [`console`] the web console (`--console-listen`), over the same AdminService;
 //! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
 //! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes.
 
+pub mod ack_times;
 pub mod admin;
 pub mod args;
 pub mod auth;

@@ -2,6 +2,7 @@
 //! grpc.health.v1.Health and server reflection (v1 and v1alpha), plus the
 //! optional metrics endpoint and web console, and runs it until told to shut down.
 
+use crate::ack_times::AckTimes;
 use crate::admin::Admin;
 use crate::args::Args;
 use crate::auth::{AuthLayer, Policy, Tokens, TokensError};
@@ -283,9 +284,11 @@ impl ControlPlane {
         let admin = AdminServiceServer::new(Admin::new(store.clone(), nodes.clone()))
             .max_decoding_message_size(MAX_REQUEST_BYTES);
         let health_reports = Arc::new(HealthReports::new(system_clock()));
+        let ack_times = Arc::new(AckTimes::new(system_clock()));
         let discovery = ConfigDiscoveryServiceServer::new(
             Discovery::new(store.subscribe(), nodes.clone(), shutdown_rx.clone())
-                .with_health_reports(health_reports.clone()),
+                .with_health_reports(health_reports.clone())
+                .with_ack_times(ack_times.clone()),
         );
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<AdminServiceServer<Admin>>().await;
@@ -368,6 +371,7 @@ impl ControlPlane {
                     )),
                     store: store.clone(),
                     health: health_reports.clone(),
+                    acks: ack_times,
                     tokens,
                     sessions: Default::default(),
                     throttle: Default::default(),

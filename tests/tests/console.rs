@@ -247,6 +247,12 @@ async fn an_admin_rolls_back_and_every_data_plane_reaches_it() {
     assert!(overview.contains(&format!("<dd class=\"version\">{v3}</dd>")));
     assert!(overview.contains("2 of 2 synced"), "{overview}");
     assert!(overview.contains("rollback to version"), "{overview}");
+    // Each data plane's last ACK is of the rolled-back version.
+    assert_eq!(
+        overview.matches(&format!("(version {v3})")).count(),
+        2,
+        "{overview}"
+    );
 
     // A rollback confirmed after someone else committed is refused, not applied over it.
     let confirm = console

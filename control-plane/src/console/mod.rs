@@ -25,6 +25,7 @@ pub mod signin;
 
 use std::sync::Arc;
 
+use crate::ack_times::AckTimes;
 use crate::auth::Tokens;
 use crate::store::Store;
 use crate::upstream_health::HealthReports;
@@ -43,6 +44,8 @@ pub struct Console {
     pub store: Arc<Store>,
     /// The data planes' last upstream health reports.
     pub health: Arc<HealthReports>,
+    /// When each data plane last ACKed.
+    pub acks: Arc<AckTimes>,
     /// The tokens a sign-in is checked against (`--auth-tokens-file`).
     pub tokens: Arc<Tokens>,
     /// Signed-in sessions.

@@ -4,6 +4,7 @@
 use gateway_proto::v1::{DataPlaneState, DataPlaneStatus};
 use http::StatusCode;
 
+use crate::clock::rfc3339;
 use crate::console::router::{Answer, status_answer};
 use crate::console::session::Session;
 use crate::console::{Console, html};
@@ -74,6 +75,13 @@ pub async fn render(c: &Console, session: &Session) -> Answer {
                 } else {
                     d.acked_version.to_string()
                 },
+                match c.acks.get(&d.node_id) {
+                    Some((version, at)) => format!(
+                        "{} <span class=\"muted\">(version {version})</span>",
+                        html::escape(&rfc3339(at))
+                    ),
+                    None => "<span class=\"muted\">none yet</span>".to_owned(),
+                },
                 html::escape(&d.last_seen),
                 html::escape(&d.build_version),
             ]
@@ -89,6 +97,7 @@ pub async fn render(c: &Console, session: &Session) -> Answer {
                 "Host",
                 "State",
                 "Serves version",
+                "Last ACK",
                 "Last message",
                 "Build"
             ],
