@@ -1,6 +1,6 @@
-//! The control plane's web console (`--console-listen`, docs/control-plane.md
-//! "Web console") against real processes: a devstack control plane with its
-//! console, and real data planes.
+//! The control plane's web console (`--console-listen`, docs/console.md)
+//! against real processes: a devstack control plane with its console, and
+//! real data planes. The same pages in a real browser: console_browser.rs.
 //!
 //! Needs every binary built in the same target directory (as tests/dataplane.rs).
 #![allow(
