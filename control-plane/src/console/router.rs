@@ -252,3 +252,55 @@ pub fn status_answer(status: &tonic::Status) -> Answer {
     };
     Answer::message(code, title, status.message())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_answer_carries_the_security_headers_and_hsts_only_over_tls() {
+        let plain = finish(Answer::see_other("/signin"), false);
+        let h = plain.headers();
+        assert_eq!(h[header::CONTENT_SECURITY_POLICY], CONTENT_SECURITY_POLICY);
+        assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(h[header::X_FRAME_OPTIONS], "DENY");
+        assert_eq!(h[header::CACHE_CONTROL], "no-store");
+        assert_eq!(h[header::LOCATION], "/signin");
+        assert!(h.get(header::STRICT_TRANSPORT_SECURITY).is_none());
+        let tls = finish(
+            Answer::message(StatusCode::FORBIDDEN, "No", "<b>x</b>").with_cookie("a=b".into()),
+            true,
+        );
+        assert_eq!(tls.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            tls.headers()[header::STRICT_TRANSPORT_SECURITY],
+            "max-age=31536000"
+        );
+        assert_eq!(tls.headers()[header::SET_COOKIE], "a=b");
+        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe"));
+    }
+
+    #[test]
+    fn refused_calls_map_to_statuses() {
+        for (status, code) in [
+            (tonic::Status::permission_denied("x"), StatusCode::FORBIDDEN),
+            (
+                tonic::Status::failed_precondition("expected version 1, current is 2"),
+                StatusCode::CONFLICT,
+            ),
+            (
+                tonic::Status::invalid_argument("x"),
+                StatusCode::BAD_REQUEST,
+            ),
+            (tonic::Status::not_found("x"), StatusCode::NOT_FOUND),
+            (
+                tonic::Status::internal("x"),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ] {
+            assert_eq!(status_answer(&status).status, code, "{status:?}");
+        }
+        let body = status_answer(&tonic::Status::invalid_argument("<script>")).body;
+        assert!(!String::from_utf8_lossy(&body).contains("<script>"));
+    }
+}
