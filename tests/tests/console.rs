@@ -13,7 +13,7 @@ use std::time::Duration;
 use devstack::Stack;
 use gateway_proto::v1::{DataPlaneState, ListDataPlanesRequest, UpsertRouteRequest};
 use gateway_tests::console::ConsoleClient;
-use gateway_tests::{client, open_route, poll, upsert_route_synced};
+use gateway_tests::{client, open_route, poll, secrets_in_logs, upsert_route_synced};
 
 /// Deadline for anything that should happen "soon".
 const SOON: Duration = Duration::from_secs(30);
@@ -349,6 +349,20 @@ async fn an_admin_rolls_back_and_every_data_plane_reaches_it() {
     assert_eq!(page.status, 303);
     let states: Vec<i32> = planes.data_planes.iter().map(|d| d.status).collect();
     assert!(states.iter().all(|s| *s != DataPlaneState::Nacked as i32));
+
+    // No token, key, session id or CSRF token in any process's log.
+    let (scanned, leaks) = secrets_in_logs(
+        &stack.log_dir(),
+        &[
+            ("the admin token".into(), stack.admin_token().to_owned()),
+            ("the new API key".into(), key.to_owned()),
+            ("the session id".into(), old.clone()),
+            ("the CSRF token".into(), csrf.clone()),
+        ],
+    )
+    .unwrap();
+    assert!(scanned >= 3, "{scanned} logs");
+    assert!(leaks.is_empty(), "{leaks:#?}");
     stack.shutdown().await;
 }
 
