@@ -17,6 +17,8 @@ use gateway_transport::upstream_error::UpstreamError;
 use http::StatusCode;
 use http::header::{self, HeaderValue};
 
+pub mod grpc;
+
 use crate::metrics::PartOutcome;
 use crate::policy::api_key::ApiKeyError;
 use crate::policy::hooks::{AuthError, RateLimited};

@@ -19,7 +19,7 @@ use crate::cidr::Cidr;
 use crate::defaults;
 use crate::v1::{
     AuthMode, HashOn, LbPolicy, RateLimit, RateLimitAlgorithm, RateLimitKey, RetryOn, Route,
-    Upstream,
+    Upstream, UpstreamProtocol,
 };
 use crate::validate::{parse_ca_pem, parse_instance_url, route_limits};
 
@@ -132,6 +132,8 @@ pub struct UpstreamSpec<'a> {
     pub health_check: Option<HealthCheckSpec<'a>>,
     /// TLS to the instances (https:// instances, or discovery with `tls`); `None`: cleartext.
     pub tls: Option<TlsSpec<'a>>,
+    /// `protocol`: spoken over HTTP/2 instead of HTTP/1.1.
+    pub http2: bool,
 }
 
 /// How an upstream's instances are spoken to over TLS (`tls`, defaulted).
@@ -451,6 +453,12 @@ fn upstream<'a>(u: &'a Upstream) -> Result<UpstreamSpec<'a>, SpecError> {
             })
         })
         .transpose()?;
+    let http2 = match UpstreamProtocol::try_from(u.protocol) {
+        Ok(p) => p == UpstreamProtocol::Http2,
+        Err(_) => {
+            return Err(format!("{}: protocol: unknown value {}", who(), u.protocol));
+        }
+    };
     Ok(UpstreamSpec {
         proto: u,
         instances,
@@ -459,6 +467,7 @@ fn upstream<'a>(u: &'a Upstream) -> Result<UpstreamSpec<'a>, SpecError> {
         discovery,
         health_check,
         tls,
+        http2,
     })
 }
 

@@ -201,6 +201,12 @@ pub struct Args {
     #[arg(long, env = "DP_UPSTREAM_MAX_IDLE", default_value_t = 128)]
     pub upstream_max_idle: usize,
 
+    /// Streams in flight on one HTTP/2 connection to an instance of an
+    /// `HTTP2` upstream before another connection is opened (per worker).
+    #[arg(long, env = "DP_UPSTREAM_H2_MAX_STREAMS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub upstream_h2_max_streams: u32,
+
     /// Proxy worker threads, each with its own runtime and listening socket
     /// (SO_REUSEPORT). 0: one per core the process may use.
     #[arg(long, env = "DP_WORKERS", default_value_t = 0)]
@@ -440,6 +446,7 @@ impl Args {
             max_idle: self.upstream_max_idle,
             // One idle list per worker, and one for the main runtime.
             slots: gateway_transport::workers::count(self.workers) + 1,
+            h2_max_streams: self.upstream_h2_max_streams as usize,
             ..PoolSettings::default()
         }
     }

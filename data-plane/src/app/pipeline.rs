@@ -39,13 +39,13 @@ use crate::metrics::{Metrics, PolicyRefusal};
 use crate::policy::api_key::X_API_KEY;
 use crate::policy::cors::{Cors, preflight_method};
 use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitBy, LimitKey, RateLimiter};
-use crate::policy::https;
 use crate::policy::normalize::normalize_path;
 use crate::policy::router::host_of;
 use crate::policy::sanitize::{
     Cidr, Strip, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip,
     ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
+use crate::policy::{grpc, https};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::{self, Affinity};
@@ -131,6 +131,8 @@ struct Seen<'c> {
     cors_origin: Option<HeaderValue>,
     /// The gateway answered a CORS preflight itself: no upstream response to transform or decorate.
     preflight: bool,
+    /// The request is a gRPC call: the gateway's own errors are answered as gRPC statuses.
+    grpc: bool,
 }
 
 impl Pipeline {
@@ -158,7 +160,10 @@ impl Pipeline {
             self.tracer
                 .server_span(incoming.parent.as_ref(), req.method(), req.uri().path());
         let cfg = self.config.load();
-        let mut seen = Seen::default();
+        let mut seen = Seen {
+            grpc: grpc::is_call(req.headers()),
+            ..Seen::default()
+        };
         // Pinned where it is made (here and for `proxy::forward` below): awaiting the
         // call directly copied the whole ~4 KB future into this one's state first.
         let ran = {
@@ -187,7 +192,11 @@ impl Pipeline {
             }
             Err(e) => {
                 span.set_status_error(e.kind());
-                e.into_response()
+                if seen.grpc {
+                    crate::error::grpc::response(&e)
+                } else {
+                    e.into_response()
+                }
             }
         };
         if let Some(id) = seen.request_id {
@@ -309,6 +318,7 @@ impl Pipeline {
         };
 
         // Coalesce: on a `coalesce` route identical concurrent GET/HEADs share one upstream call; after rate limiting, so every caller pays.
+        let grpc_call = seen.grpc;
         let trace = Trace {
             span,
             tracestate,
@@ -360,11 +370,16 @@ impl Pipeline {
                 self.limits.body_read_timeout,
             ),
         )?;
+        // gRPC: the caller's `grpc-timeout` shortens the route timeout (the upstream gets the header too).
+        let timeout = match grpc_call.then(|| grpc::timeout(req.headers())).flatten() {
+            Some(t) => t.min(route.timeout),
+            None => route.timeout,
+        };
         let forward = std::pin::pin!(proxy::forward(
             upstream,
             pick,
             req,
-            route.timeout,
+            timeout,
             route.retry.as_ref(),
             trace,
             self.worker,

@@ -5,6 +5,7 @@
 //! * [`sanitize`]: hop-by-hop and spoofable headers, `Forwarded`, request ids,
 //!   the client address; [`normalize`]: the path;
 //! * [`router`]: routes by host, prefix and method; [`https`]: `https_only` routes;
+//! * [`grpc`]: gRPC calls (recognised by `content-type`) and their `grpc-timeout`;
 //! * [`ip_rules`], [`cors`], [`api_key`], [`jwt`] (behind the
 //!   [`hooks::Authenticator`] hook), [`ratelimit`] (behind
 //!   [`hooks::RateLimiter`]);
@@ -13,6 +14,7 @@
 
 pub mod api_key;
 pub mod cors;
+pub mod grpc;
 pub mod hooks;
 pub mod https;
 pub mod ip_rules;
