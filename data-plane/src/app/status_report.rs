@@ -93,6 +93,7 @@ mod tests {
             id: id.into(),
             url: format!("http://{id}:80").into(),
             tls: None,
+            protocol: gateway_transport::pool::Protocol::Http1,
         };
         Arc::new(InstanceState::new(
             key,
