@@ -11,10 +11,13 @@
 //!   [`changes`] the diff between two configurations;
 //! * [`secrets`] the `--secrets-key-file` key that seals private keys at rest;
 //! * [`store`] the SQLite version history (one transaction per mutation);
-//! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry;
+//! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry,
+//!   [`upstream_health`] the upstream health the data planes report, [`ack_times`] when each last ACKed;
+//! * [`console`] the web console (`--console-listen`), over the same AdminService;
 //! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
 //! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes.
 
+pub mod ack_times;
 pub mod admin;
 pub mod args;
 pub mod auth;
@@ -23,6 +26,7 @@ pub mod changes;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod credentials;
 pub mod discovery;
 pub mod error;
@@ -34,6 +38,7 @@ pub mod seed;
 pub mod server;
 mod shutdown;
 pub mod store;
+pub mod upstream_health;
 
 pub use args::{Args, LogFormat};
 pub use error::StoreError;

@@ -1,7 +1,8 @@
 //! The application: the stack assembled top to bottom. [`DataPlane`] starts
 //! the listeners, the workers and the config stream; [`pipeline`] runs every
 //! request through the stages in order; [`runtime`] makes a compiled snapshot
-//! current; [`xds`] is the config stream client and [`cache`] its on-disk copy
+//! current; [`xds`] is the config stream client (with [`status_report`], the
+//! upstream health it reports) and [`cache`] its on-disk copy
 //! of the last accepted snapshot; [`ops`] serves the ops listener and
 //! [`exposition`] its `/metrics` page; [`args`] and [`cli`] are the flags and
 //! the binary's entry point.
@@ -13,6 +14,7 @@ pub mod exposition;
 pub mod ops;
 pub mod pipeline;
 pub mod runtime;
+pub mod status_report;
 pub mod xds;
 
 use std::future::Future;
