@@ -9,6 +9,10 @@
 #                      compose-viewer, and adds --auth-tokens-file. A token shorter than 32
 #                      characters, or with spaces, stops the container with the reason. The tokens
 #                      are removed from the environment before the control plane starts.
+#                      Unless --secrets-key-file is given, a non-empty GATEWAY_SECRETS_KEY (64 hex
+#                      digits) is written to $GATEWAY_SECRETS_KEY_FILE (default
+#                      /var/lib/gateway/secrets-key, mode 0600) and --secrets-key-file added: the
+#                      key that encrypts certificates' private keys in the database.
 #   data-plane ...     adds `--node-id $(hostname)` unless a node id is given: the container
 #                      hostname is unique per replica and stable across `docker restart`.
 #   auth-service ...   when the database file (--database, else $AUTH_DATABASE) does not exist yet,
@@ -85,8 +89,17 @@ case "${1:-}" in
       write_tokens_file "$tokens_file"
       set -- "$@" --auth-tokens-file "$tokens_file"
     fi
-    # The control plane needs only the file.
-    unset GATEWAY_ADMIN_TOKEN GATEWAY_DATA_PLANE_TOKEN GATEWAY_VIEWER_TOKEN
+    if ! option_value --secrets-key-file "$@" >/dev/null && [ -n "${GATEWAY_SECRETS_KEY:-}" ]; then
+      if ! [[ $GATEWAY_SECRETS_KEY =~ ^[0-9a-fA-F]{64}$ ]]; then
+        echo "gateway-entrypoint: GATEWAY_SECRETS_KEY must be 64 hex digits: generate one with 'openssl rand -hex 32'" >&2
+        exit 64
+      fi
+      key_file=${GATEWAY_SECRETS_KEY_FILE:-/var/lib/gateway/secrets-key}
+      (umask 077 && printf '%s\n' "$GATEWAY_SECRETS_KEY" >"$key_file")
+      set -- "$@" --secrets-key-file "$key_file"
+    fi
+    # The control plane needs only the files.
+    unset GATEWAY_ADMIN_TOKEN GATEWAY_DATA_PLANE_TOKEN GATEWAY_VIEWER_TOKEN GATEWAY_SECRETS_KEY
     ;;
   data-plane)
     if ! option_value --node-id "$@" >/dev/null; then

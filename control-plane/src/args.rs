@@ -48,6 +48,12 @@ pub struct Args {
     #[arg(long, env = "CONTROL_PLANE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// Optional address of the web console (HTTP; HTTPS with --tls-cert and --tls-key, without
+    /// asking browsers for a client certificate). Sign-in takes an admin or viewer token of
+    /// --auth-tokens-file, which it requires. Port 0 picks a free port.
+    #[arg(long, env = "CONTROL_PLANE_CONSOLE_LISTEN")]
+    pub console_listen: Option<SocketAddr>,
+
     /// Log line format on stderr. The level is set with RUST_LOG (default info).
     #[arg(
         long,
@@ -103,6 +109,7 @@ mod tests {
         assert_eq!(a.auth_tokens_file, None);
         assert!(!a.insecure);
         assert_eq!(a.secrets_key_file, None);
+        assert_eq!(a.console_listen, None);
     }
 
     #[test]
@@ -119,8 +126,11 @@ mod tests {
             "127.0.0.1:9100",
             "--log-format",
             "json",
+            "--console-listen",
+            "127.0.0.1:8800",
         ])
         .unwrap();
+        assert_eq!(a.console_listen.unwrap().port(), 8800);
         assert_eq!(a.listen.port(), 0);
         assert_eq!(a.database, Database::sqlite("/tmp/x.db"));
         assert_eq!(a.seed, Some(PathBuf::from("seed.json")));

@@ -7,14 +7,18 @@
 //!   already serves that version, and again after every commit;
 //! * a message quoting the last push's nonce ACKs it (empty `error_detail`) or
 //!   NACKs it; messages quoting an older nonce are ignored, as in xDS;
-//! * a version the node NACKed is never pushed to it again (later ones are).
+//! * a version the node NACKed is never pushed to it again (later ones are);
+//! * a message carrying `upstream_health` (a status report, sent with an empty
+//!   nonce) is kept in [`HealthReports`] for the web console.
 //!
 //! Safety choice: the empty version 0 is pushed only to a data plane that
 //! serves nothing yet (so it can become ready). A data plane that already
 //! serves a configuration from its disk cache keeps it when it meets a control
 //! plane whose database is empty, instead of being wiped; it shows as STALE.
 
+use crate::ack_times::AckTimes;
 use crate::nodes::{NodeRegistry, StreamId};
+use crate::upstream_health::HealthReports;
 use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryService;
 use gateway_proto::v1::{ConfigRequest, ConfigResponse, ConfigSnapshot};
 use std::sync::Arc;
@@ -34,6 +38,8 @@ pub struct Discovery {
     nodes: Arc<NodeRegistry>,
     shutdown: watch::Receiver<bool>,
     nonces: Arc<Nonces>,
+    health: Option<Arc<HealthReports>>,
+    acks: Option<Arc<AckTimes>>,
 }
 
 impl Discovery {
@@ -48,7 +54,22 @@ impl Discovery {
             nodes,
             shutdown,
             nonces: Arc::new(Nonces::new()),
+            health: None,
+            acks: None,
         }
+    }
+
+    /// The same service, keeping the data planes' status reports
+    /// (`upstream_health`) in `reports`; without it they are ignored.
+    pub fn with_health_reports(mut self, reports: Arc<HealthReports>) -> Self {
+        self.health = Some(reports);
+        self
+    }
+
+    /// The same service, noting when each data plane ACKs in `acks`.
+    pub fn with_ack_times(mut self, acks: Arc<AckTimes>) -> Self {
+        self.acks = Some(acks);
+        self
     }
 }
 
@@ -96,6 +117,8 @@ impl ConfigDiscoveryService for Discovery {
             nodes: self.nodes.clone(),
             shutdown: self.shutdown.clone(),
             nonces: self.nonces.clone(),
+            health: self.health.clone(),
+            acks: self.acks.clone(),
             tx,
         };
         tokio::spawn(async move {
@@ -119,6 +142,8 @@ struct Session {
     nodes: Arc<NodeRegistry>,
     shutdown: watch::Receiver<bool>,
     nonces: Arc<Nonces>,
+    health: Option<Arc<HealthReports>>,
+    acks: Option<Arc<AckTimes>>,
     tx: ResponseTx,
 }
 
@@ -248,8 +273,12 @@ impl Session {
         pushed: Option<&mut Pushed>,
         serving: &mut Option<u64>,
     ) {
+        if let (Some(report), Some(reports)) = (&m.upstream_health, &self.health) {
+            reports.record(node_id, report.clone());
+        }
         let Some(p) = pushed.filter(|p| !p.answered && p.nonce == m.response_nonce) else {
-            // First-message repeat, stale nonce or duplicate answer: ignored as in xDS.
+            // Status report, first-message repeat, stale nonce or duplicate answer:
+            // no ACK or NACK, as in xDS.
             self.nodes.seen(node_id, stream);
             return;
         };
@@ -257,6 +286,9 @@ impl Session {
         if m.error_detail.is_empty() {
             *serving = Some(p.version);
             self.nodes.ack(node_id, stream, p.version, p.at.elapsed());
+            if let Some(acks) = &self.acks {
+                acks.record(node_id, p.version);
+            }
             tracing::debug!(node = %node_id, version = p.version, "ACK");
         } else {
             *serving = parse_version(&m.version_info);

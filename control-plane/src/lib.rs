@@ -13,10 +13,13 @@
 //! * [`secrets`] the `--secrets-key-file` key that seals private keys at rest;
 //! * [`database`] the `--database` URL; [`store`] the version history (one
 //!   transaction per mutation; with Postgres, commits of other replicas followed by LISTEN);
-//! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry;
+//! * [`admin`] AdminService, [`discovery`] StreamConfig, [`nodes`] the data-plane registry,
+//!   [`upstream_health`] the upstream health the data planes report, [`ack_times`] when each last ACKed;
+//! * [`console`] the web console (`--console-listen`), over the same AdminService;
 //! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
 //! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes.
 
+pub mod ack_times;
 pub mod admin;
 pub mod args;
 pub mod auth;
@@ -27,6 +30,7 @@ pub mod clock;
 pub mod config;
 /// The `--database` URL (shared with the auth service: `gateway-database`).
 pub use gateway_database::url as database;
+pub mod console;
 pub mod credentials;
 pub mod discovery;
 pub mod error;
@@ -39,6 +43,7 @@ pub mod seed;
 pub mod server;
 mod shutdown;
 pub mod store;
+pub mod upstream_health;
 
 pub use args::{Args, LogFormat};
 pub use database::Database;

@@ -1,11 +1,13 @@
 //! Assembles the gRPC server: AdminService, ConfigDiscoveryService,
 //! grpc.health.v1.Health and server reflection (v1 and v1alpha), plus the
-//! optional metrics endpoint, and runs it until told to shut down.
+//! optional metrics endpoint and web console, and runs it until told to shut down.
 
+use crate::ack_times::AckTimes;
 use crate::admin::Admin;
 use crate::args::Args;
 use crate::auth::{AuthLayer, Policy, Tokens, TokensError};
 use crate::clock::{now_utc, system_clock};
+use crate::console::{self, Console};
 use crate::database::Database;
 use crate::discovery::Discovery;
 use crate::error::StoreError;
@@ -14,6 +16,7 @@ use crate::nodes::NodeRegistry;
 use crate::secrets::{SecretsKey, SecretsKeyError};
 use crate::seed::{self, SeedError};
 use crate::store::Store;
+use crate::upstream_health::HealthReports;
 use gateway_proto::v1::admin_service_server::AdminServiceServer;
 use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryServiceServer;
 use std::net::SocketAddr;
@@ -49,6 +52,8 @@ pub struct Settings {
     pub seed: Option<PathBuf>,
     /// Prometheus endpoint address.
     pub metrics_listen: Option<SocketAddr>,
+    /// Web console address (needs `auth_tokens_file`); over TLS when `tls` is set.
+    pub console_listen: Option<SocketAddr>,
     /// Spans for every gRPC call (continuing the caller's `traceparent`); exported by OTLP when configured.
     pub tracer: gateway_telemetry::Tracer,
     /// `NAME ROLE TOKEN` file; `None` accepts unauthenticated calls (loopback only unless `insecure`).
@@ -82,6 +87,7 @@ impl Default for Settings {
             database: Database::sqlite("control-plane.db"),
             seed: None,
             metrics_listen: None,
+            console_listen: None,
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: None,
             insecure: false,
@@ -98,6 +104,7 @@ impl From<&Args> for Settings {
             database: a.database.clone(),
             seed: a.seed.clone(),
             metrics_listen: a.metrics_listen,
+            console_listen: a.console_listen,
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: a.auth_tokens_file.clone(),
             insecure: a.insecure,
@@ -175,6 +182,12 @@ pub enum StartError {
     /// The TLS certificate, key or client CA was refused.
     #[error("invalid TLS configuration: {0}")]
     Tls(String),
+    /// `--console-listen` without `--auth-tokens-file`: nobody could sign in.
+    #[error(
+        "--console-listen needs --auth-tokens-file: the console signs people in with the \
+         tokens of that file (role admin or viewer)"
+    )]
+    ConsoleWithoutTokens,
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Serve(#[from] tonic::transport::Error),
@@ -184,13 +197,16 @@ pub enum StartError {
 pub struct ControlPlane {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    console_addr: Option<SocketAddr>,
     store: Arc<Store>,
     nodes: Arc<NodeRegistry>,
+    health_reports: Arc<HealthReports>,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     metrics: Option<JoinHandle<()>>,
     /// The commit follower and the shared registry's writer (Postgres).
     background: Vec<JoinHandle<()>>,
+    console: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -198,6 +214,7 @@ impl std::fmt::Debug for ControlPlane {
         f.debug_struct("ControlPlane")
             .field("addr", &self.addr)
             .field("metrics_addr", &self.metrics_addr)
+            .field("console_addr", &self.console_addr)
             .finish_non_exhaustive()
     }
 }
@@ -216,6 +233,15 @@ impl ControlPlane {
             source,
         })?;
         let policy = auth_policy(&settings, addr)?;
+        let console_tokens = match (&settings.console_listen, &policy) {
+            (None, _) => None,
+            (Some(_), Policy::Tokens(tokens)) => Some(tokens.clone()),
+            (Some(_), Policy::Open) => return Err(StartError::ConsoleWithoutTokens),
+        };
+        let console_tls = match (&settings.console_listen, &settings.tls) {
+            (Some(_), Some(files)) => Some(console::server::tls_acceptor(files)?),
+            _ => None,
+        };
         let secrets = match &settings.secrets_key_file {
             Some(path) => Some(SecretsKey::load(path)?),
             None => {
@@ -246,6 +272,11 @@ impl ControlPlane {
             None => None,
         };
         let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let console_listener = match settings.console_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let console_addr = console_listener.as_ref().and_then(|l| l.local_addr().ok());
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         // With Postgres, the registry is shared by every control plane of the
@@ -266,11 +297,13 @@ impl ControlPlane {
         // ApplyConfig of 10,000 routes is a few MB; tonic's default limit is 4 MB.
         let admin = AdminServiceServer::new(Admin::new(store.clone(), nodes.clone()))
             .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let discovery = ConfigDiscoveryServiceServer::new(Discovery::new(
-            store.subscribe(),
-            nodes.clone(),
-            shutdown_rx.clone(),
-        ));
+        let health_reports = Arc::new(HealthReports::new(system_clock()));
+        let ack_times = Arc::new(AckTimes::new(system_clock()));
+        let discovery = ConfigDiscoveryServiceServer::new(
+            Discovery::new(store.subscribe(), nodes.clone(), shutdown_rx.clone())
+                .with_health_reports(health_reports.clone())
+                .with_ack_times(ack_times.clone()),
+        );
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<AdminServiceServer<Admin>>().await;
         health
@@ -343,11 +376,36 @@ impl ControlPlane {
             };
             tokio::spawn(metrics::serve(l, render, shutdown_rx.clone()))
         });
+        let console = match (console_listener, console_tokens) {
+            (Some(listener), Some(tokens)) => {
+                let state = Arc::new(Console {
+                    backend: console::backend::Backend::new(Admin::new(
+                        store.clone(),
+                        nodes.clone(),
+                    )),
+                    store: store.clone(),
+                    health: health_reports.clone(),
+                    acks: ack_times,
+                    tokens,
+                    sessions: Default::default(),
+                    throttle: Default::default(),
+                    tls: console_tls.is_some(),
+                });
+                Some(tokio::spawn(console::serve(
+                    listener,
+                    state,
+                    console_tls,
+                    shutdown_rx.clone(),
+                )))
+            }
+            _ => None,
+        };
         tracing::info!(
             %addr,
             tls = settings.tls.is_some(),
             client_certificates = settings.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
             metrics = ?metrics_addr,
+            console = ?console_addr,
             database = %settings.database,
             secrets_key = settings.secrets_key_file.is_some(),
             version = store.current().version,
@@ -356,12 +414,15 @@ impl ControlPlane {
         Ok(ControlPlane {
             addr,
             metrics_addr,
+            console_addr,
             store,
             nodes,
+            health_reports,
             shutdown,
             server,
             metrics,
             background,
+            console,
         })
     }
 
@@ -373,6 +434,16 @@ impl ControlPlane {
     /// The bound metrics address, if enabled.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// The bound web console address, if enabled.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console_addr
+    }
+
+    /// The data planes' last upstream health reports.
+    pub fn health_reports(&self) -> &Arc<HealthReports> {
+        &self.health_reports
     }
 
     /// The configuration store.
@@ -400,6 +471,7 @@ impl ControlPlane {
             mut server,
             metrics,
             background,
+            console,
             ..
         } = self;
         let mut stopping = shutdown.subscribe();
@@ -425,6 +497,9 @@ impl ControlPlane {
         shutdown.send_replace(true);
         if let Some(m) = metrics {
             let _ = m.await;
+        }
+        if let Some(c) = console {
+            let _ = c.await;
         }
         for task in background {
             let _ = task.await;

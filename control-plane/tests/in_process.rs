@@ -1,6 +1,6 @@
 //! The library API: a control plane started in-process on an already bound
 //! listener, its metrics endpoint (certificates' expiry included), and a
-//! graceful stop with open config streams.
+//! graceful stop with open config streams, and the console's need of a tokens file.
 #![allow(
     clippy::unwrap_used,
     reason = "test code: unwrap stops the test where it failed"
@@ -226,4 +226,50 @@ async fn stop_is_prompt_even_with_open_config_streams() {
         .unwrap();
     assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
     drop(tx);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_needs_a_tokens_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused = ControlPlane::start_on(
+        listener,
+        Settings {
+            database: dir.path().join("cp.db").into(),
+            console_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, control_plane::StartError::ConsoleWithoutTokens),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("--auth-tokens-file"),
+        "{refused}"
+    );
+
+    // With a tokens file it serves the sign-in form on its own port.
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "ops admin s3cret-admin-token\n").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp = ControlPlane::start_on(
+        listener,
+        Settings {
+            database: dir.path().join("cp.db").into(),
+            console_listen: Some("127.0.0.1:0".parse().unwrap()),
+            auth_tokens_file: Some(tokens),
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    let console = cp.console_addr().unwrap();
+    assert_ne!(console, cp.local_addr());
+    let answer = http_get(console, "/signin").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("Admin or viewer token"), "{answer}");
+    cp.stop().await.unwrap();
 }

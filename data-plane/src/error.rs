@@ -17,9 +17,12 @@ use gateway_transport::upstream_error::UpstreamError;
 use http::StatusCode;
 use http::header::{self, HeaderValue};
 
+pub mod grpc;
+
 use crate::metrics::PartOutcome;
 use crate::policy::api_key::ApiKeyError;
 use crate::policy::hooks::{AuthError, RateLimited};
+use crate::policy::mtls::MtlsError;
 use crate::policy::normalize::NormalizeError;
 
 /// Media type of every error body.
@@ -110,6 +113,10 @@ pub enum ProxyError {
     /// An `AUTH_API_KEY` route's key is missing, unknown or revoked (401).
     #[error(transparent)]
     ApiKey(#[from] ApiKeyError),
+    /// An `AUTH_MTLS` route without a verified client certificate, or with
+    /// one that names no usable subject (401).
+    #[error(transparent)]
+    ClientCertificate(#[from] MtlsError),
     /// Rate limit exceeded (429).
     #[error("rate limit exceeded")]
     RateLimited(RateLimited),
@@ -198,7 +205,9 @@ impl ProxyError {
             Self::NoRoute => StatusCode::NOT_FOUND,
             Self::HttpsRedirect(_) => StatusCode::MOVED_PERMANENTLY,
             Self::HttpsRequired => StatusCode::FORBIDDEN,
-            Self::Unauthorized(_) | Self::ApiKey(_) => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized(_) | Self::ApiKey(_) | Self::ClientCertificate(_) => {
+                StatusCode::UNAUTHORIZED
+            }
             Self::IpDenied | Self::CorsRefused => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(e) if e.is_timeout() => StatusCode::GATEWAY_TIMEOUT,
@@ -225,6 +234,8 @@ impl ProxyError {
             Self::Unauthorized(_) => "unauthorized",
             Self::ApiKey(ApiKeyError::Missing) => "api_key_missing",
             Self::ApiKey(ApiKeyError::Invalid) => "api_key_invalid",
+            Self::ClientCertificate(MtlsError::Missing) => "client_certificate_missing",
+            Self::ClientCertificate(MtlsError::NoSubject) => "client_certificate_unusable",
             Self::IpDenied => "ip_denied",
             Self::CorsRefused => "cors_refused",
             Self::UpgradeRefused => "upgrade_refused",
@@ -416,6 +427,18 @@ impl ProxyError {
                 "Unauthorized",
                 "The API key is invalid or has been revoked."
             ),
+            Self::ClientCertificate(MtlsError::Missing) => problem!(
+                401,
+                "client-certificate-required",
+                "Unauthorized",
+                "This route requires a client certificate, presented over HTTPS."
+            ),
+            Self::ClientCertificate(MtlsError::NoSubject) => problem!(
+                401,
+                "client-certificate-unusable",
+                "Unauthorized",
+                "The client certificate names no subject to identify the caller by."
+            ),
             Self::RateLimited(_) => problem!(
                 429,
                 "rate-limited",
@@ -562,6 +585,8 @@ mod tests {
             ProxyError::Unauthorized(AuthError::NotConfigured),
             ProxyError::ApiKey(ApiKeyError::Missing),
             ProxyError::ApiKey(ApiKeyError::Invalid),
+            ProxyError::ClientCertificate(MtlsError::Missing),
+            ProxyError::ClientCertificate(MtlsError::NoSubject),
             ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)),
             ProxyError::NoInstance,
             ProxyError::Upstream(UpstreamError::timeout(Duration::from_secs(1))),

@@ -47,6 +47,27 @@ async fn ack_nack_and_restart_from_cache() {
     assert_ack(&cp.next_request().await, "1", "nonce-1");
     let (status, _, _) = get(dp.proxy_addr(), "/api/x").await;
     assert_eq!(status, StatusCode::OK);
+
+    // Status reports come on messages of their own (no nonce: no ACK, no NACK)
+    // and, once version 1 is served, list its instance as the balancer sees it.
+    let report = loop {
+        let r = cp.next_report().await;
+        assert_eq!(r.response_nonce, "", "{r:?}");
+        assert!(r.error_detail.is_empty(), "{r:?}");
+        if r.version_info == "1" {
+            break r.upstream_health.unwrap();
+        }
+    };
+    let [instance] = &report.instances[..] else {
+        panic!("{report:?}")
+    };
+    assert_eq!(
+        (instance.upstream.as_str(), instance.instance.as_str()),
+        ("svc", "a")
+    );
+    assert_eq!(instance.url, up_a.url());
+    assert!(instance.healthy);
+    assert_eq!(instance.breaker, "closed");
     let (_, headers, _) = get(dp.proxy_addr(), "/api/x").await;
     assert_eq!(headers["x-instance-id"], "a");
     assert_eq!(ops(&dp, "/readyz").await.0, StatusCode::OK);

@@ -63,6 +63,16 @@ pub struct Cli {
     #[arg(long, env = "DEVSTACK_REDIS_TLS", value_parser = BoolishValueParser::new())]
     pub redis_tls: bool,
 
+    /// An extra flag for every data plane (repeatable; with its value:
+    /// `--data-plane-arg=--tls-client-ca=/path/ca.pem`), e.g. to try
+    /// AUTH_MTLS routes or another pool setting.
+    #[arg(
+        long = "data-plane-arg",
+        value_name = "FLAG",
+        allow_hyphen_values = true
+    )]
+    pub data_plane_args: Vec<String>,
+
     /// Seconds to wait for every process to become ready.
     #[arg(long, env = "DEVSTACK_STARTUP_TIMEOUT_SECS", default_value_t = 60)]
     pub startup_timeout_secs: u64,

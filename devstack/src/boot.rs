@@ -236,6 +236,8 @@ impl Stack {
                 self.tokens_file().display().to_string(),
                 "--secrets-key-file".into(),
                 secrets_key.display().to_string(),
+                "--console-listen".into(),
+                local(p.console),
             ]
             .into_iter()
             .chain(self.pki.iter().flat_map(|pki| {

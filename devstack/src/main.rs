@@ -74,6 +74,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(url) = &cli.otlp_endpoint {
         builder = builder.otlp_endpoint(url.clone());
     }
+    for arg in &cli.data_plane_args {
+        builder = builder.data_plane_arg(arg.clone());
+    }
     if let Some(db) = &cli.database {
         builder = builder.database(std::path::absolute(db)?);
     }

@@ -12,6 +12,8 @@ pub struct Ports {
     pub redis: u16,
     /// Control-plane gRPC.
     pub control_plane: u16,
+    /// Control-plane web console.
+    pub console: u16,
     /// Auth service HTTP.
     pub auth: u16,
     /// Mock `users-1`.
@@ -30,13 +32,14 @@ pub struct Ports {
 
 impl Ports {
     /// The fixed defaults: gateways 8080, 8081…, HTTPS 8443, 8444…, ops 9901, 9902…, control
-    /// plane 50051, auth 4000, redis 6390 (not 6379, to leave a system Redis
+    /// plane 50051, its console 8800, auth 4000, redis 6390 (not 6379, to leave a system Redis
     /// alone), mocks 7001–7003.
     pub fn fixed(data_planes: usize) -> Self {
         let n = u16::try_from(data_planes).unwrap_or(u16::MAX);
         Ports {
             redis: 6390,
             control_plane: 50051,
+            console: 8800,
             auth: 4000,
             users_1: 7001,
             orders_1: 7002,
@@ -59,7 +62,7 @@ impl Ports {
     /// chosen, so they are distinct), and are never handed out twice by one
     /// process. Where the range leaves no room below it, the OS picks (`bind(0)`).
     pub fn ephemeral(data_planes: usize) -> Result<Self, StackError> {
-        let count = 6 + 3 * data_planes;
+        let count = 7 + 3 * data_planes;
         let listeners = match below_kernel_range(count) {
             Some(listeners) => listeners,
             None => (0..count)
@@ -79,9 +82,10 @@ impl Ports {
             users_1: ports[3],
             orders_1: ports[4],
             orders_2: ports[5],
-            gateways: ports[6..6 + data_planes].to_vec(),
-            gateway_admins: ports[6 + data_planes..6 + 2 * data_planes].to_vec(),
-            gateways_tls: ports[6 + 2 * data_planes..].to_vec(),
+            console: ports[6],
+            gateways: ports[7..7 + data_planes].to_vec(),
+            gateway_admins: ports[7 + data_planes..7 + 2 * data_planes].to_vec(),
+            gateways_tls: ports[7 + 2 * data_planes..].to_vec(),
         })
     }
 
@@ -90,6 +94,7 @@ impl Ports {
         let mut all = vec![
             (self.redis, "redis".to_owned()),
             (self.control_plane, "control-plane".to_owned()),
+            (self.console, "control-plane console".to_owned()),
             (self.auth, "auth-service".to_owned()),
             (self.users_1, "users-1".to_owned()),
             (self.orders_1, "orders-1".to_owned()),
@@ -185,6 +190,7 @@ mod tests {
         assert_eq!(p.gateway_admins, vec![9901, 9902, 9903]);
         assert_eq!(p.gateways_tls, vec![8443, 8444, 8445]);
         assert_eq!(p.control_plane, 50051);
+        assert_eq!(p.console, 8800);
         assert_eq!((p.users_1, p.orders_1, p.orders_2), (7001, 7002, 7003));
     }
 
@@ -192,9 +198,9 @@ mod tests {
     fn ephemeral_ports_are_distinct() {
         let p = Ports::ephemeral(3).unwrap();
         let all = p.all();
-        assert_eq!(all.len(), 15);
+        assert_eq!(all.len(), 16);
         let distinct: HashSet<u16> = all.iter().map(|(p, _)| *p).collect();
-        assert_eq!(distinct.len(), 15);
+        assert_eq!(distinct.len(), 16);
         assert!(p.ensure_free().is_ok());
     }
 

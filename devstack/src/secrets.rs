@@ -13,14 +13,18 @@ use crate::error::StackError;
 
 /// Name of the admin token in the tokens file (the author of devstack's changes).
 pub const ADMIN_NAME: &str = "devstack-admin";
+/// Name of the viewer token in the tokens file (read-only: the console's viewer sign-in).
+pub const VIEWER_NAME: &str = "devstack-viewer";
 /// Name of the data planes' token in the tokens file.
 pub const DATA_PLANE_NAME: &str = "devstack-data-plane";
 
-/// The stack's two tokens.
+/// The stack's three tokens.
 #[derive(Clone)]
 pub struct Tokens {
     /// Role `admin`: every AdminService RPC.
     pub admin: String,
+    /// Role `viewer`: the read-only AdminService RPCs.
+    pub viewer: String,
     /// Role `data-plane`: StreamConfig only.
     pub data_plane: String,
 }
@@ -43,10 +47,11 @@ pub(crate) fn random_token() -> Result<String, StackError> {
 }
 
 impl Tokens {
-    /// Two fresh random tokens.
+    /// Three fresh random tokens.
     pub fn generate() -> Result<Tokens, StackError> {
         Ok(Tokens {
             admin: random_token()?,
+            viewer: random_token()?,
             data_plane: random_token()?,
         })
     }
@@ -55,8 +60,8 @@ impl Tokens {
     pub fn write_file(&self, path: &Path) -> Result<(), StackError> {
         let text = format!(
             "# devstack: generated for this stack only\n\
-             {ADMIN_NAME} admin {}\n{DATA_PLANE_NAME} data-plane {}\n",
-            self.admin, self.data_plane
+             {ADMIN_NAME} admin {}\n{VIEWER_NAME} viewer {}\n{DATA_PLANE_NAME} data-plane {}\n",
+            self.admin, self.viewer, self.data_plane
         );
         write_private(path, &text)
     }
@@ -108,6 +113,8 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(&format!("devstack-admin admin {}", a.admin)));
         assert!(text.contains(&format!("devstack-data-plane data-plane {}", a.data_plane)));
+        assert!(text.contains(&format!("devstack-viewer viewer {}", a.viewer)));
+        assert_ne!(a.viewer, a.admin);
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

@@ -193,6 +193,16 @@ impl Stack {
         format!("{scheme}://{}", self.control_plane())
     }
 
+    /// The control plane's web console, `"http://127.0.0.1:P"` (`https://localhost:P`
+    /// with `.tls(true)`: the name the control plane's certificate is for).
+    pub fn console_url(&self) -> String {
+        if self.options.tls {
+            format!("https://localhost:{}", self.ports.console)
+        } else {
+            format!("http://127.0.0.1:{}", self.ports.console)
+        }
+    }
+
     /// Auth service URL, `"http://127.0.0.1:P"` (nothing listens there with `.auth(false)`).
     pub fn auth_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.ports.auth)
@@ -304,6 +314,12 @@ impl Stack {
         &self.tokens.admin
     }
 
+    /// The control plane's viewer token (role `viewer`: read-only), for the
+    /// console's sign-in or grpcurl.
+    pub fn viewer_token(&self) -> &str {
+        &self.tokens.viewer
+    }
+
     /// The throwaway PKI of a `.tls(true)` stack.
     pub fn pki(&self) -> Option<&Pki> {
         self.pki.as_ref()
@@ -324,6 +340,7 @@ impl Stack {
         }
         StackInfo {
             control_plane: self.control_plane(),
+            console: self.console_url(),
             gateways: self.gateways(),
             gateway_admins: self.gateway_admins(),
             gateways_tls: self.gateways_tls(),
@@ -335,6 +352,7 @@ impl Stack {
             log_dir: self.log_dir().display().to_string(),
             config_version: self.seeded_version,
             admin_token: self.tokens.admin.clone(),
+            viewer_token: self.tokens.viewer.clone(),
             ca: self.pki.as_ref().map(|p| p.ca.display().to_string()),
         }
     }

@@ -11,6 +11,8 @@ use serde::Serialize;
 pub struct StackInfo {
     /// Control-plane gRPC address, `"127.0.0.1:P"`.
     pub control_plane: String,
+    /// The control plane's web console URL (extension).
+    pub console: String,
     /// Proxy URL of each data plane.
     pub gateways: Vec<String>,
     /// Ops URL of each data plane.
@@ -31,6 +33,8 @@ pub struct StackInfo {
     pub config_version: u64,
     /// The control plane's admin token, for `grpcurl -H "authorization: Bearer …"`.
     pub admin_token: String,
+    /// The control plane's viewer token (read-only), for the console (extension).
+    pub viewer_token: String,
     /// With `--tls`: the CA certificate file (`grpcurl -cacert`); `client.pem`
     /// and `client-key.pem` next to it are a client certificate (`-cert`, `-key`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,6 +87,7 @@ impl StackInfo {
   gateways (TLS)  {gateways_tls}  (CA {edge_ca})
   gateway ops     {admins}
   control plane   {cp}  (gRPC with reflection)
+  console         {console}  (sign in with $ADMIN_TOKEN, or the viewer token {viewer_token})
   auth service    {auth}
   redis           {redis}
   processes       {pid_list}
@@ -126,6 +131,8 @@ Press Ctrl-C to stop everything."#,
             redis = self.redis,
             logs = self.log_dir,
             admin_token = self.admin_token,
+            console = self.console,
+            viewer_token = self.viewer_token,
         )
     }
 }
@@ -137,6 +144,7 @@ mod tests {
     fn info() -> StackInfo {
         StackInfo {
             control_plane: "127.0.0.1:50051".into(),
+            console: "http://127.0.0.1:8800".into(),
             gateways: vec![
                 "http://127.0.0.1:8080".into(),
                 "http://127.0.0.1:8081".into(),
@@ -156,6 +164,7 @@ mod tests {
             log_dir: "/tmp/devstack-x/logs".into(),
             config_version: 1,
             admin_token: "0123abcd".into(),
+            viewer_token: "4567cdef".into(),
             ca: None,
         }
     }
@@ -174,6 +183,8 @@ mod tests {
         assert_eq!(doc["redis"], "redis://127.0.0.1:6390");
         assert_eq!(doc["pids"]["control-plane"], 10);
         assert_eq!(doc["admin_token"], "0123abcd");
+        assert_eq!(doc["console"], "http://127.0.0.1:8800");
+        assert_eq!(doc["viewer_token"], "4567cdef");
         assert!(doc.get("ca").is_none(), "{line}");
         let tls = StackInfo {
             ca: Some("/tmp/devstack-x/tls/ca.pem".into()),
@@ -201,6 +212,7 @@ mod tests {
             "curl -s --cacert /tmp/devstack-x/edge-tls/edge-ca.pem https://localhost:8443/api/users/1"
         ));
         assert!(text.contains("ADMIN_TOKEN=0123abcd\n"));
+        assert!(text.contains("console         http://127.0.0.1:8800"));
         assert!(text.contains(
             "grpcurl -plaintext -H \"authorization: Bearer $ADMIN_TOKEN\" 127.0.0.1:50051 \
              gateway.v1.AdminService/ListDataPlanes"

@@ -11,7 +11,8 @@ pub mod args;
 pub mod cli;
 pub mod commands;
 pub mod connect;
-pub mod diff;
+/// `diff`'s per-field view, shared with the control plane's web console.
+pub use gateway_proto::field_diff as diff;
 pub mod emit;
 pub mod error;
 pub mod file;

@@ -4,6 +4,7 @@
 
 pub mod cidr;
 pub mod defaults;
+pub mod field_diff;
 pub mod hash;
 pub mod spec;
 pub mod validate;

@@ -19,7 +19,7 @@ use crate::cidr::Cidr;
 use crate::defaults;
 use crate::v1::{
     AuthMode, HashOn, LbPolicy, RateLimit, RateLimitAlgorithm, RateLimitKey, RetryOn, Route,
-    Upstream,
+    Upstream, UpstreamProtocol,
 };
 use crate::validate::{parse_ca_pem, parse_instance_url, route_limits};
 
@@ -83,6 +83,8 @@ pub enum Auth {
     Jwt,
     /// An API key (`AUTH_API_KEY`).
     ApiKey,
+    /// A verified client certificate on the HTTPS listener (`AUTH_MTLS`).
+    Mtls,
 }
 
 /// A validated rate limit.
@@ -132,6 +134,8 @@ pub struct UpstreamSpec<'a> {
     pub health_check: Option<HealthCheckSpec<'a>>,
     /// TLS to the instances (https:// instances, or discovery with `tls`); `None`: cleartext.
     pub tls: Option<TlsSpec<'a>>,
+    /// `protocol`: spoken over HTTP/2 instead of HTTP/1.1.
+    pub http2: bool,
 }
 
 /// How an upstream's instances are spoken to over TLS (`tls`, defaulted).
@@ -285,6 +289,7 @@ fn route(r: &Route) -> Result<RouteSpec<'_>, SpecError> {
         Ok(AuthMode::AuthNone) => Auth::None,
         Ok(AuthMode::AuthJwt) => Auth::Jwt,
         Ok(AuthMode::AuthApiKey) => Auth::ApiKey,
+        Ok(AuthMode::AuthMtls) => Auth::Mtls,
         Err(_) => return Err(format!("{}: auth: unknown value {}", who(), r.auth)),
     };
     Ok(RouteSpec {
@@ -451,6 +456,12 @@ fn upstream<'a>(u: &'a Upstream) -> Result<UpstreamSpec<'a>, SpecError> {
             })
         })
         .transpose()?;
+    let http2 = match UpstreamProtocol::try_from(u.protocol) {
+        Ok(p) => p == UpstreamProtocol::Http2,
+        Err(_) => {
+            return Err(format!("{}: protocol: unknown value {}", who(), u.protocol));
+        }
+    };
     Ok(UpstreamSpec {
         proto: u,
         instances,
@@ -459,6 +470,7 @@ fn upstream<'a>(u: &'a Upstream) -> Result<UpstreamSpec<'a>, SpecError> {
         discovery,
         health_check,
         tls,
+        http2,
     })
 }
 

@@ -7,7 +7,7 @@
 
 use crate::v1::{
     Aggregate, AuthMode, CircuitBreaker, DnsDiscovery, HashOn, HealthCheck, Instance, LbPolicy,
-    RateLimit, Route, Upstream,
+    RateLimit, Route, Upstream, UpstreamProtocol,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -74,10 +74,15 @@ pub fn validate_config<'a>(
 ) -> Result<crate::spec::ConfigSpec<'a>, ValidationError> {
     let mut v = Validator::default();
     let mut upstream_names = HashSet::new();
+    // Upstreams spoken to over HTTP/2, which cannot carry a WebSocket upgrade.
+    let mut http2 = HashSet::new();
     for u in upstreams {
         v.upstream(u);
         if !upstream_names.insert(u.name.as_str()) {
             v.push(format!("upstream \"{}\": duplicate name", u.name));
+        }
+        if u.protocol == UpstreamProtocol::Http2 as i32 {
+            http2.insert(u.name.as_str());
         }
     }
     let mut route_names = HashSet::new();
@@ -93,6 +98,12 @@ pub fn validate_config<'a>(
         if !r.upstream.is_empty() && !upstream_names.contains(r.upstream.as_str()) {
             v.push(format!(
                 "route \"{}\": upstream \"{}\" does not exist",
+                r.name, r.upstream
+            ));
+        }
+        if r.websocket && http2.contains(r.upstream.as_str()) {
+            v.push(format!(
+                "route \"{}\": websocket needs an HTTP1 upstream; upstream \"{}\" has protocol HTTP2",
                 r.name, r.upstream
             ));
         }
@@ -487,6 +498,12 @@ impl Validator {
             }
         }
         self.upstream_tls(&who, u);
+        if UpstreamProtocol::try_from(u.protocol).is_err() {
+            self.push(format!(
+                "{who}: protocol: unknown value {} (HTTP1 or HTTP2)",
+                u.protocol
+            ));
+        }
         if let Some(hc) = &u.health_check {
             self.health_check(&who, hc);
         }

@@ -114,7 +114,7 @@ async fn client(url: String, node: String, acks: Acks, connected: mpsc::Sender<(
             node: None,
             version_info: push.version.to_string(),
             response_nonce: push.nonce,
-            error_detail: String::new(),
+            ..Default::default()
         })
         .await?;
         acks.lock()

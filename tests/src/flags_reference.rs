@@ -199,6 +199,16 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
                 meaning: "Required. Redis `requirepass`, at least 32 letters and digits; the auth service and data planes get it inside their Redis URL.",
             },
             EnvVar {
+                name: "GATEWAY_SECRETS_KEY",
+                read_by: "compose, entrypoint",
+                meaning: "Optional, needed for HTTPS: 64 hex digits; written to `GATEWAY_SECRETS_KEY_FILE` (default /var/lib/gateway/secrets-key) and passed as the control plane's `--secrets-key-file`, which encrypts certificates' private keys.",
+            },
+            EnvVar {
+                name: "GATEWAY_SECRETS_KEY_FILE",
+                read_by: "entrypoint",
+                meaning: "Where the entrypoint writes `GATEWAY_SECRETS_KEY` (mode 0600); default /var/lib/gateway/secrets-key.",
+            },
+            EnvVar {
                 name: "GATEWAY_SEED_USERS",
                 read_by: "compose, entrypoint",
                 meaning: "`name:password:role ...`: users the auth service's entrypoint creates when its database is new; default none.",
@@ -227,6 +237,11 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
                 name: "GATEWAY_EDGE_PORT",
                 read_by: "compose",
                 meaning: "Host port (on 127.0.0.1) of the edge load balancer; default 8080.",
+            },
+            EnvVar {
+                name: "GATEWAY_EDGE_TLS_PORT",
+                read_by: "compose",
+                meaning: "Host port (on 127.0.0.1) of the edge's TLS pass-through to the data planes' HTTPS listeners; default 8443.",
             },
             EnvVar {
                 name: "GATEWAY_CONTROL_PLANE_PORT",

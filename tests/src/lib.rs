@@ -11,6 +11,8 @@
 //! * [`open_route`]: an `AUTH_NONE` route for tests that are not about auth;
 //! * [`rss_kib`]: a process's resident memory, from `/proc`;
 //! * [`cpu_seconds`]: a process's CPU time (user + system), from `/proc`;
+//! * [`cdp`]: a headless Chromium driven over the DevTools protocol;
+//! * [`console`]: a browser-like client of the control plane's web console (cookies, CSRF fields);
 //! * [`flags_reference`]: the generator of `docs/flags.md` (from the binaries' clap definitions);
 //! * [`layers`]: the data plane's import layering, checked from its source;
 //! * [`h2_frames`]: raw HTTP/2 frames (an h2c client that writes what it is told);
@@ -25,6 +27,8 @@ use anyhow::{Context, bail};
 use gateway_proto::v1::{AuthMode, Route};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod cdp;
+pub mod console;
 pub mod flags_reference;
 pub mod h2_frames;
 pub mod layers;

@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use devstack::Stack;
-use gateway_tests::{client, login, open_route, upsert_route_synced};
+use gateway_tests::{client, login, metric_sum, open_route, poll, upsert_route_synced};
 use tokio::io::AsyncWriteExt;
 
 /// Runs `promtool check metrics` on `text`; returns promtool's complaints on failure.
@@ -98,13 +98,64 @@ async fn metrics_after_traffic_pass_promtool_and_cover_every_concern() {
         }
         let unauth = http.get(format!("{gw}/api/users/1")).send().await.unwrap();
         assert_eq!(unauth.status(), 401);
-        let ok = http
-            .get(format!("{gw}/api/users/1"))
-            .bearer_auth(&token)
-            .send()
+        // Twice: the token is verified once, then found in the cache.
+        for _ in 0..2 {
+            let ok = http
+                .get(format!("{gw}/api/users/1"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(ok.status(), 200);
+        }
+    }
+    // The JWT cache and the rate limiter's Redis round trips, per data plane.
+    for admin_url in stack.gateway_admins() {
+        let hits = metric_sum(&admin_url, "gateway_jwt_cache_hits_total")
             .await
             .unwrap();
-        assert_eq!(ok.status(), 200);
+        let misses = metric_sum(&admin_url, "gateway_jwt_cache_misses_total")
+            .await
+            .unwrap();
+        assert!(
+            hits >= 1.0 && misses >= 1.0,
+            "{admin_url}: hits {hits}, misses {misses}"
+        );
+        // The limiter's breaker starts open until Redis first answers its probe:
+        // a decision may go local at first, so poll until one has gone to Redis.
+        let gw = stack.gateways()[stack
+            .gateway_admins()
+            .iter()
+            .position(|a| a == &admin_url)
+            .unwrap()]
+        .clone();
+        let (http, token) = (http.clone(), token.clone());
+        poll(
+            Duration::from_secs(20),
+            "a rate-limit decision timed in Redis",
+            || {
+                let (http, token, gw, admin_url) =
+                    (http.clone(), token.clone(), gw.clone(), admin_url.clone());
+                async move {
+                    let _ = http
+                        .get(format!("{gw}/api/orders/1"))
+                        .bearer_auth(&token)
+                        .send()
+                        .await;
+                    let n =
+                        metric_sum(&admin_url, "gateway_ratelimit_redis_duration_seconds_count")
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    if n >= 1.0 {
+                        Ok(())
+                    } else {
+                        Err(format!("count {n}"))
+                    }
+                }
+            },
+        )
+        .await
+        .unwrap();
     }
 
     for admin_url in stack.gateway_admins() {
@@ -129,6 +180,9 @@ async fn metrics_after_traffic_pass_promtool_and_cover_every_concern() {
             "gateway_upstream_healthy",
             "gateway_ratelimit_decisions_total",
             "gateway_ratelimit_fallbacks_total",
+            "gateway_ratelimit_redis_duration_seconds_bucket",
+            "gateway_jwt_cache_hits_total",
+            "gateway_jwt_cache_misses_total",
             "gateway_config_version",
             "gateway_config_last_applied_timestamp_seconds",
             "gateway_control_plane_connected",

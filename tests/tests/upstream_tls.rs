@@ -9,7 +9,8 @@
 //!   `gateway_upstream_errors_total{kind="tls"}`, and its health check fails;
 //! * an instance that requires a client certificate gets the
 //!   `tls.client_certificate` named, a `Certificate` of the configuration,
-//!   and refuses the gateway without it;
+//!   and refuses the gateway without it; as an `HTTP2` upstream (ALPN h2)
+//!   the same instance takes a gRPC call through the gateway;
 //! * the rules: one scheme per upstream, `tls` only over TLS, a CA bundle that
 //!   parses, a client certificate that exists and cannot be deleted while named.
 //!
@@ -27,12 +28,14 @@ use devstack::Stack;
 use devstack::pki::Pki;
 use gateway_proto::v1::{
     Certificate, DeleteCertificateRequest, HealthCheck, Instance, UpsertCertificateRequest,
-    UpsertUpstreamRequest, Upstream, UpstreamTls,
+    UpsertUpstreamRequest, Upstream, UpstreamProtocol, UpstreamTls,
 };
 use gateway_tests::{
     client, metric_sample, one_data_plane, open_route, poll, upsert_route_synced,
     upsert_upstream_synced,
 };
+use mock_service::grpc::v1::EchoRequest;
+use mock_service::grpc::v1::echo_client::EchoClient;
 
 mod tls_mock;
 
@@ -174,6 +177,27 @@ async fn mtls_presents_the_named_certificate_to_an_upstream_that_requires_one() 
     ensure!(status == 200, "{status} {body}");
     let doc: serde_json::Value = serde_json::from_str(&body)?;
     ensure!(doc["instance"] == "orders-tls", "{doc}");
+
+    // The same instance as an HTTP2 upstream (ALPN h2), with the client
+    // certificate: a gRPC call through the gateway reaches it.
+    let h2 = Upstream {
+        protocol: UpstreamProtocol::Http2 as i32,
+        ..https_upstream("mtls", port, &pki, "mesh-client")
+    };
+    upsert_upstream_synced(&stack, h2).await?;
+    upsert_route_synced(&stack, open_route("mtls-grpc", "/mock.v1.Echo", "mtls", "")).await?;
+    let mut echo = EchoClient::connect(stack.gateways()[0].clone()).await?;
+    let reply = echo
+        .unary(EchoRequest {
+            message: "over h2 and mTLS".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        reply.instance == "orders-tls" && reply.message == "over h2 and mTLS",
+        "{reply:?}"
+    );
 
     // The certificate an upstream names cannot be deleted.
     let e = admin

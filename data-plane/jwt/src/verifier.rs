@@ -132,6 +132,10 @@ pub struct JwtStats {
     pub keys: usize,
     /// Tokens currently cached.
     pub cached_tokens: usize,
+    /// Tokens found in the cache (verified before and not expired).
+    pub cache_hits: u64,
+    /// Tokens not in the cache, so checked (and, if valid, cached).
+    pub cache_misses: u64,
 }
 
 #[derive(Deserialize)]
@@ -174,6 +178,8 @@ struct Inner {
     max_age_ms: AtomicU64,
     fetches: AtomicU64,
     fetch_failures: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
 }
 
 /// Verifies EdDSA access tokens with the auth service's public keys. Cheap to clone (shared).
@@ -236,6 +242,8 @@ impl JwtVerifier {
             max_age_ms: AtomicU64::new(0),
             fetches: AtomicU64::new(0),
             fetch_failures: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
             config,
         });
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -253,7 +261,12 @@ impl JwtVerifier {
         if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
             return None;
         }
-        inner.cache.get(token, inner.clock.now().as_secs())
+        let found = inner.cache.get(token, inner.clock.now().as_secs());
+        // A miss is counted by the `verify` that follows it, not here.
+        if found.is_some() {
+            inner.cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        found
     }
 
     /// Verifies `token` (the bare token, without `Bearer `) and returns who it speaks for.
@@ -267,8 +280,10 @@ impl JwtVerifier {
         }
         let now = inner.clock.now().as_secs();
         if let Some(identity) = inner.cache.get(token, now) {
+            inner.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(identity);
         }
+        inner.cache_misses.fetch_add(1, Ordering::Relaxed);
 
         let kid = check_header(token)?;
         let leeway = inner.config.leeway.as_secs();
@@ -322,6 +337,8 @@ impl JwtVerifier {
             jwks_fetch_failures: self.inner.fetch_failures.load(Ordering::Relaxed),
             keys: self.inner.keys.read().len(),
             cached_tokens: self.inner.cache.len(),
+            cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
+            cache_misses: self.inner.cache_misses.load(Ordering::Relaxed),
         }
     }
 }

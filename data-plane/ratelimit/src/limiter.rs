@@ -603,6 +603,9 @@ where
     let Some(shared) = &inner.shared else {
         return Err(RunFailed);
     };
+    // Measured to the answer or the error; a run abandoned at a lone
+    // request's deadline is dropped unmeasured (counted as a timeout instead).
+    let sent = Instant::now();
     let answer = match &call {
         Call::One(policy, extra) => {
             shared
@@ -615,6 +618,7 @@ where
             Box::pin(shared.store.decide_stacked(policies, keys, lead.requests())).await
         }
     };
+    inner.stats.redis_duration(sent.elapsed());
     match answer {
         Ok(batch) => {
             shared.breaker.record_success();

@@ -5,8 +5,16 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use crate::headers::Source;
+
+/// Upper bounds (seconds) of the Redis round-trip histogram's buckets: a
+/// healthy Redis answers in well under a millisecond on a LAN; the decision
+/// deadline is milliseconds.
+pub const REDIS_DURATION_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 
 /// Live counters, updated on the request path.
 #[derive(Debug, Default)]
@@ -25,6 +33,10 @@ pub struct Stats {
     breaker_opened: AtomicU64,
     breaker_open: AtomicBool,
     probes_failed: AtomicU64,
+    /// Per bucket, not cumulative (made cumulative when written).
+    redis_duration_buckets: [AtomicU64; REDIS_DURATION_BUCKETS.len()],
+    redis_duration_count: AtomicU64,
+    redis_duration_sum_micros: AtomicU64,
 }
 
 impl Stats {
@@ -72,6 +84,16 @@ impl Stats {
     pub(crate) fn probe_failed(&self) {
         self.probes_failed.fetch_add(1, Relaxed);
     }
+    /// One script run (or failed command) took `took`, from sending it to its answer.
+    pub(crate) fn redis_duration(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        if let Some(i) = REDIS_DURATION_BUCKETS.iter().position(|b| secs <= *b) {
+            self.redis_duration_buckets[i].fetch_add(1, Relaxed);
+        }
+        self.redis_duration_count.fetch_add(1, Relaxed);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.redis_duration_sum_micros.fetch_add(micros, Relaxed);
+    }
 
     /// A copy of every counter.
     pub fn snapshot(&self) -> StatsSnapshot {
@@ -90,6 +112,11 @@ impl Stats {
             breaker_opened: self.breaker_opened.load(Relaxed),
             breaker_open: self.breaker_open.load(Relaxed),
             probes_failed: self.probes_failed.load(Relaxed),
+            redis_duration_buckets: std::array::from_fn(|i| {
+                self.redis_duration_buckets[i].load(Relaxed)
+            }),
+            redis_duration_count: self.redis_duration_count.load(Relaxed),
+            redis_duration_sum_micros: self.redis_duration_sum_micros.load(Relaxed),
         }
     }
 }
@@ -127,6 +154,12 @@ pub struct StatsSnapshot {
     pub breaker_open: bool,
     /// Probes that found Redis still unreachable.
     pub probes_failed: u64,
+    /// Redis round trips per [`REDIS_DURATION_BUCKETS`] bucket (not cumulative).
+    pub redis_duration_buckets: [u64; REDIS_DURATION_BUCKETS.len()],
+    /// Redis round trips measured.
+    pub redis_duration_count: u64,
+    /// Their total time, in microseconds.
+    pub redis_duration_sum_micros: u64,
 }
 
 impl StatsSnapshot {
@@ -150,6 +183,7 @@ impl StatsSnapshot {
     /// | `gateway_ratelimit_breaker_opened_total` | counter | |
     /// | `gateway_ratelimit_breaker_open` | gauge (0/1) | |
     /// | `gateway_ratelimit_probe_failures_total` | counter | |
+    /// | `gateway_ratelimit_redis_duration_seconds` | histogram | `le` |
     pub fn write_prometheus(&self, out: &mut String) {
         let _ = writeln!(
             out,
@@ -234,6 +268,28 @@ impl StatsSnapshot {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
+        let name = "gateway_ratelimit_redis_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Rate-limit Redis round trips (one script run, from sending it to its answer or error).\n\
+             # TYPE {name} histogram"
+        );
+        let mut cumulative = 0;
+        for (bound, n) in REDIS_DURATION_BUCKETS
+            .iter()
+            .zip(self.redis_duration_buckets)
+        {
+            cumulative += n;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.redis_duration_count;
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.redis_duration_sum_micros as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {count}");
     }
 }
 
@@ -270,5 +326,32 @@ mod tests {
         assert!(text.contains("\ngateway_ratelimit_breaker_open 1\n"));
         stats.breaker_closed();
         assert!(!stats.snapshot().breaker_open);
+    }
+
+    #[test]
+    fn redis_round_trips_make_a_cumulative_histogram() {
+        let stats = Stats::default();
+        stats.redis_duration(Duration::from_micros(300));
+        stats.redis_duration(Duration::from_micros(800));
+        stats.redis_duration(Duration::from_millis(30));
+        stats.redis_duration(Duration::from_secs(3));
+        let mut text = String::new();
+        stats.snapshot().write_prometheus(&mut text);
+        for line in [
+            "# TYPE gateway_ratelimit_redis_duration_seconds histogram",
+            "gateway_ratelimit_redis_duration_seconds_bucket{le=\"0.00025\"} 0",
+            "gateway_ratelimit_redis_duration_seconds_bucket{le=\"0.0005\"} 1",
+            "gateway_ratelimit_redis_duration_seconds_bucket{le=\"0.001\"} 2",
+            "gateway_ratelimit_redis_duration_seconds_bucket{le=\"0.05\"} 3",
+            "gateway_ratelimit_redis_duration_seconds_bucket{le=\"1\"} 3",
+            "gateway_ratelimit_redis_duration_seconds_bucket{le=\"+Inf\"} 4",
+            "gateway_ratelimit_redis_duration_seconds_count 4",
+            "gateway_ratelimit_redis_duration_seconds_sum 3.0311",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
     }
 }

@@ -45,6 +45,13 @@ pub struct Args {
     #[arg(long, env = "DP_TLS_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     pub tls_handshake_timeout_ms: u64,
 
+    /// PEM CA certificate(s) for client certificates on the HTTPS listener:
+    /// every client is asked for one (optional); one that does not chain to
+    /// these fails the handshake, and a verified one authenticates the caller
+    /// on AUTH_MTLS routes. Without it, AUTH_MTLS routes refuse every request.
+    #[arg(long, env = "DP_TLS_CLIENT_CA", requires = "tls_listen")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Ops listener: /healthz, /readyz, /metrics, /health/*, /config.
     #[arg(long, env = "DP_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
@@ -200,6 +207,12 @@ pub struct Args {
     /// Idle keep-alive connections kept per upstream instance.
     #[arg(long, env = "DP_UPSTREAM_MAX_IDLE", default_value_t = 128)]
     pub upstream_max_idle: usize,
+
+    /// Streams in flight on one HTTP/2 connection to an instance of an
+    /// `HTTP2` upstream before another connection is opened (per worker).
+    #[arg(long, env = "DP_UPSTREAM_H2_MAX_STREAMS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub upstream_h2_max_streams: u32,
 
     /// Proxy worker threads, each with its own runtime and listening socket
     /// (SO_REUSEPORT). 0: one per core the process may use.
@@ -440,6 +453,7 @@ impl Args {
             max_idle: self.upstream_max_idle,
             // One idle list per worker, and one for the main runtime.
             slots: gateway_transport::workers::count(self.workers) + 1,
+            h2_max_streams: self.upstream_h2_max_streams as usize,
             ..PoolSettings::default()
         }
     }

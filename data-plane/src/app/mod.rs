@@ -1,7 +1,8 @@
 //! The application: the stack assembled top to bottom. [`DataPlane`] starts
 //! the listeners, the workers and the config stream; [`pipeline`] runs every
 //! request through the stages in order; [`runtime`] makes a compiled snapshot
-//! current; [`xds`] is the config stream client and [`cache`] its on-disk copy
+//! current; [`xds`] is the config stream client (with [`status_report`], the
+//! upstream health it reports) and [`cache`] its on-disk copy
 //! of the last accepted snapshot; [`ops`] serves the ops listener and
 //! [`exposition`] its `/metrics` page; [`args`] and [`cli`] are the flags and
 //! the binary's entry point.
@@ -13,6 +14,7 @@ pub mod exposition;
 pub mod ops;
 pub mod pipeline;
 pub mod runtime;
+pub mod status_report;
 pub mod xds;
 
 use std::future::Future;
@@ -64,6 +66,9 @@ pub enum StartError {
     /// The HTTPS listener's TLS settings could not be built.
     #[error("HTTPS listener: {0}")]
     Tls(#[from] rustls::Error),
+    /// `--tls-client-ca` cannot be read or holds no usable CA certificate.
+    #[error("HTTPS listener: {0}")]
+    ClientCa(#[from] gateway_transport::tls::ClientCaError),
     /// A proxy worker thread or its runtime could not be created.
     #[error("cannot start the proxy workers: {0}")]
     Workers(#[source] std::io::Error),
@@ -193,9 +198,14 @@ impl DataPlane {
         // Every handshake asks the current snapshot for its certificate.
         let (tls, tls_addr) = match tls_sockets {
             Some((sockets, addr)) => {
+                let client_ca = match &args.tls_client_ca {
+                    Some(path) => Some(gateway_transport::tls::client_ca_roots(path)?),
+                    None => None,
+                };
                 let acceptor = Arc::new(TlsAcceptor::new(
                     Arc::new(SniResolver(runtime.config.clone())),
                     std::time::Duration::from_millis(args.tls_handshake_timeout_ms),
+                    client_ca,
                 )?);
                 (Some(TlsListeners { sockets, acceptor }), Some(addr))
             }

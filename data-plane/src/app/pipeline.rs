@@ -39,13 +39,13 @@ use crate::metrics::{Metrics, PolicyRefusal};
 use crate::policy::api_key::X_API_KEY;
 use crate::policy::cors::{Cors, preflight_method};
 use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitBy, LimitKey, RateLimiter};
-use crate::policy::https;
 use crate::policy::normalize::normalize_path;
 use crate::policy::router::host_of;
 use crate::policy::sanitize::{
     Cidr, Strip, X_API_KEY_NAME, X_REQUEST_ID, X_USER_ID, X_USER_ROLE, client_ip,
     ensure_request_id, remove_hop_by_hop, set_forwarded,
 };
+use crate::policy::{grpc, https, mtls};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::{self, Affinity};
@@ -131,6 +131,8 @@ struct Seen<'c> {
     cors_origin: Option<HeaderValue>,
     /// The gateway answered a CORS preflight itself: no upstream response to transform or decorate.
     preflight: bool,
+    /// The request is a gRPC call: the gateway's own errors are answered as gRPC statuses.
+    grpc: bool,
 }
 
 impl Pipeline {
@@ -158,7 +160,10 @@ impl Pipeline {
             self.tracer
                 .server_span(incoming.parent.as_ref(), req.method(), req.uri().path());
         let cfg = self.config.load();
-        let mut seen = Seen::default();
+        let mut seen = Seen {
+            grpc: grpc::is_call(req.headers()),
+            ..Seen::default()
+        };
         // Pinned where it is made (here and for `proxy::forward` below): awaiting the
         // call directly copied the whole ~4 KB future into this one's state first.
         let ran = {
@@ -187,7 +192,11 @@ impl Pipeline {
             }
             Err(e) => {
                 span.set_status_error(e.kind());
-                e.into_response()
+                if seen.grpc {
+                    crate::error::grpc::response(&e)
+                } else {
+                    e.into_response()
+                }
             }
         };
         if let Some(id) = seen.request_id {
@@ -309,6 +318,7 @@ impl Pipeline {
         };
 
         // Coalesce: on a `coalesce` route identical concurrent GET/HEADs share one upstream call; after rate limiting, so every caller pays.
+        let grpc_call = seen.grpc;
         let trace = Trace {
             span,
             tracestate,
@@ -360,11 +370,16 @@ impl Pipeline {
                 self.limits.body_read_timeout,
             ),
         )?;
+        // gRPC: the caller's `grpc-timeout` shortens the route timeout (the upstream gets the header too).
+        let timeout = match grpc_call.then(|| grpc::timeout(req.headers())).flatten() {
+            Some(t) => t.min(route.timeout),
+            None => route.timeout,
+        };
         let forward = std::pin::pin!(proxy::forward(
             upstream,
             pick,
             req,
-            route.timeout,
+            timeout,
             route.retry.as_ref(),
             trace,
             self.worker,
@@ -455,6 +470,11 @@ impl Pipeline {
         match route.auth {
             Auth::Jwt => {}
             Auth::ApiKey => return authenticate_api_key(cfg, route, parts).map(Some),
+            Auth::Mtls => {
+                let identity = mtls::identity(parts)?;
+                set_identity(&mut parts.headers, &identity);
+                return Ok(Some(identity));
+            }
             Auth::None => return Ok(None),
         }
         let verifier = self
@@ -464,12 +484,7 @@ impl Pipeline {
         let identity = verifier.authenticate(parts).await?;
         // The token has done its job; upstreams get the verified identity instead.
         parts.headers.remove(header::AUTHORIZATION);
-        parts
-            .headers
-            .insert(X_USER_ID.clone(), identity.subject.clone());
-        parts
-            .headers
-            .insert(X_USER_ROLE.clone(), identity.role.clone());
+        set_identity(&mut parts.headers, &identity);
         Ok(Some(identity))
     }
 
@@ -540,6 +555,12 @@ impl Pipeline {
 
 /// The API-key variant of the authenticate stage: the snapshot's key table
 /// (no I/O), the key itself dropped, the key's identity forwarded.
+/// The verified identity as the upstream sees it: `X-User-Id` and `X-User-Role`.
+fn set_identity(headers: &mut http::HeaderMap, identity: &Identity) {
+    headers.insert(X_USER_ID.clone(), identity.subject.clone());
+    headers.insert(X_USER_ROLE.clone(), identity.role.clone());
+}
+
 fn authenticate_api_key(
     cfg: &Compiled,
     route: &RouteEntry,
@@ -550,12 +571,7 @@ fn authenticate_api_key(
         ProxyError::ApiKey(e)
     })?;
     parts.headers.remove(&X_API_KEY);
-    parts
-        .headers
-        .insert(X_USER_ID.clone(), identity.subject.clone());
-    parts
-        .headers
-        .insert(X_USER_ROLE.clone(), identity.role.clone());
+    set_identity(&mut parts.headers, identity);
     if let Some(name) = &identity.api_key {
         parts.headers.insert(X_API_KEY_NAME.clone(), name.clone());
     }

@@ -6,6 +6,10 @@
 //! (`version_info` = the new version) or a NACK (`version_info` = the version
 //! still served, `error_detail` = why). Both quote the response nonce.
 //!
+//! Every few seconds it also sends a status report of its upstream instances
+//! on a message of its own (`upstream_health`, empty nonce: neither an ACK nor
+//! a NACK; [`crate::app::status_report`]).
+//!
 //! When the stream fails or ends, the client reconnects with jittered
 //! exponential backoff, 0.5 s doubling to 30 s, reset when a stream delivers its
 //! first message. Meanwhile the data plane keeps serving what it has. With
@@ -29,6 +33,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::app::args::Secret;
 use crate::app::runtime::Runtime;
+use crate::app::status_report::{REPORT_INTERVAL, Reporter};
 
 /// First reconnect delay.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
@@ -283,7 +288,31 @@ async fn session(
         .fetch_add(1, Ordering::Relaxed);
     tracing::info!(%url, node = %settings.node.id, "config stream open");
     let mut first = true;
-    while let Some(resp) = inbound.message().await? {
+    // Status reports (status_report.rs) on their own messages: the first one
+    // at once, then every REPORT_INTERVAL while the stream stays open.
+    let mut reporter = Reporter::default();
+    let mut reports = tokio::time::interval(REPORT_INTERVAL);
+    reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_report = tokio::time::Instant::now();
+    loop {
+        let resp = tokio::select! {
+            message = inbound.message() => match message? {
+                Some(resp) => resp,
+                None => break,
+            },
+            _ = reports.tick() => {
+                let now = tokio::time::Instant::now();
+                let report = reporter.report(&runtime.config.load(), now - last_report);
+                last_report = now;
+                let status = ConfigRequest {
+                    version_info: served_version(runtime),
+                    upstream_health: Some(report),
+                    ..Default::default()
+                };
+                tx.send(status).await.map_err(|_| XdsError::Closed)?;
+                continue;
+            }
+        };
         if first {
             backoff.reset();
             first = false;

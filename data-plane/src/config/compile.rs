@@ -24,7 +24,7 @@ use gateway_proto::validate::{
     validate_api_keys, validate_certificates, validate_client_certificates,
 };
 use gateway_proto::{ValidationError, validate_config};
-use gateway_transport::pool::InstanceTls;
+use gateway_transport::pool::{InstanceTls, Protocol};
 use gateway_transport::upstream_io::{UpstreamTls, UpstreamTlsError};
 
 use super::certificates::Certificates;
@@ -316,6 +316,7 @@ fn upstream_tls(
         tls.ca.as_deref(),
         tls.server_name,
         client.map(|c| &*c.certified_key),
+        protocol_of(spec),
     )
     .map_err(fail)?;
     let mut identity = std::hash::DefaultHasher::new();
@@ -326,6 +327,15 @@ fn upstream_tls(
     )
         .hash(&mut identity);
     Ok(Some((Arc::new(built), identity.finish())))
+}
+
+/// The HTTP version `spec`'s instances are spoken to with.
+fn protocol_of(spec: &UpstreamSpec<'_>) -> Protocol {
+    if spec.http2 {
+        Protocol::Http2
+    } else {
+        Protocol::Http1
+    }
 }
 
 /// An instance of an upstream, as compiling finds it.
@@ -390,6 +400,7 @@ fn compile_upstream(
             id,
             url,
             tls: tls.as_ref().map(|(_, identity)| *identity),
+            protocol: protocol_of(spec),
         };
         let state = match old.get(&key) {
             Some(s) => Arc::clone(s),

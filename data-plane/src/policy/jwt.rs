@@ -77,6 +77,18 @@ impl Authenticator for JwtAuth {
                 "Verified tokens in the cache.",
                 s.cached_tokens as u64,
             ),
+            (
+                "gateway_jwt_cache_hits_total",
+                "counter",
+                "Bearer tokens found in the verified-token cache.",
+                s.cache_hits,
+            ),
+            (
+                "gateway_jwt_cache_misses_total",
+                "counter",
+                "Bearer tokens not in the cache, so verified.",
+                s.cache_misses,
+            ),
         ] {
             let _ = writeln!(
                 out,

@@ -5,7 +5,8 @@
 //! * [`sanitize`]: hop-by-hop and spoofable headers, `Forwarded`, request ids,
 //!   the client address; [`normalize`]: the path;
 //! * [`router`]: routes by host, prefix and method; [`https`]: `https_only` routes;
-//! * [`ip_rules`], [`cors`], [`api_key`], [`jwt`] (behind the
+//! * [`grpc`]: gRPC calls (recognised by `content-type`) and their `grpc-timeout`;
+//! * [`ip_rules`], [`cors`], [`api_key`], [`mtls`] (client certificates), [`jwt`] (behind the
 //!   [`hooks::Authenticator`] hook), [`ratelimit`] (behind
 //!   [`hooks::RateLimiter`]);
 //! * [`transform`]: request and response header changes; [`signature`]:
@@ -13,10 +14,12 @@
 
 pub mod api_key;
 pub mod cors;
+pub mod grpc;
 pub mod hooks;
 pub mod https;
 pub mod ip_rules;
 pub mod jwt;
+pub mod mtls;
 pub mod normalize;
 pub mod ratelimit;
 pub mod router;

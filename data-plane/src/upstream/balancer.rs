@@ -299,6 +299,7 @@ mod tests {
             id: id.into(),
             url: "http://127.0.0.1:1".into(),
             tls: None,
+            protocol: gateway_transport::pool::Protocol::Http1,
         };
         Arc::new(InstanceState::new(
             key,

@@ -20,12 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_proto::spec::HealthCheckSpec;
+use http::header::HeaderValue;
 use http::{Request, header};
 use rand::Rng as _;
 use tokio::task::JoinHandle;
 
 use gateway_transport::body::RequestBody;
-use gateway_transport::pool::Pool;
+use gateway_transport::pool::{Pool, Protocol};
 use gateway_transport::upstream_error::{Failure, UpstreamError};
 
 use crate::upstream::{InstanceKey, InstanceState, UpstreamEntry};
@@ -86,6 +87,9 @@ pub enum CheckError {
     /// Connecting failed (TCP, or the TLS handshake of an https:// instance).
     #[error("connect failed: {0}")]
     Connect(Failure),
+    /// No HTTP/2 connection could be made (connect, TLS or the HTTP/2 handshake).
+    #[error("connect failed: {0}")]
+    Unreachable(#[source] UpstreamError),
     /// The HTTP exchange failed.
     #[error("HTTP error: {0}")]
     Http(#[source] UpstreamError),
@@ -102,25 +106,39 @@ pub enum CheckError {
 
 /// Sends one check: `GET path` to the instance of `pool` on a fresh
 /// connection made as requests' are (TCP, and TLS for an https:// instance),
-/// with the transport's HTTP/1.1 client (the one requests use).
+/// with the client requests use: the transport's HTTP/1.1 client, or
+/// hyper's HTTP/2 client for an `HTTP2` upstream.
 pub async fn check_once(pool: &Pool, path: &str, timeout: Duration) -> Result<(), CheckError> {
     let authority = pool.authority();
     let exchange = async {
-        let conn = pool.fresh_connection().await.map_err(CheckError::Connect)?;
         let req = Request::get(path)
             .header(header::HOST, authority)
             .header(header::USER_AGENT, "gateway-health-check")
-            .header(header::CONNECTION, "close")
             .body(RequestBody::empty())
             .map_err(CheckError::Request)?;
-        let resp = conn
-            .send(Box::new(req), authority)
-            .await
-            .map_err(|failed| CheckError::Http(failed.error))?;
-        if resp.status().is_success() {
+        let status = match pool.protocol() {
+            Protocol::Http1 => {
+                let conn = pool.fresh_connection().await.map_err(CheckError::Connect)?;
+                let mut req = Box::new(req);
+                req.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                conn.send(req, authority)
+                    .await
+                    .map_err(|failed| CheckError::Http(failed.error))?
+                    .status()
+            }
+            Protocol::Http2 => pool.send_on_fresh_h2(req).await.map_err(|e| {
+                if e.never_reached() {
+                    CheckError::Unreachable(e)
+                } else {
+                    CheckError::Http(e)
+                }
+            })?,
+        };
+        if status.is_success() {
             Ok(())
         } else {
-            Err(CheckError::Status(resp.status()))
+            Err(CheckError::Status(status))
         }
     };
     tokio::time::timeout(timeout, exchange)

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use gateway_transport::in_flight::{InFlight, InFlightCount};
-use gateway_transport::pool::{InstanceTls, Pool, PoolSettings};
+use gateway_transport::pool::{InstanceTls, Pool, PoolSettings, Protocol};
 
 use crate::metrics::InstanceMetrics;
 use crate::policy::signature::Signer;
@@ -118,6 +118,8 @@ pub struct InstanceKey {
     /// The identity of the upstream's TLS settings (`None`: cleartext): a
     /// change makes a new instance state, with new connections.
     pub tls: Option<u64>,
+    /// The HTTP version it is spoken to with (a change: new connections).
+    pub protocol: Protocol,
 }
 
 /// Everything about one upstream instance that outlives a configuration version.
@@ -149,11 +151,12 @@ impl InstanceState {
         pool: PoolSettings,
         tls: Option<InstanceTls>,
     ) -> Self {
+        let protocol = key.protocol;
         Self {
             id: key.id.clone(),
             hash_seed: balancer::instance_seed(&key.id),
             key,
-            pool: Pool::with_tls(authority, pool, tls),
+            pool: Pool::with_tls(authority, pool, tls, protocol),
             breaker: Breaker::new(),
             healthy: AtomicBool::new(true),
             in_flight: Arc::default(),

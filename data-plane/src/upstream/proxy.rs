@@ -42,13 +42,17 @@ use std::time::Duration;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use gateway_transport::body::{RequestBody, RequestBodyError, ResponseBody, UpstreamBody};
 use gateway_transport::deadline;
-use gateway_transport::response::Response;
+use gateway_transport::h1::H1Body;
+use gateway_transport::h2_client::H2Stream;
+use gateway_transport::pool::{Checkin, Protocol};
+use gateway_transport::response::{Fields, Response};
 use gateway_transport::upstream_error::{SendError, Side, UpstreamError};
 use gateway_transport::workers::Worker;
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Method, Request, Version};
 use http_body::Body as _;
+use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::error::ProxyError;
@@ -229,6 +233,14 @@ impl Replay {
     }
 }
 
+/// An instance's answer, its body not yet wrapped: read from an HTTP/1.1
+/// connection that goes back to the pool at its end, or from an HTTP/2
+/// stream released at its end.
+enum Answer {
+    H1(Response<H1Body>, Checkin),
+    H2(http::Response<Incoming>, H2Stream),
+}
+
 /// What a failed attempt leaves for the next one.
 enum Outcome {
     /// The attempt failed; the request came back when it can be sent again as it is.
@@ -289,8 +301,20 @@ pub async fn forward<'a>(
         let attempt_deadline = per_try.map_or(deadline, |t| deadline.min(now + t));
         // Pinned where it is made, so the timeout wraps a pointer instead of taking
         // (copying) the whole exchange future. `None`: the deadline passed.
-        let send = std::pin::pin!(instance.pool.send(req, now, worker));
-        let sent = deadline::within(attempt_deadline, send, worker).await;
+        let sent = match instance.pool.protocol() {
+            Protocol::Http1 => {
+                let send = std::pin::pin!(instance.pool.send(req, now, worker));
+                deadline::within(attempt_deadline, send, worker)
+                    .await
+                    .map(|r| r.map(|(resp, checkin)| Answer::H1(resp, checkin)))
+            }
+            Protocol::Http2 => {
+                let send = std::pin::pin!(instance.pool.send_h2(req, now, worker));
+                deadline::within(attempt_deadline, send, worker)
+                    .await
+                    .map(|r| r.map(|(resp, stream)| Answer::H2(resp, stream)))
+            }
+        };
         // Only a retrying route needs the list (no allocation otherwise).
         if retry.is_some() {
             tried.push(index);
@@ -312,12 +336,21 @@ pub async fn forward<'a>(
                     request: None,
                 })
             }
-            Some(Ok((resp, checkin))) => {
-                let status = resp.status();
-                let in_flight = attempt.answered(status);
-                let (status, mut fields, body) = resp.into_parts();
+            Some(Ok(answer)) => {
+                let (status, mut fields, body) = match answer {
+                    Answer::H1(resp, checkin) => {
+                        let in_flight = attempt.answered(resp.status());
+                        let (status, fields, body) = resp.into_parts();
+                        (status, fields, UpstreamBody::new(body, checkin, in_flight))
+                    }
+                    Answer::H2(resp, stream) => {
+                        let (head, body) = resp.into_parts();
+                        let in_flight = attempt.answered(head.status);
+                        let body = UpstreamBody::h2(body, stream, in_flight);
+                        (head.status, Fields::from(head.headers), body)
+                    }
+                };
                 remove_hop_by_hop_fields(&mut fields);
-                let body = UpstreamBody::new(body, checkin, in_flight);
                 let resp = Response::from_parts(status, fields, ResponseBody::Upstream(body));
                 if !is_retryable_status(status) || retry.is_none() {
                     return Ok(resp);

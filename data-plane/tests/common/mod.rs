@@ -106,6 +106,8 @@ pub struct FakeControlPlane {
     pushes: broadcast::Sender<ConfigResponse>,
     last: Arc<Mutex<Option<ConfigResponse>>>,
     requests: mpsc::UnboundedReceiver<ConfigRequest>,
+    /// Status reports received while waiting for another message.
+    reports: std::collections::VecDeque<ConfigRequest>,
     killed: tokio::sync::watch::Sender<bool>,
     server: JoinHandle<()>,
 }
@@ -136,6 +138,7 @@ impl FakeControlPlane {
             pushes,
             last,
             requests,
+            reports: std::collections::VecDeque::new(),
             killed,
             server,
         }
@@ -160,12 +163,36 @@ impl FakeControlPlane {
         let _ = self.pushes.send(resp);
     }
 
-    /// The next message a data plane sent.
-    pub async fn next_request(&mut self) -> ConfigRequest {
+    async fn receive(&mut self) -> ConfigRequest {
         tokio::time::timeout(DEADLINE, self.requests.recv())
             .await
             .expect("a request from the data plane in time")
             .expect("control plane request channel open")
+    }
+
+    /// The next message a data plane sent that is not a status report (the
+    /// first message, an ACK or a NACK); reports are kept for [`Self::next_report`].
+    pub async fn next_request(&mut self) -> ConfigRequest {
+        loop {
+            let m = self.receive().await;
+            if m.upstream_health.is_none() {
+                return m;
+            }
+            self.reports.push_back(m);
+        }
+    }
+
+    /// The next status report (`upstream_health` set) a data plane sent.
+    pub async fn next_report(&mut self) -> ConfigRequest {
+        if let Some(r) = self.reports.pop_front() {
+            return r;
+        }
+        loop {
+            let m = self.receive().await;
+            if m.upstream_health.is_some() {
+                return m;
+            }
+        }
     }
 
     /// Stops serving and ends every open stream, like a killed process (the

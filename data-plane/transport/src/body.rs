@@ -16,9 +16,10 @@ use tokio::time::{Instant, Sleep};
 
 use crate::h1::H1Body;
 use crate::h1_server::PipedBody;
+use crate::h2_client::H2Stream;
 use crate::in_flight::InFlight;
 use crate::pool::Checkin;
-use crate::upstream_error::UpstreamError;
+use crate::upstream_error::{Failure, UpstreamError};
 
 /// Why the client's request body could not be forwarded.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,22 @@ pub enum RequestBodyError {
     /// The client sent no byte of its body for this long (`--body-read-timeout-ms`).
     #[error("the request body stalled for {0:?}")]
     Stalled(Duration),
+}
+
+impl RequestBodyError {
+    /// The same error, taken from behind a reference (hyper keeps the one
+    /// an HTTP/2 upstream exchange failed with): a failed read of the
+    /// client's connection keeps its kind, not its cause.
+    pub(crate) fn copied(&self) -> Self {
+        match self {
+            Self::TooLarge { limit } => Self::TooLarge { limit: *limit },
+            Self::Stalled(d) => Self::Stalled(*d),
+            Self::Client(ClientBodyError::Malformed(why)) => {
+                Self::Client(ClientBodyError::Malformed(why))
+            }
+            Self::Client(_) => Self::Client(ClientBodyError::Incomplete),
+        }
+    }
 }
 
 /// Why reading the client's request body failed.
@@ -285,22 +302,54 @@ impl Body for RequestBody {
 /// A response body streamed from an upstream instance. When it ends, its
 /// connection goes back to the instance's pool; when it is dropped early the
 /// connection is closed instead (HTTP/1.1 cannot abandon half a response).
+/// An HTTP/2 instance's body (data, then trailers) holds its stream on a
+/// shared connection until it ends or is dropped (the stream is reset).
 #[derive(Debug)]
 pub struct UpstreamBody {
-    /// Read from an upstream connection ([`crate::h1`]); `None` once the
-    /// connection went back to its pool.
-    inner: Option<H1Body>,
+    /// The response's stream; `None` once it ended (an HTTP/1.1 connection
+    /// went back to its pool, an HTTP/2 stream was released).
+    inner: Option<Stream>,
     checkin: Option<Checkin>,
     _in_flight: InFlight,
+}
+
+/// Where an upstream response body is read from.
+#[derive(Debug)]
+enum Stream {
+    /// An HTTP/1.1 connection ([`crate::h1`]).
+    H1(H1Body),
+    /// A stream of an HTTP/2 connection ([`crate::h2_client`]), held until the body ends.
+    H2 {
+        body: Incoming,
+        /// Released (dropped) with the body.
+        _stream: H2Stream,
+    },
 }
 
 impl UpstreamBody {
     /// Wraps an upstream response body. `checkin` returns the connection to its
     /// pool at the end of the body; `in_flight` counts the request until then.
     pub fn new(inner: H1Body, checkin: Checkin, in_flight: InFlight) -> Self {
+        Self::started(Stream::H1(inner), Some(checkin), in_flight)
+    }
+
+    /// Wraps the body of an HTTP/2 instance's response, read on `stream`,
+    /// which is released when the body ends; `in_flight` counts the request until then.
+    pub fn h2(inner: Incoming, stream: H2Stream, in_flight: InFlight) -> Self {
+        Self::started(
+            Stream::H2 {
+                body: inner,
+                _stream: stream,
+            },
+            None,
+            in_flight,
+        )
+    }
+
+    fn started(inner: Stream, checkin: Option<Checkin>, in_flight: InFlight) -> Self {
         let mut body = Self {
             inner: Some(inner),
-            checkin: Some(checkin),
+            checkin,
             _in_flight: in_flight,
         };
         // Bodiless responses (HEAD, 204, 304) may never be polled: return now.
@@ -314,18 +363,24 @@ impl UpstreamBody {
     /// non-101 answer to an upgrade request): the connection closes with it.
     pub fn unpooled(inner: H1Body, in_flight: InFlight) -> Self {
         Self {
-            inner: Some(inner),
+            inner: Some(Stream::H1(inner)),
             checkin: None,
             _in_flight: in_flight,
         }
     }
 
-    /// The body is complete: its connection goes back to the pool, if it can.
+    /// The body is complete: its HTTP/1.1 connection goes back to the pool,
+    /// if it can; an HTTP/2 stream is released.
     fn finish(&mut self) {
-        if let Some(c) = self.checkin.take()
-            && let Some(conn) = self.inner.take().and_then(H1Body::take_conn)
-        {
-            c.checkin(conn);
+        match self.inner.take() {
+            Some(Stream::H1(body)) => {
+                if let Some(c) = self.checkin.take()
+                    && let Some(conn) = body.take_conn()
+                {
+                    c.checkin(conn);
+                }
+            }
+            Some(Stream::H2 { .. }) | None => {}
         }
     }
 }
@@ -340,7 +395,10 @@ impl Body for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         let this = self.get_mut();
         let polled = match &mut this.inner {
-            Some(b) => Pin::new(b).poll_frame(cx),
+            Some(Stream::H1(b)) => Pin::new(b).poll_frame(cx),
+            Some(Stream::H2 { body, .. }) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|e| UpstreamError::sent(Failure::Http2(e))),
             None => Poll::Ready(None),
         };
         match &polled {
@@ -354,14 +412,16 @@ impl Body for UpstreamBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Some(b) => b.is_end_stream(),
+            Some(Stream::H1(b)) => b.is_end_stream(),
+            Some(Stream::H2 { body, .. }) => body.is_end_stream(),
             None => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Some(b) => b.size_hint(),
+            Some(Stream::H1(b)) => b.size_hint(),
+            Some(Stream::H2 { body, .. }) => body.size_hint(),
             None => SizeHint::with_exact(0),
         }
     }

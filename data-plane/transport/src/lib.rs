@@ -26,6 +26,7 @@ pub mod deadline;
 pub mod framing;
 pub mod h1;
 pub mod h1_server;
+pub mod h2_client;
 pub mod in_flight;
 pub mod io_timeout;
 pub mod pool;

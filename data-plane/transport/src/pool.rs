@@ -18,6 +18,11 @@
 //! Each proxy worker ([`crate::workers`]) has its own idle list, so a worker
 //! reuses the connections whose tasks run on its own thread and an exchange
 //! never hops threads; `max_idle` applies per list.
+//!
+//! An instance of an `HTTP2` upstream ([`Protocol::Http2`]) is spoken to with
+//! hyper's HTTP/2 client instead, its connections multiplexed
+//! ([`crate::h2_client`], [`Pool::send_h2`]); they are made the same way
+//! (TCP, then TLS with ALPN `h2` for an https:// instance).
 
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -29,8 +34,9 @@ use tokio::time::Instant;
 
 use crate::body::RequestBody;
 use crate::h1::{Conn, H1Body, Upgrade};
+use crate::h2_client::{self, H2Slot, H2Stream};
 use crate::response::Response;
-use crate::upstream_error::{Failure, SendError};
+use crate::upstream_error::{Failure, SendError, UpstreamError};
 use crate::upstream_io::{UpstreamIo, UpstreamTls};
 use crate::workers::Worker;
 
@@ -48,6 +54,20 @@ pub struct PoolSettings {
     /// Idle lists: one per proxy worker plus one for every other thread
     /// (the [`Worker`] index of the exchange picks the list).
     pub slots: usize,
+    /// Streams in flight on one HTTP/2 connection before another is opened
+    /// (fewer when the instance allows fewer).
+    pub h2_max_streams: usize,
+}
+
+/// The HTTP version an upstream's instances are spoken to with (`protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// HTTP/1.1, with keep-alive connections (the default).
+    #[default]
+    Http1,
+    /// HTTP/2: prior knowledge over cleartext, ALPN `h2` over TLS; streams
+    /// multiplexed over few connections.
+    Http2,
 }
 
 impl Default for PoolSettings {
@@ -57,6 +77,7 @@ impl Default for PoolSettings {
             idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(2),
             slots: 1,
+            h2_max_streams: 100,
         }
     }
 }
@@ -73,6 +94,8 @@ struct Inner {
     settings: PoolSettings,
     /// One list per slot (see [`PoolSettings::slots`]).
     idle: Box<[Slot]>,
+    /// An `HTTP2` instance's connections, one list per slot (`None`: HTTP/1.1).
+    h2: Option<Box<[H2Slot]>>,
 }
 
 /// One slot's idle list, alone on its cache lines: two workers' lists side by
@@ -86,6 +109,11 @@ impl Inner {
     /// `worker`'s idle list.
     fn idle(&self, worker: Worker) -> &Mutex<Vec<Idle>> {
         &self.idle[worker % self.idle.len()].0
+    }
+
+    /// `worker`'s HTTP/2 connections (`None`: an HTTP/1.1 instance).
+    fn h2(&self, worker: Worker) -> Option<&H2Slot> {
+        self.h2.as_ref().map(|slots| &slots[worker % slots.len()])
     }
 }
 
@@ -152,26 +180,38 @@ pub struct InstanceTls {
 }
 
 impl Pool {
-    /// A pool for the cleartext instance at `authority` (`host:port`).
+    /// A pool for the cleartext HTTP/1.1 instance at `authority` (`host:port`).
     pub fn new(authority: impl Into<Arc<str>>, settings: PoolSettings) -> Self {
-        Self::with_tls(authority, settings, None)
+        Self::with_tls(authority, settings, None, Protocol::Http1)
     }
 
-    /// A pool for the instance at `authority`, over TLS when `tls` is set.
+    /// A pool for the instance at `authority`, over TLS when `tls` is set,
+    /// speaking `protocol`.
     pub fn with_tls(
         authority: impl Into<Arc<str>>,
         settings: PoolSettings,
         tls: Option<InstanceTls>,
+        protocol: Protocol,
     ) -> Self {
+        let slots = settings.slots.max(1);
         Self {
             inner: Arc::new(Inner {
                 tls,
                 authority: authority.into(),
                 settings,
-                idle: (0..settings.slots.max(1))
-                    .map(|_| Slot::default())
-                    .collect(),
+                idle: (0..slots).map(|_| Slot::default()).collect(),
+                h2: (protocol == Protocol::Http2)
+                    .then(|| (0..slots).map(|_| H2Slot::default()).collect()),
             }),
+        }
+    }
+
+    /// The HTTP version this instance is spoken to with.
+    pub fn protocol(&self) -> Protocol {
+        if self.inner.h2.is_some() {
+            Protocol::Http2
+        } else {
+            Protocol::Http1
         }
     }
 
@@ -184,6 +224,14 @@ impl Pool {
     /// they are next taken).
     pub fn idle_count(&self) -> usize {
         self.inner.idle.iter().map(|slot| slot.0.lock().len()).sum()
+    }
+
+    /// HTTP/2 connections now held, busy or idle (0 for an HTTP/1.1 instance).
+    pub fn h2_connection_count(&self) -> usize {
+        self.inner
+            .h2
+            .as_ref()
+            .map_or(0, |slots| slots.iter().map(H2Slot::len).sum())
     }
 
     fn take_idle(&self, now: Instant, worker: Worker) -> Option<Box<Conn>> {
@@ -251,6 +299,34 @@ impl Pool {
         Ok(Conn::new(self.connect().await?))
     }
 
+    /// Sends `req` on a new HTTP/2 connection of its own, outside the pool
+    /// (active health checks of an `HTTP2` instance), closed after it.
+    /// Returns the answer's status (its body is not read).
+    pub async fn send_on_fresh_h2(
+        &self,
+        mut req: Request<RequestBody>,
+    ) -> Result<http::StatusCode, UpstreamError> {
+        let io = self.connect().await.map_err(UpstreamError::not_sent)?;
+        let mut sender = h2_client::handshake(io)
+            .await
+            .map_err(|e| UpstreamError::not_sent(Failure::Http2(e)))?;
+        h2_client::to_h2(&mut req, self.scheme(), &self.inner.authority);
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| UpstreamError::sent(Failure::Http2(e)))?;
+        Ok(resp.status())
+    }
+
+    /// The URI scheme of the instance: `https` over TLS.
+    fn scheme(&self) -> http::uri::Scheme {
+        if self.inner.tls.is_some() {
+            http::uri::Scheme::HTTPS
+        } else {
+            http::uri::Scheme::HTTP
+        }
+    }
+
     /// A new hyper connection whose task hands the socket over to
     /// `hyper::upgrade::on` after a 101 answer instead of closing it.
     /// Sends an upgrade request (a WebSocket handshake) on a new connection of
@@ -309,6 +385,92 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+impl Pool {
+    /// Sends `req` to an `HTTP2` instance on a stream of one of `worker`'s
+    /// connections, opening a connection when none has room
+    /// ([`crate::h2_client`]). The request is made HTTP/2-shaped first
+    /// (absolute target, `:authority` from `Host`). A request a reused
+    /// connection gave back unsent (it was closing) goes on the next one.
+    /// Returns the response, whose body streams data and trailers, and the
+    /// stream to hold until that body ends. Errors as in [`Pool::send`].
+    pub async fn send_h2(
+        &self,
+        mut req: Box<Request<RequestBody>>,
+        now: Instant,
+        worker: Worker,
+    ) -> Result<(http::Response<hyper::body::Incoming>, H2Stream), SendError> {
+        let Some(slot) = self.inner.h2(worker) else {
+            return self.h1_instance(req);
+        };
+        h2_client::to_h2(&mut req, self.scheme(), &self.inner.authority);
+        let settings = &self.inner.settings;
+        let limit = settings.h2_max_streams;
+        loop {
+            let (stream, mut sender, reused) =
+                match slot.checkout(limit, now, settings.idle_timeout) {
+                    Some((stream, sender)) => (stream, sender, true),
+                    None => {
+                        let _one_connect = slot.connecting().await;
+                        match slot.checkout(limit, now, settings.idle_timeout) {
+                            Some((stream, sender)) => (stream, sender, true),
+                            None => {
+                                let io = match self.connect().await {
+                                    Ok(io) => io,
+                                    Err(failure) => return Err(SendError::not_sent(req, failure)),
+                                };
+                                match slot.open(io).await {
+                                    Ok((stream, sender)) => (stream, sender, false),
+                                    Err(e) => {
+                                        return Err(SendError::not_sent(req, Failure::Http2(e)));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                };
+            match sender.try_send_request(*req).await {
+                Ok(resp) => return Ok((resp, stream)),
+                Err(mut failed) => {
+                    slot.forget(&stream);
+                    let back = failed.take_message().map(Box::new);
+                    let error = failed.into_error();
+                    match back {
+                        // A reused connection that was closing: the next one.
+                        Some(back) if reused => req = back,
+                        Some(back) => return Err(SendError::not_sent(back, Failure::Http2(error))),
+                        None => {
+                            return Err(SendError {
+                                error: UpstreamError::sent(h2_failure(error)).on_reused(reused),
+                                request: None,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`Pool::send_h2`] on an HTTP/1.1 instance: a caller's mistake, refused
+    /// as a failure that never reached it.
+    fn h1_instance<T>(&self, req: Box<Request<RequestBody>>) -> Result<T, SendError> {
+        Err(SendError::not_sent(
+            req,
+            Failure::Invalid("an HTTP/2 exchange with an HTTP/1.1 instance"),
+        ))
+    }
+}
+
+/// What a failed HTTP/2 exchange is blamed on: the client's body when that
+/// is what failed, else the exchange.
+pub(crate) fn h2_failure(error: hyper::Error) -> Failure {
+    match std::error::Error::source(&error)
+        .and_then(|s| s.downcast_ref::<crate::body::RequestBodyError>())
+    {
+        Some(e) => Failure::ClientBody(e.copied()),
+        None => Failure::Http2(error),
     }
 }
 
@@ -396,5 +558,94 @@ mod tests {
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
         assert_eq!(pool.inner.idle(1).lock().len(), 1);
         assert_eq!(pool.inner.idle(2).lock().len(), 1);
+    }
+
+    /// An h2c server that holds every answer until `hold` requests have
+    /// arrived, counting the connections it accepted.
+    async fn h2_upstream(hold: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use hyper::service::service_fn;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let barrier = Arc::new(tokio::sync::Barrier::new(hold));
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |_req| {
+                        let barrier = barrier.clone();
+                        async move {
+                            barrier.wait().await;
+                            Ok::<_, std::convert::Infallible>(http::Response::new(
+                                http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
+                            ))
+                        }
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), service)
+                    .await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    /// `n` concurrent GETs through an HTTP2 `pool`, each body read to its end.
+    async fn h2_gets(pool: &Pool, n: usize) {
+        let calls = (0..n).map(|_| async {
+            let req = Request::get("/").body(RequestBody::empty()).unwrap();
+            let (resp, stream) = pool
+                .send_h2(Box::new(req), Instant::now(), 0)
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"ok");
+            drop(stream);
+        });
+        futures::future::join_all(calls).await;
+    }
+
+    #[tokio::test]
+    async fn h2_streams_multiplex_up_to_the_limit_then_open_another_connection() {
+        // 10 answers held until all 10 requests arrived: 4 streams a connection → 3 connections.
+        let (authority, accepted) = h2_upstream(10).await;
+        let settings = PoolSettings {
+            h2_max_streams: 4,
+            ..PoolSettings::default()
+        };
+        let pool = Pool::with_tls(authority, settings, None, Protocol::Http2);
+        h2_gets(&pool, 10).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(pool.h2_connection_count(), 3);
+
+        // Streams were released at their bodies' ends: the next ones reuse the connections.
+        h2_gets(&pool, 10).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+
+        // With room for all of them, one connection carries every stream.
+        let (authority, accepted) = h2_upstream(10).await;
+        let pool = Pool::with_tls(authority, PoolSettings::default(), None, Protocol::Http2);
+        h2_gets(&pool, 10).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_h2_request_to_a_dead_instance_comes_back_unsent() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let pool = Pool::with_tls(authority, PoolSettings::default(), None, Protocol::Http2);
+        let req = Request::get("/").body(RequestBody::empty()).unwrap();
+        let failed = pool
+            .send_h2(Box::new(req), Instant::now(), 0)
+            .await
+            .unwrap_err();
+        assert!(failed.error.never_reached() && failed.error.is_connect());
+        assert!(failed.request.is_some());
     }
 }

@@ -541,6 +541,14 @@ async fn tls_connection<F, Fut>(
         _ = stop.changed() => return,
     };
     drop(tls);
+    // A verified client certificate goes with every request of the connection.
+    let certificate = TlsAcceptor::client_certificate(&stream);
+    let handler = Arc::new(move |mut req: Box<Request<ClientBody>>, peer| {
+        if let Some(c) = &certificate {
+            req.extensions_mut().insert(c.clone());
+        }
+        handler(req, peer)
+    });
     let ended = if crate::tls::is_h2(&stream) {
         serve_http2(stream, peer, builders, handler, stop, settings).await
     } else {

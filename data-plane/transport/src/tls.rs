@@ -23,8 +23,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rustls::ServerConfig;
-use rustls::server::{Acceptor, ResolvesServerCert, ServerSessionMemoryCache};
+use rustls::pki_types::CertificateDer;
+use rustls::server::{
+    Acceptor, ResolvesServerCert, ServerSessionMemoryCache, WebPkiClientVerifier,
+};
+use rustls::{RootCertStore, ServerConfig};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio_rustls::LazyConfigAcceptor;
@@ -51,6 +54,42 @@ pub enum HandshakeError {
     #[error("TLS handshake failed: {0}")]
     Failed(#[from] io::Error),
 }
+
+/// Why the client CA file cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("client CA file {path}: {reason}")]
+pub struct ClientCaError {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The CA certificates of a PEM file clients' certificates must chain to
+/// (`--tls-client-ca`), read once at start-up.
+pub fn client_ca_roots(path: &std::path::Path) -> Result<Arc<RootCertStore>, ClientCaError> {
+    let bad = |reason: String| ClientCaError {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let mut roots = RootCertStore::empty();
+    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
+        let cert: CertificateDer<'static> = cert.map_err(|e| bad(format!("not PEM: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("holds no PEM certificate".into()));
+    }
+    Ok(Arc::new(roots))
+}
+
+/// The verified end-entity certificate a client presented on the HTTPS
+/// listener, carried as an extension of every request of its connection.
+#[derive(Debug, Clone)]
+pub struct ClientCertificate(pub Arc<CertificateDer<'static>>);
 
 /// Handshake counters, for `/metrics`.
 #[derive(Debug, Default)]
@@ -105,16 +144,27 @@ impl std::fmt::Debug for TlsAcceptor {
 }
 
 impl TlsAcceptor {
-    /// An acceptor offering what `resolver` returns for each ClientHello.
+    /// An acceptor offering what `resolver` returns for each ClientHello,
+    /// asking clients for a certificate that chains to `client_ca` when set.
     pub fn new(
         resolver: Arc<dyn ResolvesServerCert>,
         handshake_timeout: Duration,
+        client_ca: Option<Arc<RootCertStore>>,
     ) -> Result<Self, rustls::Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-            .with_no_client_auth()
-            .with_cert_resolver(resolver.clone());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+        let builder = match client_ca {
+            Some(roots) => {
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| rustls::Error::General(format!("client CA certificates: {e}")))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(resolver.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         config.ticketer = rustls::crypto::ring::Ticketer::new()?;
         config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE);
@@ -132,6 +182,12 @@ impl TlsAcceptor {
     /// The handshake counters.
     pub fn stats(&self) -> &Arc<TlsStats> {
         &self.stats
+    }
+
+    /// The verified certificate the client of `stream` presented, if any.
+    pub fn client_certificate(stream: &TlsStream<TcpStream>) -> Option<ClientCertificate> {
+        let first = stream.get_ref().1.peer_certificates()?.first()?;
+        Some(ClientCertificate(Arc::new(first.clone().into_owned())))
     }
 
     /// Runs the server side of a handshake on `stream`, within the handshake timeout.

@@ -55,6 +55,9 @@ pub enum Failure {
     ClientBody(RequestBodyError),
     /// No response head within the time allowed (the caller's deadline).
     Timeout(Duration),
+    /// The HTTP/2 exchange with an `HTTP2` upstream failed (the connection's
+    /// handshake, the stream reset, or the connection gone away).
+    Http2(hyper::Error),
 }
 
 impl fmt::Display for Failure {
@@ -73,6 +76,7 @@ impl fmt::Display for Failure {
             Self::BodyLength => f.write_str("the request body does not match its content-length"),
             Self::ClientBody(_) => f.write_str("the request body could not be forwarded"),
             Self::Timeout(d) => write!(f, "the upstream did not answer within {d:?}"),
+            Self::Http2(e) => write!(f, "the HTTP/2 exchange with the upstream failed: {e}"),
         }
     }
 }
@@ -188,6 +192,7 @@ impl std::error::Error for UpstreamError {
         match &self.failure {
             Failure::Connect { source, .. } | Failure::Io(source) => Some(source),
             Failure::ClientBody(e) => Some(e),
+            Failure::Http2(e) => Some(e),
             _ => None,
         }
     }

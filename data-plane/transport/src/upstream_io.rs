@@ -7,7 +7,7 @@
 //! (against the upstream's CA bundle, or the system's CA certificates), the
 //! name checked and sent as SNI (the upstream's `server_name`, else the
 //! instance's host), and a client certificate for instances that require
-//! mTLS. ALPN offers `http/1.1`.
+//! mTLS. ALPN offers `http/1.1`, or `h2` for an `HTTP2` upstream.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -20,6 +20,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
+
+use crate::pool::Protocol;
 
 /// Why an upstream's TLS client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -56,11 +58,12 @@ impl std::fmt::Debug for UpstreamTls {
 impl UpstreamTls {
     /// A client trusting `ca` (`None`: the system's CA certificates),
     /// checking `server_name` (`None`: each instance's host), presenting
-    /// `client` (its chain and key) when set.
+    /// `client` (its chain and key) when set, offering `protocol` by ALPN.
     pub fn new(
         ca: Option<&[CertificateDer<'static>]>,
         server_name: Option<&str>,
         client: Option<&CertifiedKey>,
+        protocol: Protocol,
     ) -> Result<Self, UpstreamTlsError> {
         let mut roots = rustls::RootCertStore::empty();
         match ca {
@@ -93,7 +96,10 @@ impl UpstreamTls {
                 .with_client_cert_resolver(Arc::new(ClientCertificate(Arc::new(key.clone())))),
             None => builder.with_no_client_auth(),
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![match protocol {
+            Protocol::Http1 => b"http/1.1".to_vec(),
+            Protocol::Http2 => b"h2".to_vec(),
+        }];
         let server_name = server_name
             .map(|n| {
                 ServerName::try_from(n.to_owned())

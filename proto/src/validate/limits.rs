@@ -68,12 +68,15 @@ impl Validator {
         let key = RateLimitKey::try_from(rl.key);
         match key {
             Err(_) => self.push(format!("{who}: {field}.key: unknown value {}", rl.key)),
-            // An API key sets a subject too, so per-user budgets work with either.
+            // An API key and a client certificate set a subject too, so per-user budgets work with each.
             Ok(RateLimitKey::KeyUser)
-                if !matches!(auth, Some(AuthMode::AuthJwt | AuthMode::AuthApiKey)) =>
+                if !matches!(
+                    auth,
+                    Some(AuthMode::AuthJwt | AuthMode::AuthApiKey | AuthMode::AuthMtls)
+                ) =>
             {
                 self.push(format!(
-                    "{who}: {field}.key KEY_USER needs auth AUTH_JWT or AUTH_API_KEY (there is no user otherwise)"
+                    "{who}: {field}.key KEY_USER needs auth AUTH_JWT, AUTH_API_KEY or AUTH_MTLS (there is no user otherwise)"
                 ))
             }
             Ok(RateLimitKey::KeyApiKey) if auth != Some(AuthMode::AuthApiKey) => {

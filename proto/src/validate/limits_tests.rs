@@ -160,7 +160,7 @@ fn identity_keys_need_the_matching_authentication() {
     // An API key sets a subject too: per-user budgets work with either.
     fails_with(
         &[with(AuthMode::AuthNone, RateLimitKey::KeyUser)],
-        "KEY_USER needs auth AUTH_JWT or AUTH_API_KEY",
+        "KEY_USER needs auth AUTH_JWT, AUTH_API_KEY or AUTH_MTLS",
     );
     assert_eq!(
         check(&[with(AuthMode::AuthJwt, RateLimitKey::KeyUser)]),
@@ -168,6 +168,10 @@ fn identity_keys_need_the_matching_authentication() {
     );
     assert_eq!(
         check(&[with(AuthMode::AuthApiKey, RateLimitKey::KeyUser)]),
+        Ok(())
+    );
+    assert_eq!(
+        check(&[with(AuthMode::AuthMtls, RateLimitKey::KeyUser)]),
         Ok(())
     );
 }

@@ -599,3 +599,30 @@ fn discovery_fields_are_checked() {
         "discovery.refresh_ms must be 100 to 3600000",
     );
 }
+
+#[test]
+fn upstream_protocol_is_http1_or_http2_and_websocket_needs_http1() {
+    let h2 = Upstream {
+        protocol: crate::v1::UpstreamProtocol::Http2 as i32,
+        ..upstream("users")
+    };
+    assert_eq!(check_upstream(h2.clone()), Ok(()));
+    fails_with(
+        check_upstream(Upstream {
+            protocol: 7,
+            ..upstream("users")
+        }),
+        "protocol: unknown value 7",
+    );
+    let ws = Route {
+        websocket: true,
+        ..route("ws", "/ws")
+    };
+    let err = valid(std::slice::from_ref(&ws), &[h2]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("websocket needs an HTTP1 upstream; upstream \"users\" has protocol HTTP2"),
+        "{err}"
+    );
+    assert!(valid(&[ws], &[upstream("users")]).is_ok());
+}

@@ -50,6 +50,8 @@ pub(crate) struct Tokens {
     pub viewer: String,
     /// `GATEWAY_REDIS_PASSWORD` (Redis's requirepass).
     pub redis_password: String,
+    /// `GATEWAY_SECRETS_KEY` (encrypts certificates' private keys; empty: none).
+    pub secrets_key: String,
 }
 
 /// 32 random bytes from the kernel, hex-encoded (what `openssl rand -hex 32` makes).
@@ -72,6 +74,7 @@ fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
             Some(("GATEWAY_DATA_PLANE_TOKEN", v)) => Some((v, &tokens.data_plane)),
             Some(("GATEWAY_VIEWER_TOKEN", v)) => Some((v, &tokens.viewer)),
             Some(("GATEWAY_REDIS_PASSWORD", v)) => Some((v, &tokens.redis_password)),
+            Some(("GATEWAY_SECRETS_KEY", v)) => Some((v, &tokens.secrets_key)),
             _ => None,
         };
         match value {
@@ -91,8 +94,8 @@ fn env_file_from_example(example: &str, tokens: &Tokens) -> Result<String> {
         }
     }
     ensure!(
-        set == 4,
-        ".env.example lacks some of the 3 GATEWAY_*_TOKEN lines and GATEWAY_REDIS_PASSWORD"
+        set == 5,
+        ".env.example lacks some of the 3 GATEWAY_*_TOKEN lines, GATEWAY_REDIS_PASSWORD and GATEWAY_SECRETS_KEY"
     );
     Ok(out)
 }
@@ -105,6 +108,8 @@ pub(crate) struct Stack {
     root: PathBuf,
     env: Vec<(String, String)>,
     edge_port: u16,
+    /// The edge's TLS pass-through port (the data planes terminate TLS).
+    edge_tls_port: u16,
     control_plane_port: u16,
     edge_net: String,
     state_net: String,
@@ -153,9 +158,13 @@ impl Stack {
             _ => !docker_ok(&["image", "inspect", &jaeger_image]).await,
         };
         let mut files = vec![root.join("docker-compose.yml")];
-        let [edge_port, control_plane_port, jaeger_port] = free_ports()?;
+        let [edge_port, edge_tls_port, control_plane_port, jaeger_port] = free_ports()?;
         let mut env = vec![
             ("GATEWAY_EDGE_PORT".to_owned(), edge_port.to_string()),
+            (
+                "GATEWAY_EDGE_TLS_PORT".to_owned(),
+                edge_tls_port.to_string(),
+            ),
             (
                 "GATEWAY_CONTROL_PLANE_PORT".to_owned(),
                 control_plane_port.to_string(),
@@ -184,6 +193,7 @@ impl Stack {
             data_plane: random_token()?,
             viewer: random_token()?,
             redis_password: random_token()?,
+            secrets_key: random_token()?,
         };
         let example =
             std::fs::read_to_string(root.join(".env.example")).context("reading .env.example")?;
@@ -206,6 +216,7 @@ impl Stack {
                     data_plane: tokens.data_plane.clone(),
                     viewer: tokens.viewer.clone(),
                     redis_password: String::new(),
+                    secrets_key: tokens.secrets_key.clone(),
                 },
             )?,
         )?;
@@ -216,6 +227,7 @@ impl Stack {
             root,
             env,
             edge_port,
+            edge_tls_port,
             control_plane_port,
             edge_net,
             state_net,
@@ -729,6 +741,11 @@ impl Stack {
         out.trim()
             .parse()
             .with_context(|| format!("login from the edge network printed {out:?}"))
+    }
+
+    /// The edge's TLS port on the host (passed through to the data planes).
+    pub(crate) fn edge_tls_port(&self) -> u16 {
+        self.edge_tls_port
     }
 
     /// One GET on the probe route through the edge: (status, X-Served-By, body).

@@ -511,6 +511,10 @@ async fn token_cache_never_serves_past_exp() {
     assert!(v.cached(&token).is_none(), "never past exp");
     assert_eq!(v.verify(&token).await, Err(JwtError::Expired));
     assert_eq!(v.stats().cached_tokens, 0, "the expired entry is gone");
+    // Each token counts once: a hit where the cache answered (`cached` or
+    // `verify`), a miss where `verify` had to check it; a `cached` miss is
+    // counted by the `verify` after it.
+    assert_eq!((v.stats().cache_hits, v.stats().cache_misses), (2, 2));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,14 +1,16 @@
-//! `diff`'s per-field view of the changes an `ApplyConfig` dry run reports:
-//! the control plane says which routes and upstreams would be added, updated
-//! or removed (it is the authority); this shows which fields differ, from
-//! the current configuration and the file, both in the proto's JSON mapping.
+//! The per-field view of a list of changes (an `ApplyConfig` dry run's, or
+//! the control plane's diff of two versions): the control plane says which
+//! routes and upstreams are added, updated or removed (it is the authority);
+//! this shows which fields differ, from the two sides in the proto's JSON
+//! mapping. `gatewayctl diff` prints it, the web console's version history
+//! shows it as a table.
 //! Secrets are never shown: the control plane never returns them, and a file's
 //! are replaced by `<secret>`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use gateway_proto::v1::{ResourceChange, Route, Upstream};
+use crate::v1::{ResourceChange, Route, Upstream};
 use serde_json::Value;
 
 /// Fields of an upstream that hold a secret, or say whether one is set
@@ -40,55 +42,141 @@ impl Sides {
         sides
     }
 
+    /// Each change with the fields that differ, in the order of `changes`.
+    pub fn resources<'c>(&self, changes: &'c [ResourceChange]) -> Vec<ResourceDiff<'c>> {
+        changes
+            .iter()
+            .map(|c| {
+                let kind: &'static str = if c.kind == "upstream" {
+                    "upstream"
+                } else {
+                    "route"
+                };
+                let key = (kind, c.name.clone());
+                let (mark, old, new) = match c.action.as_str() {
+                    "added" => (Mark::Added, None, self.desired.get(&key)),
+                    "removed" => (Mark::Removed, self.current.get(&key), None),
+                    _ => (
+                        Mark::Updated,
+                        self.current.get(&key),
+                        self.desired.get(&key),
+                    ),
+                };
+                let old = old.map(leaves).unwrap_or_default();
+                let new = new.map(leaves).unwrap_or_default();
+                let fields = match mark {
+                    Mark::Added => new
+                        .into_iter()
+                        .map(|(path, v)| FieldChange {
+                            path,
+                            old: None,
+                            new: Some(v),
+                        })
+                        .collect(),
+                    Mark::Removed => Vec::new(),
+                    Mark::Updated => {
+                        let paths: std::collections::BTreeSet<&String> =
+                            old.keys().chain(new.keys()).collect();
+                        paths
+                            .into_iter()
+                            .filter(|p| old.get(*p) != new.get(*p))
+                            .map(|p| FieldChange {
+                                path: p.clone(),
+                                old: old.get(p).cloned(),
+                                new: new.get(p).cloned(),
+                            })
+                            .collect()
+                    }
+                };
+                ResourceDiff {
+                    change: c,
+                    mark,
+                    fields,
+                }
+            })
+            .collect()
+    }
+
     /// The changes, one block each: `+`, `-` or `~`, the kind and name, then
     /// one indented line per field.
     pub fn render(&self, changes: &[ResourceChange]) -> String {
         let mut out = String::new();
-        for c in changes {
-            let kind: &'static str = if c.kind == "upstream" {
-                "upstream"
-            } else {
-                "route"
-            };
-            let key = (kind, c.name.clone());
-            let (mark, old, new) = match c.action.as_str() {
-                "added" => ('+', None, self.desired.get(&key)),
-                "removed" => ('-', self.current.get(&key), None),
-                _ => ('~', self.current.get(&key), self.desired.get(&key)),
-            };
-            let _ = writeln!(out, "{mark} {} \"{}\"", c.kind, c.name);
-            let old = old.map(leaves).unwrap_or_default();
-            let new = new.map(leaves).unwrap_or_default();
-            let mut shown = 0;
-            match mark {
-                '+' => {
-                    for (path, v) in &new {
-                        let _ = writeln!(out, "    {path}: {v}");
+        for r in self.resources(changes) {
+            let c = r.change;
+            let _ = writeln!(out, "{} {} \"{}\"", r.mark.sign(), c.kind, c.name);
+            match r.mark {
+                Mark::Added => {
+                    for f in &r.fields {
+                        let _ = writeln!(out, "    {}: {}", f.path, text(f.new.as_ref()));
                     }
                 }
-                '-' => {}
-                _ => {
-                    let paths: std::collections::BTreeSet<&String> =
-                        old.keys().chain(new.keys()).collect();
-                    for path in paths {
-                        let (a, b) = (old.get(path), new.get(path));
-                        if a != b {
-                            shown += 1;
-                            let _ = writeln!(out, "    {path}: {} → {}", text(a), text(b));
-                        }
-                    }
-                    if shown == 0 {
-                        // What differs is not visible from here: a secret.
+                Mark::Removed => {}
+                Mark::Updated => {
+                    for f in &r.fields {
                         let _ = writeln!(
                             out,
-                            "    (no field differs that can be shown: a secret changes)"
+                            "    {}: {} → {}",
+                            f.path,
+                            text(f.old.as_ref()),
+                            text(f.new.as_ref())
                         );
+                    }
+                    if r.fields.is_empty() {
+                        let _ = writeln!(out, "    {HIDDEN_CHANGE}");
                     }
                 }
             }
         }
         out
     }
+}
+
+/// What an update that changes no visible field says: a secret changed.
+pub const HIDDEN_CHANGE: &str = "(no field differs that can be shown: a secret changes)";
+
+/// What happened to a resource, as a diff marks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// `+`: only on the desired side.
+    Added,
+    /// `~`: on both sides, different.
+    Updated,
+    /// `-`: only on the current side.
+    Removed,
+}
+
+impl Mark {
+    /// `+`, `~` or `-`.
+    pub fn sign(self) -> char {
+        match self {
+            Mark::Added => '+',
+            Mark::Updated => '~',
+            Mark::Removed => '-',
+        }
+    }
+}
+
+/// One field that differs, by its path in the proto's JSON mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldChange {
+    /// `rateLimits[0].limit`.
+    pub path: String,
+    /// Its JSON value on the current side (`None`: unset).
+    pub old: Option<String>,
+    /// Its JSON value on the desired side (`None`: unset).
+    pub new: Option<String>,
+}
+
+/// One changed resource with its fields.
+#[derive(Clone, Debug)]
+pub struct ResourceDiff<'c> {
+    /// The change as the control plane reported it.
+    pub change: &'c ResourceChange,
+    /// Added, updated or removed.
+    pub mark: Mark,
+    /// Added: every field set; updated: those that differ (none: a secret
+    /// changed, see [`HIDDEN_CHANGE`]); removed: none.
+    pub fields: Vec<FieldChange>,
 }
 
 /// A message in the proto's JSON mapping (default values left out).
@@ -109,7 +197,7 @@ fn masked(mut upstream: Value) -> Value {
 
 /// Every leaf of `value` by its path (`rateLimits[0].limit`); a list of
 /// scalars is one leaf.
-fn leaves(value: &Value) -> BTreeMap<String, String> {
+pub fn leaves(value: &Value) -> BTreeMap<String, String> {
     fn walk(value: &Value, path: String, out: &mut BTreeMap<String, String>) {
         match value {
             Value::Object(map) => {
@@ -137,14 +225,15 @@ fn leaves(value: &Value) -> BTreeMap<String, String> {
     out
 }
 
-fn text(v: Option<&String>) -> &str {
+/// A field's value as shown: its JSON, or `(unset)`.
+pub fn text(v: Option<&String>) -> &str {
     v.map_or("(unset)", String::as_str)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gateway_proto::v1::RateLimit;
+    use crate::v1::RateLimit;
 
     fn change(kind: &str, name: &str, action: &str) -> ResourceChange {
         ResourceChange {
