@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 mod shared;
 
-pub use shared::{HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT};
+pub use shared::{FORGET_AFTER, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT};
 
 /// Identifies one config stream, so a stale stream of a node that has since
 /// reconnected cannot overwrite the state of the newer one.

@@ -4,7 +4,7 @@
 //! every one of them, and no request fails. The data-plane registry is
 //! shared: `ListDataPlanes` on either replica lists every data plane, and one
 //! whose control plane died reads DISCONNECTED within the heartbeat timeout
-//! until it reconnects.
+//! until it reconnects, and is forgotten once it has been gone for an hour.
 //!
 //! Needs the workspace binaries built (`cargo build --workspace --bins`) and
 //! Postgres (`initdb`, `pg_ctl`); `scripts/test` installs it.
@@ -260,6 +260,31 @@ async fn every_replica_lists_every_data_plane_and_a_dead_replicas_ones_turn_disc
         version,
         Duration::from_secs(8),
     )
+    .await?;
+
+    // A data plane gone for longer than FORGET_AFTER (an hour) is forgotten;
+    // the connected one stays, however long ago its row was written.
+    pg.psql("UPDATE data_planes SET updated_at = now() - interval '2 hours'")
+        .await?;
+    poll(SOON, "dp-a forgotten, dp-b kept", || {
+        let mut on_b = on_b.clone();
+        async move {
+            let names: Vec<String> = on_b
+                .list_data_planes(ListDataPlanesRequest {})
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner()
+                .data_planes
+                .into_iter()
+                .map(|d| d.node_id)
+                .collect();
+            if names == ["dp-b"] {
+                Ok(())
+            } else {
+                Err(format!("{names:?}"))
+            }
+        }
+    })
     .await?;
     Ok(())
 }

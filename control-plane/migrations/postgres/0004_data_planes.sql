@@ -33,5 +33,8 @@ CREATE TABLE data_planes (
     last_nack_version BIGINT,
     last_nack_error   TEXT    NOT NULL DEFAULT '',
     -- RFC 3339 UTC, from the control plane's clock.
-    last_seen         TEXT    NOT NULL
+    last_seen         TEXT    NOT NULL,
+    -- When a control plane last wrote the row (the database's clock): a data
+    -- plane that is not connected and was not written for an hour is forgotten.
+    updated_at        TIMESTAMPTZ NOT NULL DEFAULT now()
 );

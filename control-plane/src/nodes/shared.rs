@@ -10,7 +10,9 @@
 //! DISCONNECTED once its heartbeat is [`HEARTBEAT_TIMEOUT`] old (or at once,
 //! when it stops cleanly). Heartbeats are dated by the database's clock, so
 //! the replicas' clocks need not agree. A write that fails (Postgres down)
-//! is retried on the next beat.
+//! is retried on the next beat. A data plane that is not connected and was
+//! not written for [`FORGET_AFTER`] is forgotten, as a restart forgets it
+//! with SQLite.
 
 use super::{NodeRegistry, state};
 use crate::error::StoreError;
@@ -24,6 +26,11 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How old a control plane's heartbeat may be before its data planes show DISCONNECTED.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a data plane that is not connected stays listed (and a control
+/// plane that stopped beating stays in `control_planes`): data planes named
+/// `hostname-pid` get a new name at every start, and would pile up forever.
+pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// One `data_planes` row, as this control plane knows it.
 #[derive(Debug)]
@@ -62,9 +69,23 @@ ON CONFLICT (node_id) DO UPDATE SET \
     last_nack_version = COALESCE(EXCLUDED.last_nack_version, data_planes.last_nack_version), \
     last_nack_error = CASE WHEN EXCLUDED.last_nack_version IS NULL \
                            THEN data_planes.last_nack_error ELSE EXCLUDED.last_nack_error END, \
-    last_seen = EXCLUDED.last_seen \
+    last_seen = EXCLUDED.last_seen, updated_at = now() \
 WHERE (data_planes.control_plane = EXCLUDED.control_plane AND data_planes.stream = EXCLUDED.stream) \
    OR EXCLUDED.connected_at > data_planes.connected_at";
+
+/// Forgets data planes neither connected nor written for `$1` seconds, then
+/// control planes that stopped beating that long ago and hold no row.
+const FORGET: &str = "\
+WITH gone AS ( \
+    DELETE FROM data_planes d \
+    WHERE d.updated_at < now() - make_interval(secs => $1) \
+      AND NOT (d.connected AND EXISTS ( \
+          SELECT 1 FROM control_planes c \
+          WHERE c.id = d.control_plane AND c.heartbeat_at > now() - make_interval(secs => $2))) \
+    RETURNING 1) \
+DELETE FROM control_planes c \
+WHERE c.heartbeat_at < now() - make_interval(secs => $1) \
+  AND NOT EXISTS (SELECT 1 FROM data_planes d WHERE d.control_plane = c.id)";
 
 const LIST: &str = "\
 SELECT d.node_id, d.hostname, d.build_version, d.acked_version, d.last_nack_version, \
@@ -97,7 +118,11 @@ impl Shared {
         loop {
             tokio::select! {
                 _ = beat.tick() => {
-                    if let Err(e) = self.beat().await {
+                    let beaten = match self.beat().await {
+                        Ok(()) => self.forget().await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = beaten {
                         if !failing {
                             tracing::warn!(error = %e, "cannot write the data-plane registry heartbeat; retrying");
                         }
@@ -133,6 +158,17 @@ impl Shared {
             tracing::debug!(error = %e, rows = rows.len(), "data-plane registry not written; retrying");
             registry.mark_dirty(rows.into_iter().map(|r| r.node_id));
         }
+    }
+
+    /// Forgets long-gone data planes and control planes (every replica does,
+    /// on every beat; the statement is idempotent).
+    async fn forget(&self) -> Result<(), sqlx::Error> {
+        sqlx::query(FORGET)
+            .bind(FORGET_AFTER.as_secs_f64())
+            .bind(HEARTBEAT_TIMEOUT.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn beat(&self) -> Result<(), sqlx::Error> {
