@@ -1,6 +1,6 @@
 //! Users in SQLite, or in Postgres shared by several auth services, with
 //! Argon2id password hashes. Every statement is written once with `$N`
-//! parameters both engines read; [`on!`] runs it on the engine's pool.
+//! parameters both engines read; `on!` runs it on the engine's pool.
 //!
 //! Hashing and verification run on the blocking pool (they take tens of milliseconds and ~19 MiB
 //! each at the argon2 crate's default parameters), bounded by a semaphore so a login flood queues

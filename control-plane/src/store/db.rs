@@ -3,7 +3,7 @@
 //!
 //! Every statement is written once, with `$N` parameters that both engines
 //! read, and the types both map alike (`BIGINT`/`INTEGER` as `i64`,
-//! `BYTEA`/`BLOB` as bytes, `TEXT`). [`on!`] expands a statement for each
+//! `BYTEA`/`BLOB` as bytes, `TEXT`). `on!` expands a statement for each
 //! engine's connection type. What differs is said here and nowhere else:
 //! * opening: SQLite's WAL and `synchronous = FULL`; Postgres' short acquire
 //!   timeout, so a write while Postgres is down fails fast (gRPC `UNAVAILABLE`);
