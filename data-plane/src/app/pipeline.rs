@@ -160,8 +160,9 @@ impl Pipeline {
             self.tracer
                 .server_span(incoming.parent.as_ref(), req.method(), req.uri().path());
         let cfg = self.config.load();
+        // gRPC runs over HTTP/2 only: an HTTP/1.1 request costs no header lookup here.
         let mut seen = Seen {
-            grpc: grpc::is_call(req.headers()),
+            grpc: req.version() == http::Version::HTTP_2 && grpc::is_call(req.headers()),
             ..Seen::default()
         };
         // Pinned where it is made (here and for `proxy::forward` below): awaiting the
