@@ -16,7 +16,7 @@ mod postgres;
 
 use anyhow::Context;
 use devstack::RedisServer;
-use gateway_proto::v1::{AuthMode, Instance, UpsertRouteRequest, UpsertUpstreamRequest, Upstream};
+use gateway_proto::v1::{AuthMode, UpsertRouteRequest};
 use gateway_tests::{client, login, open_route, poll};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use postgres::{
@@ -108,19 +108,7 @@ async fn two_auth_services_share_users_and_keys_and_rotate_once() -> anyhow::Res
     let mock = Mock::start("orders", dir.path()).await?;
     let cp = ControlPlane::start("cp", &pg.url(), dir.path(), None).await?;
     let mut admin = cp.admin(ALICE);
-    admin
-        .upsert_upstream(UpsertUpstreamRequest {
-            upstream: Some(Upstream {
-                name: "orders".into(),
-                instances: vec![Instance {
-                    id: "orders-1".into(),
-                    url: mock.url(),
-                }],
-                ..Default::default()
-            }),
-            expected_version: None,
-        })
-        .await?;
+    admin.upsert_upstream(mock.orders_upstream()).await?;
     let mut jwt_route = open_route("jwt-orders", "/jwt/orders", "orders", "/orders");
     jwt_route.auth = AuthMode::AuthJwt as i32;
     admin

@@ -21,10 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use devstack::stack::AdminClient;
-use gateway_proto::v1::{
-    DataPlaneState, Instance, ListDataPlanesRequest, UpsertRouteRequest, UpsertUpstreamRequest,
-    Upstream,
-};
+use gateway_proto::v1::{DataPlaneState, ListDataPlanesRequest, UpsertRouteRequest};
 use gateway_tests::{client, open_route, poll};
 use postgres::{ALICE, BOB, ControlPlane, DataPlane, Mock, PgServer, SOON, work_dir};
 
@@ -34,19 +31,7 @@ const DISCONNECTED_WITHIN: Duration = Duration::from_secs(30);
 
 /// The upstream `orders` at the mock, and `/orders` routed to it; returns the version.
 async fn seed(admin: &mut AdminClient, mock: &Mock) -> anyhow::Result<u64> {
-    admin
-        .upsert_upstream(UpsertUpstreamRequest {
-            upstream: Some(Upstream {
-                name: "orders".into(),
-                instances: vec![Instance {
-                    id: "orders-1".into(),
-                    url: mock.url(),
-                }],
-                ..Default::default()
-            }),
-            expected_version: None,
-        })
-        .await?;
+    admin.upsert_upstream(mock.orders_upstream()).await?;
     Ok(admin
         .upsert_route(UpsertRouteRequest {
             route: Some(open_route("orders", "/orders", "orders", "/orders")),

@@ -19,9 +19,7 @@ use std::time::Duration;
 
 use devstack::RedisServer;
 use devstack::stack::AdminClient;
-use gateway_proto::v1::{
-    Instance, ListRoutesRequest, UpsertRouteRequest, UpsertUpstreamRequest, Upstream,
-};
+use gateway_proto::v1::{ListRoutesRequest, UpsertRouteRequest};
 use gateway_tests::{client, login, open_route, poll};
 use postgres::{
     ALICE, AuthService, BOB, ControlPlane, DataPlane, Mock, PgServer, SOON, add_user, grpcurl,
@@ -83,19 +81,7 @@ async fn a_postgres_restart_answers_unavailable_then_everything_recovers_by_itse
     let a = ControlPlane::start("cp-a", &pg.url(), dir.path(), None).await?;
     let b = ControlPlane::start("cp-b", &pg.url(), dir.path(), None).await?;
     let (on_a, on_b) = (a.admin(ALICE), b.admin(BOB));
-    on_a.clone()
-        .upsert_upstream(UpsertUpstreamRequest {
-            upstream: Some(Upstream {
-                name: "orders".into(),
-                instances: vec![Instance {
-                    id: "orders-1".into(),
-                    url: mock.url(),
-                }],
-                ..Default::default()
-            }),
-            expected_version: None,
-        })
-        .await?;
+    on_a.clone().upsert_upstream(mock.orders_upstream()).await?;
     on_a.clone().upsert_route(route("before")).await?;
     let dp = DataPlane::start("dp-1", &[a.url(), b.url()], dir.path()).await?;
     served(&dp.url(), "/before/1").await?;

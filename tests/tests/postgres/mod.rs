@@ -562,6 +562,22 @@ impl Mock {
     pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
+
+    /// The request that makes the upstream `orders` with this mock as its one
+    /// instance (`orders-1`).
+    pub(crate) fn orders_upstream(&self) -> gateway_proto::v1::UpsertUpstreamRequest {
+        gateway_proto::v1::UpsertUpstreamRequest {
+            upstream: Some(gateway_proto::v1::Upstream {
+                name: "orders".into(),
+                instances: vec![gateway_proto::v1::Instance {
+                    id: "orders-1".into(),
+                    url: self.url(),
+                }],
+                ..Default::default()
+            }),
+            expected_version: None,
+        }
+    }
 }
 
 /// What grpcurl did.
