@@ -138,6 +138,11 @@ async fn raw_unary(
     ))
 }
 
+/// The status of a unary call that must fail.
+async fn failing(client: &mut EchoClient<Channel>, req: EchoRequest) -> Result<tonic::Status> {
+    client.unary(req).await.err().context("the call succeeded")
+}
+
 fn unary(message: &str, delay_ms: u32) -> EchoRequest {
     EchoRequest {
         message: message.into(),
@@ -310,11 +315,7 @@ async fn upstream_statuses_pass_through_and_gateway_failures_are_grpc_statuses()
         ..open_route("echo", "/mock.v1.Echo", "echo", "")
     };
     upsert_route_synced(&stack, keyed).await?;
-    let failed = client
-        .unary(unary("x", 0))
-        .await
-        .err()
-        .context("the call succeeded")?;
+    let failed = failing(&mut client, unary("x", 0)).await?;
     ensure!(failed.code() == Code::Unauthenticated, "{failed:?}");
 
     // A rate limit of one call: the second is RESOURCE_EXHAUSTED.
@@ -357,20 +358,12 @@ async fn upstream_statuses_pass_through_and_gateway_failures_are_grpc_statuses()
     };
     upsert_upstream(&stack, dead).await?;
     upsert_route_synced(&stack, open_route("echo", "/mock.v1.Echo", "echo-dead", "")).await?;
-    let failed = client
-        .unary(unary("x", 0))
-        .await
-        .err()
-        .context("the call succeeded")?;
+    let failed = failing(&mut client, unary("x", 0)).await?;
     ensure!(
         failed.code() == Code::Unavailable,
         "unreachable: {failed:?}"
     );
-    let failed = client
-        .unary(unary("x", 0))
-        .await
-        .err()
-        .context("the call succeeded")?;
+    let failed = failing(&mut client, unary("x", 0)).await?;
     ensure!(
         failed.code() == Code::Unavailable && failed.message().contains("no instance"),
         "breaker open: {failed:?}"
