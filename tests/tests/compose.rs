@@ -106,6 +106,10 @@ async fn run_scenarios(stack: &Stack) -> Result<Vec<(&'static str, Duration)>> {
         https_through_the_edge(stack)
     );
     scenario!(
+        "Prometheus scrapes the stack with the shipped config",
+        prometheus_scrapes_the_stack(stack)
+    );
+    scenario!(
         "admin API needs the admin token",
         admin_api_needs_a_token(stack)
     );
@@ -400,6 +404,123 @@ async fn https_through_the_edge(stack: &Stack) -> Result<()> {
     eprintln!(
         "HTTPS through the edge: certificate v{version} on {} replicas, answered by {instances:?}",
         hosts.len()
+    );
+    Ok(())
+}
+
+/// Removes a container when dropped (`docker rm -f`), however the scenario ends.
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &self.0])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// The `observability` profile's Prometheus, as far as it can run here: its image cannot be
+/// pulled, so Debian's `prometheus` binary runs in a container of the gateway image on the
+/// stack's `control` network (where the profile puts it), with `deploy/observability/prometheus`
+/// mounted as it ships (`prometheus.yml`, `alerts.yml`). Every data-plane replica, found through
+/// Docker's DNS, the control plane and Prometheus itself must be up, and every alert rule must
+/// evaluate.
+async fn prometheus_scrapes_the_stack(stack: &Stack) -> Result<()> {
+    let binary = std::path::Path::new("/usr/bin/prometheus");
+    ensure!(
+        binary.exists(),
+        "Debian's prometheus is not installed (scripts/test installs it)"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let name = format!("gateway-compose-prometheus-check-{port}");
+    let config = stack.root().join("deploy/observability/prometheus");
+    let _ = stack.docker(&["rm", "-f", &name]).await;
+    stack
+        .docker(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            &stack.network("control"),
+            "-p",
+            &format!("127.0.0.1:{port}:9090"),
+            "-v",
+            "/usr/bin/prometheus:/bin/prometheus:ro",
+            "-v",
+            &format!("{}:/etc/prometheus:ro", config.display()),
+            "--entrypoint",
+            "/bin/prometheus",
+            stack.image(),
+            "--config.file=/etc/prometheus/prometheus.yml",
+            "--storage.tsdb.path=/tmp/prometheus",
+            "--web.listen-address=0.0.0.0:9090",
+        ])
+        .await?;
+    let _container = Container(name);
+    let replicas = stack.service_ids("data-plane").await?.len();
+    let api = format!("http://127.0.0.1:{port}/api/v1");
+    let seen = std::cell::RefCell::new(String::new());
+    let targets_up = wait_for(
+        "every target of the shipped scrape config up",
+        Duration::from_secs(90),
+        || async {
+            let doc: serde_json::Value = stack
+                .http()
+                .get(format!("{api}/targets"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let targets = doc["data"]["activeTargets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let up = |job: &str| {
+                targets
+                    .iter()
+                    .filter(|t| t["labels"]["job"] == job && t["health"] == "up")
+                    .count()
+            };
+            *seen.borrow_mut() = format!(
+                "data-plane {} of {replicas}, control-plane {}, prometheus {}",
+                up("data-plane"),
+                up("control-plane"),
+                up("prometheus")
+            );
+            Ok(up("data-plane") == replicas && up("control-plane") == 1 && up("prometheus") == 1)
+        },
+    )
+    .await;
+    targets_up.with_context(|| format!("targets up: {}", seen.borrow()))?;
+    wait_for(
+        "every alert rule evaluated without error",
+        Duration::from_secs(60),
+        || async {
+            let doc: serde_json::Value = stack
+                .http()
+                .get(format!("{api}/rules"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let rules: Vec<serde_json::Value> = doc["data"]["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+                .collect();
+            Ok(!rules.is_empty() && rules.iter().all(|r| r["health"] == "ok"))
+        },
+    )
+    .await?;
+    eprintln!(
+        "Prometheus (Debian's binary, shipped config) scraped: {}",
+        seen.borrow()
     );
     Ok(())
 }

@@ -467,7 +467,7 @@ impl Stack {
         self.service_ids("data-plane").await
     }
 
-    async fn service_ids(&self, service: &str) -> Result<Vec<String>> {
+    pub(crate) async fn service_ids(&self, service: &str) -> Result<Vec<String>> {
         let out = docker(&[
             "ps",
             "-q",
@@ -741,6 +741,16 @@ impl Stack {
         out.trim()
             .parse()
             .with_context(|| format!("login from the edge network printed {out:?}"))
+    }
+
+    /// The checkout the compose file is in.
+    pub(crate) fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+
+    /// The gateway image the services run.
+    pub(crate) fn image(&self) -> &str {
+        &self.image
     }
 
     /// The edge's TLS port on the host (passed through to the data planes).
