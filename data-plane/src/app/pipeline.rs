@@ -554,14 +554,14 @@ impl Pipeline {
     }
 }
 
-/// The API-key variant of the authenticate stage: the snapshot's key table
-/// (no I/O), the key itself dropped, the key's identity forwarded.
 /// The verified identity as the upstream sees it: `X-User-Id` and `X-User-Role`.
 fn set_identity(headers: &mut http::HeaderMap, identity: &Identity) {
     headers.insert(X_USER_ID.clone(), identity.subject.clone());
     headers.insert(X_USER_ROLE.clone(), identity.role.clone());
 }
 
+/// The API-key variant of the authenticate stage: the snapshot's key table
+/// (no I/O), the key itself dropped, the key's identity forwarded.
 fn authenticate_api_key(
     cfg: &Compiled,
     route: &RouteEntry,
