@@ -193,11 +193,28 @@ fn dechunk(mut data: &[u8]) -> anyhow::Result<Vec<u8>> {
 /// A stack with one data plane started with `data_plane_args`, and no auth
 /// service; panics (failing the test) when it does not start.
 pub async fn one_data_plane(data_plane_args: &[&str]) -> devstack::Stack {
-    data_plane_args
-        .iter()
-        .fold(devstack::Stack::new().data_planes(1).auth(false), |b, a| {
-            b.data_plane_arg(*a)
-        })
+    start_without_auth(
+        data_plane_args
+            .iter()
+            .fold(devstack::Stack::new().data_planes(1), |b, a| {
+                b.data_plane_arg(*a)
+            }),
+    )
+    .await
+}
+
+/// A stack of `data_planes` data planes and no auth service, for scenarios on
+/// `AUTH_NONE` routes: seeding its users hashes passwords with Argon2, which
+/// takes about five seconds per stack in a debug build and tests nothing
+/// there. Panics (failing the test) when it does not start.
+pub async fn data_planes_without_auth(data_planes: usize) -> devstack::Stack {
+    start_without_auth(devstack::Stack::new().data_planes(data_planes)).await
+}
+
+/// Starts `builder` without the auth service; panics when the stack does not start.
+async fn start_without_auth(builder: devstack::StackBuilder) -> devstack::Stack {
+    builder
+        .auth(false)
         .start()
         .await
         .unwrap_or_else(|e| panic!("stack did not start: {e}"))

@@ -13,7 +13,9 @@ use std::time::Duration;
 use devstack::Stack;
 use gateway_proto::v1::{DataPlaneState, ListDataPlanesRequest, UpsertRouteRequest};
 use gateway_tests::console::ConsoleClient;
-use gateway_tests::{client, open_route, poll, secrets_in_logs, upsert_route_synced};
+use gateway_tests::{
+    client, data_planes_without_auth, open_route, poll, secrets_in_logs, upsert_route_synced,
+};
 
 /// Deadline for anything that should happen "soon".
 const SOON: Duration = Duration::from_secs(30);
@@ -28,18 +30,23 @@ const PAGES: [&str; 6] = [
     "/certificates",
 ];
 
-async fn start(data_planes: usize) -> Stack {
-    Stack::new()
-        .data_planes(data_planes)
-        .auth(false)
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("stack did not start: {e}"))
+/// The status each gateway answers `GET /open/orders/7` with.
+async fn open_orders_status(gateways: &[String]) -> Vec<(String, u16)> {
+    let mut out = Vec::new();
+    for gw in gateways {
+        let r = client()
+            .get(format!("{gw}/open/orders/7"))
+            .send()
+            .await
+            .unwrap();
+        out.push((gw.clone(), r.status().as_u16()));
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_sees_every_page_and_no_write_control() {
-    let stack = start(2).await;
+    let stack = data_planes_without_auth(2).await;
     // A second version, so the history has something to roll back to.
     let v2 = upsert_route_synced(
         &stack,
@@ -165,7 +172,7 @@ async fn a_viewer_sees_every_page_and_no_write_control() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_rolls_back_and_every_data_plane_reaches_it() {
-    let stack = start(2).await;
+    let stack = data_planes_without_auth(2).await;
     let gateways = stack.gateways();
     let v1 = stack.seeded_version();
     let v2 = upsert_route_synced(
@@ -174,13 +181,8 @@ async fn an_admin_rolls_back_and_every_data_plane_reaches_it() {
     )
     .await
     .unwrap();
-    for gw in &gateways {
-        let r = client()
-            .get(format!("{gw}/open/orders/7"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+    for (gw, status) in open_orders_status(&gateways).await {
+        assert_eq!(status, 200, "{gw}");
     }
 
     let mut console = ConsoleClient::new(&stack.console_url());
@@ -235,13 +237,8 @@ async fn an_admin_rolls_back_and_every_data_plane_reaches_it() {
     assert_eq!(done.status, 303, "{}", done.body);
     let v3 = v2 + 1;
     stack.wait_synced(v3).await.unwrap();
-    for gw in &gateways {
-        let r = client()
-            .get(format!("{gw}/open/orders/7"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 404, "{gw} still routes /open/orders");
+    for (gw, status) in open_orders_status(&gateways).await {
+        assert_eq!(status, 404, "{gw} still routes /open/orders");
     }
     let overview = console.get("/overview").await.unwrap().body;
     assert!(overview.contains(&format!("<dd class=\"version\">{v3}</dd>")));
@@ -368,7 +365,7 @@ async fn an_admin_rolls_back_and_every_data_plane_reaches_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_in_refusals_are_generic_and_cookies_are_strict() {
-    let stack = start(1).await;
+    let stack = data_planes_without_auth(1).await;
     let url = stack.console_url();
 
     // The sign-in form: no script, the strict policy on every answer.
@@ -520,7 +517,7 @@ async fn over_tls_the_console_uses_the_control_planes_certificate_and_secure_coo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_health_shows_an_instance_that_stopped_answering() {
-    let stack = start(1).await;
+    let stack = data_planes_without_auth(1).await;
     upsert_route_synced(
         &stack,
         open_route("open-orders", "/open/orders", "orders", "/orders"),

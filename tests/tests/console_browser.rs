@@ -14,9 +14,8 @@
     reason = "test code: unwrap stops the test where it failed"
 )]
 
-use devstack::Stack;
 use gateway_tests::cdp::Browser;
-use gateway_tests::{open_route, upsert_route_synced};
+use gateway_tests::{data_planes_without_auth, open_route, upsert_route_synced};
 use serde_json::json;
 
 /// Writes `png` as `DIR/console-NAME.png` when `CONSOLE_SCREENSHOTS=DIR` is set.
@@ -30,12 +29,7 @@ fn keep_screenshot(name: &str, png: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_signs_in_and_renders_every_page_without_csp_violations() {
-    let stack = Stack::new()
-        .data_planes(3)
-        .auth(false)
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("stack did not start: {e}"));
+    let stack = data_planes_without_auth(3).await;
     let v2 = upsert_route_synced(
         &stack,
         open_route("open-orders", "/open/orders", "orders", "/orders"),

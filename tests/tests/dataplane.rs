@@ -21,7 +21,10 @@ use gateway_proto::v1::{
     CircuitBreaker, DataPlaneState, GetUpstreamRequest, HealthCheck, ListDataPlanesRequest,
     UpsertRouteRequest, UpsertUpstreamRequest,
 };
-use gateway_tests::{client, login, open_route, poll, raw_request, rss_kib, upsert_route_synced};
+use gateway_tests::{
+    client, data_planes_without_auth, login, open_route, poll, raw_request, rss_kib,
+    upsert_route_synced,
+};
 
 /// Deadline for anything that should happen "soon" (config propagation, recovery).
 const SOON: Duration = Duration::from_secs(30);
@@ -47,18 +50,6 @@ async fn add_open_routes(stack: &Stack) -> u64 {
 async fn start(data_planes: usize) -> Stack {
     Stack::new()
         .data_planes(data_planes)
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("stack did not start: {e}"))
-}
-
-/// A stack without the auth service, for scenarios on `AUTH_NONE` routes:
-/// seeding its users hashes passwords with Argon2, which takes about five
-/// seconds per stack in a debug build and tests nothing here.
-async fn start_without_auth(data_planes: usize) -> Stack {
-    Stack::new()
-        .data_planes(data_planes)
-        .auth(false)
         .start()
         .await
         .unwrap_or_else(|e| panic!("stack did not start: {e}"))
@@ -218,7 +209,7 @@ async fn grpcurl_route_change_reaches_all_three_data_planes_and_all_report_synce
 
 #[tokio::test(flavor = "multi_thread")]
 async fn round_robin_alternates_orders_instances() {
-    let stack = start_without_auth(1).await;
+    let stack = data_planes_without_auth(1).await;
     add_open_routes(&stack).await;
     let gw = &stack.gateways()[0];
     let http = client();
@@ -257,7 +248,7 @@ struct Load {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killing_one_orders_instance_under_load_gives_zero_client_errors() {
-    let stack = start_without_auth(2).await;
+    let stack = data_planes_without_auth(2).await;
     add_open_routes(&stack).await;
     let load = Arc::new(Load::default());
     let http = client();
@@ -389,7 +380,7 @@ async fn fast_recovering_orders(stack: &Stack) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn both_orders_instances_down_gives_fast_503_and_service_recovers_by_itself() {
-    let stack = start_without_auth(1).await;
+    let stack = data_planes_without_auth(1).await;
     add_open_routes(&stack).await;
     fast_recovering_orders(&stack).await;
     let gw = stack.gateways()[0].clone();
@@ -478,7 +469,7 @@ async fn both_orders_instances_down_gives_fast_503_and_service_recovers_by_itsel
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replicas_serve_without_the_control_plane_restart_from_cache_and_resync() {
-    let stack = start_without_auth(2).await;
+    let stack = data_planes_without_auth(2).await;
     let version = add_open_routes(&stack).await;
     let http = client();
     let get_ok = |gw: String| {
@@ -543,7 +534,7 @@ async fn replicas_serve_without_the_control_plane_restart_from_cache_and_resync(
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_megabyte_response_streams_with_flat_memory() {
     const SIZE: u64 = 52_428_800;
-    let stack = start_without_auth(1).await;
+    let stack = data_planes_without_auth(1).await;
     add_open_routes(&stack).await;
     let gw = &stack.gateways()[0];
     let pid = stack.pid("data-plane-1").unwrap();
@@ -592,7 +583,7 @@ async fn fifty_megabyte_response_streams_with_flat_memory() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn slow_upstream_gets_504_at_the_route_timeout() {
-    let stack = start_without_auth(1).await;
+    let stack = data_planes_without_auth(1).await;
     let mut route = open_route("slow-orders", "/slow/orders", "orders", "/orders");
     route.timeout_ms = 500;
     let version = stack
@@ -635,7 +626,7 @@ async fn slow_upstream_gets_504_at_the_route_timeout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn edge_cases_oversized_headers_unsafe_paths_and_spoofed_headers() {
-    let stack = start_without_auth(1).await;
+    let stack = data_planes_without_auth(1).await;
     add_open_routes(&stack).await;
     let gw = stack.gateways()[0].clone();
 
