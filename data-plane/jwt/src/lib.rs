@@ -1,4 +1,6 @@
-//! Edge JWT verification for the data plane (docs/data-plane.md, "Authenticate").
+//! Edge JWT verification for the data plane (docs/data-plane.md, "Authenticate"): the
+//! gateway's own auth service (EdDSA) and any OpenID Connect issuer (EdDSA, ES256, ES384,
+//! RS256, PS256), one [`JwtVerifier`] per issuer.
 //!
 //! ```no_run
 //! # async fn demo(headers: http::HeaderMap) -> Result<(), Box<dyn std::error::Error>> {
@@ -14,11 +16,15 @@
 //!
 //! * The JWKS is fetched over `https://` (rustls with ring; the server's certificate checked
 //!   against `jwks_ca` or the system's roots) or, on a private network only, plain `http://`.
-//! * Data planes hold public keys only, fetched from the auth service's JWKS and kept as
-//!   pre-built decoding keys per `kid`; an unknown `kid` triggers one refresh (single-flight,
-//!   cooldown), and a background task refreshes periodically so rotated keys appear.
-//! * The algorithm is pinned to EdDSA before any key is touched (no `none`, no HMAC with a public
-//!   key as secret); `exp`, `nbf`, `iss`, `aud` and `sub` are required; `exp`/`nbf` get a leeway.
+//! * Data planes hold public keys only, fetched from the issuer's JWKS (or its OpenID Connect
+//!   discovery document's `jwks_uri`) and kept as pre-built decoding keys per `kid`; an unknown
+//!   `kid` triggers one refresh (single-flight, cooldown), and a background task refreshes
+//!   periodically so rotated keys appear.
+//! * The algorithm is pinned per key, from the JWK's type (and `alg`) and the issuer's allowed
+//!   list, never from the token alone (no `none`, no HMAC with a public key as secret, no RS256
+//!   on an ES256 key); `kid` is required when the issuer publishes more than one key; `exp`,
+//!   `iss`, `aud` and the configured user id and role claims are required; `exp`/`nbf` get a
+//!   leeway.
 //! * Verified tokens are cached (bounded, keyed hash, full-token compare, `exp` checked on every
 //!   hit), so signature checks do not bound throughput.
 //!
@@ -35,6 +41,10 @@ mod verifier;
 pub use bearer::{bearer_candidate, bearer_token, is_b64token};
 pub use error::{JwtConfigError, JwtError};
 pub use gateway_clock::{Clock, ManualClock, SystemClock};
+pub use jsonwebtoken::Algorithm;
+pub use jwks::SUPPORTED_ALGORITHMS;
 #[doc(hidden)]
 pub use verifier::fuzzing;
-pub use verifier::{Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES};
+pub use verifier::{
+    Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES, claim, unverified_issuer,
+};

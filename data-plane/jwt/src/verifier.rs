@@ -1,10 +1,12 @@
-//! [`JwtVerifier`]: verifies access tokens against the auth service's JWKS.
+//! [`JwtVerifier`]: verifies access tokens against one issuer's JWKS.
 //!
 //! Order of checks on a request: verified-token cache (keyed hash, full compare, `exp`) →
-//! header (`alg` must be exactly `EdDSA`, `kid` required) → the payload's `exp`, unverified
-//! (a token that says it has expired is refused at once) → key lookup (refresh the JWKS once on
-//! an unknown `kid`, single-flight, with a cooldown) → signature and `iss`/`aud`/required claims
-//! (jsonwebtoken, algorithm pinned) → `exp`/`nbf` with leeway against the injectable clock.
+//! header (`alg` must be one of the issuer's algorithms; `kid` required unless the issuer
+//! publishes exactly one key) → the payload's `exp`, unverified (a token that says it has
+//! expired is refused at once) → key lookup (refresh the JWKS once on an unknown `kid`,
+//! single-flight, with a cooldown) → the key's pinned algorithms must include the header's →
+//! signature and `iss`/`aud`/`exp` presence (jsonwebtoken, algorithm pinned) → `exp`/`nbf` with
+//! leeway against the injectable clock → the user id, role and required claims (claim paths).
 
 use parking_lot::RwLock;
 use std::collections::HashSet;
@@ -17,32 +19,50 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderValue, Uri};
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, Validation};
 use serde::Deserialize;
 
 use crate::cache::TokenCache;
 use crate::error::{JwtConfigError, JwtError};
-use crate::jwks::{JwksClient, KeySet};
+use crate::jwks::{AlgSet, JwksClient, Key, KeySet, SUPPORTED_ALGORITHMS, Source};
 use gateway_clock::{Clock, SystemClock};
 
 /// Longest token considered at all; anything longer is refused before any work.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 
-/// Settings of a [`JwtVerifier`]. Defaults are written down in [`JwtConfig::default`].
-#[derive(Debug, Clone)]
+/// Settings of a [`JwtVerifier`]. Defaults are written down in [`JwtConfig::default`]: they are
+/// those of the gateway's own auth service (EdDSA, `sub` and `role`, `nbf` required).
+#[derive(Debug, Clone, PartialEq)]
 pub struct JwtConfig {
-    /// URL of the auth service's `/.well-known/jwks.json`: `https://`, or
+    /// URL of the issuer's JWKS (the auth service's `/.well-known/jwks.json`): `https://`, or
     /// `http://` on a private network only (the keys that decide who is
-    /// authenticated would travel unauthenticated).
+    /// authenticated would travel unauthenticated). Ignored when `discovery_url` is set.
     pub jwks_url: String,
+    /// URL of the issuer's OpenID Connect discovery document
+    /// (`…/.well-known/openid-configuration`), same schemes as `jwks_url`; when set, the JWKS
+    /// is the document's `jwks_uri` (same scheme), read again at every JWKS fetch, and the
+    /// document's `issuer` must equal `issuer`. Empty: `jwks_url` is used.
+    pub discovery_url: String,
     /// PEM CA certificate(s) an `https://` JWKS server's certificate must
     /// chain to (default: the system's roots). Read when the verifier is
     /// built; refused with an `http://` URL.
     pub jwks_ca: Option<PathBuf>,
     /// Required `iss`.
     pub issuer: String,
-    /// Required member of `aud`.
-    pub audience: String,
+    /// `aud` must contain one of these (at least one is required).
+    pub audiences: Vec<String>,
+    /// Algorithms accepted, among [`crate::SUPPORTED_ALGORITHMS`] (default EdDSA). Each key is
+    /// further pinned to what its type admits.
+    pub algorithms: Vec<Algorithm>,
+    /// Claim forwarded as `X-User-Id` (default `sub`): a claim name, or a dotted path into
+    /// nested objects (see [`claim`]). Must be a string.
+    pub user_id_claim: String,
+    /// Claim forwarded as `X-User-Role` (default `role`), a name or dotted path: a string, a
+    /// or an array of strings, which is joined with `,` in its order.
+    pub role_claim: String,
+    /// Claims (names or dotted paths) that must be present, whatever their value
+    /// (default `nbf`, which the auth service always sets). `nbf` is checked when present.
+    pub required_claims: Vec<String>,
     /// Clock skew tolerated on `exp` and `nbf` (default 30 s).
     pub leeway: Duration,
     /// Verified tokens remembered (default 10 000; 0 disables the cache).
@@ -64,8 +84,13 @@ impl Default for JwtConfig {
         Self {
             jwks_url: "http://127.0.0.1:4000/.well-known/jwks.json".to_owned(),
             jwks_ca: None,
+            discovery_url: String::new(),
             issuer: "gateway-auth".to_owned(),
-            audience: "gateway".to_owned(),
+            audiences: vec!["gateway".to_owned()],
+            algorithms: vec![Algorithm::EdDSA],
+            user_id_claim: "sub".to_owned(),
+            role_claim: "role".to_owned(),
+            required_claims: vec!["nbf".to_owned()],
             leeway: Duration::from_secs(30),
             cache_capacity: 10_000,
             refresh_cooldown: Duration::from_secs(5),
@@ -144,14 +169,40 @@ struct RawHeader {
     kid: Option<String>,
 }
 
-/// Optional so that a missing claim is reported as missing (jsonwebtoken checks presence of
-/// `exp`, `nbf`, `iss`, `aud`, `sub` after deserialising); `role` is checked here.
-#[derive(Deserialize)]
-struct Claims {
-    sub: Option<String>,
-    role: Option<String>,
-    exp: Option<u64>,
-    nbf: Option<u64>,
+/// The claims, as JSON: jsonwebtoken checks the presence of `exp`, `iss` and `aud` and the
+/// values of `iss` and `aud`; the rest is read here by claim path.
+type Claims = serde_json::Map<String, serde_json::Value>;
+
+/// The value of the claim at `path`: the claim of that exact name if there is one (so
+/// namespaced claims such as `https://example.com/roles` work), else the dotted path into
+/// nested objects (`realm_access.roles` is `claims["realm_access"]["roles"]`).
+pub fn claim<'a>(claims: &'a Claims, path: &str) -> Option<&'a serde_json::Value> {
+    if let Some(v) = claims.get(path) {
+        return Some(v);
+    }
+    let mut parts = path.split('.');
+    let mut value = claims.get(parts.next()?)?;
+    for part in parts {
+        value = value.as_object()?.get(part)?;
+    }
+    Some(value)
+}
+
+/// A claim's value as a header value's text: a string as it is and (`arrays` only) an array
+/// of strings joined with `,`. `None`: null, an empty string or an empty array.
+fn claim_text(value: &serde_json::Value, arrays: bool) -> Result<Option<String>, ()> {
+    use serde_json::Value;
+    match value {
+        Value::Null => Ok(None),
+        Value::String(s) if s.is_empty() => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        Value::Array(items) if arrays => {
+            let texts: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
+            let texts = texts.ok_or(())?;
+            Ok((!texts.is_empty()).then(|| texts.join(",")))
+        }
+        _ => Err(()),
+    }
 }
 
 struct RefreshState {
@@ -163,7 +214,11 @@ struct RefreshState {
 
 struct Inner {
     config: JwtConfig,
-    validation: Validation,
+    /// The issuer's algorithms.
+    allowed: AlgSet,
+    /// One validation per allowed algorithm (jsonwebtoken wants every algorithm of a
+    /// validation in the key's family).
+    validations: Vec<(Algorithm, Validation)>,
     keys: RwLock<Arc<KeySet>>,
     cache: TokenCache,
     clock: Arc<dyn Clock>,
@@ -182,7 +237,7 @@ struct Inner {
     cache_misses: AtomicU64,
 }
 
-/// Verifies EdDSA access tokens with the auth service's public keys. Cheap to clone (shared).
+/// Verifies access tokens with one issuer's public keys. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct JwtVerifier {
     inner: Arc<Inner>,
@@ -191,7 +246,7 @@ pub struct JwtVerifier {
 impl std::fmt::Debug for JwtVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JwtVerifier")
-            .field("jwks_url", &self.inner.config.jwks_url)
+            .field("issuer", &self.inner.config.issuer)
             .finish_non_exhaustive()
     }
 }
@@ -206,8 +261,13 @@ impl JwtVerifier {
 
     /// Like [`JwtVerifier::new`] with an injected clock (tests, benches).
     pub fn with_clock(config: JwtConfig, clock: Arc<dyn Clock>) -> Result<Self, JwtConfigError> {
-        let uri = parse_jwks_url(&config.jwks_url)?;
-        let tls = crate::tls::client_config(&uri, &config.jwks_url, config.jwks_ca.as_deref())?;
+        let url = if config.discovery_url.is_empty() {
+            &config.jwks_url
+        } else {
+            &config.discovery_url
+        };
+        let uri = parse_jwks_url(url)?;
+        let tls = crate::tls::client_config(&uri, url, config.jwks_ca.as_deref())?;
         if tls.is_none() && !is_loopback(&uri) {
             tracing::warn!(jwks_url = %uri,
                 "the JWKS is fetched over plain HTTP: keep it on a private network, or use https://");
@@ -215,25 +275,51 @@ impl JwtVerifier {
         if config.issuer.is_empty() {
             return Err(JwtConfigError::Empty("issuer"));
         }
-        if config.audience.is_empty() {
+        if config.audiences.iter().all(String::is_empty) {
             return Err(JwtConfigError::Empty("audience"));
         }
-        let mut validation = Validation::new(Algorithm::EdDSA);
-        validation.set_issuer(&[&config.issuer]);
-        validation.set_audience(&[&config.audience]);
-        validation.required_spec_claims = ["exp", "nbf", "iss", "aud", "sub"]
+        if config.user_id_claim.is_empty() {
+            return Err(JwtConfigError::Empty("user_id_claim"));
+        }
+        if config.role_claim.is_empty() {
+            return Err(JwtConfigError::Empty("role_claim"));
+        }
+        let allowed = AlgSet::of(&config.algorithms);
+        if allowed.is_empty() {
+            return Err(JwtConfigError::Empty("algorithms"));
+        }
+        let validations = SUPPORTED_ALGORITHMS
             .into_iter()
-            .map(String::from)
-            .collect::<HashSet<_>>();
-        // exp/nbf are checked below against the injectable clock (with the leeway).
-        validation.validate_exp = false;
-        validation.validate_nbf = false;
+            .filter(|&a| allowed.contains(a))
+            .map(|alg| {
+                let mut validation = Validation::new(alg);
+                validation.set_issuer(&[&config.issuer]);
+                validation.set_audience(&config.audiences);
+                validation.required_spec_claims = ["exp", "iss", "aud"]
+                    .into_iter()
+                    .map(String::from)
+                    .collect::<HashSet<_>>();
+                // exp/nbf are checked below against the injectable clock (with the leeway).
+                validation.validate_exp = false;
+                validation.validate_nbf = false;
+                (alg, validation)
+            })
+            .collect();
+        let source = if config.discovery_url.is_empty() {
+            Source::Jwks(uri)
+        } else {
+            Source::Discovery {
+                uri,
+                issuer: config.issuer.clone(),
+            }
+        };
         let inner = Arc::new(Inner {
-            validation,
+            allowed,
+            validations,
             keys: RwLock::new(Arc::new(KeySet::new())),
             cache: TokenCache::new(config.cache_capacity),
             clock,
-            client: JwksClient::new(uri, config.fetch_timeout, tls),
+            client: JwksClient::new(source, allowed, config.fetch_timeout, tls),
             refresh: tokio::sync::Mutex::new(RefreshState {
                 last_on_demand: None,
                 last_error: None,
@@ -285,7 +371,7 @@ impl JwtVerifier {
         }
         inner.cache_misses.fetch_add(1, Ordering::Relaxed);
 
-        let kid = check_header(token)?;
+        let (alg, kid) = check_header(token, inner.allowed)?;
         let leeway = inner.config.leeway.as_secs();
         // A token whose payload says it has expired is refused whatever its signature,
         // so it is refused before the signature check (an Ed25519 verification, tens of
@@ -295,27 +381,24 @@ impl JwtVerifier {
             return Err(JwtError::Expired);
         }
         let generation = inner.generation.load(Ordering::Acquire);
-        let (kid, key) = match inner.lookup(&kid) {
+        let (kid, key) = match inner.lookup(kid.as_deref())? {
             Some(found) => found,
             None => inner.refresh_for_unknown_kid(kid, generation).await?,
         };
+        // The algorithm is pinned per key: the header's must be one the key's type admits.
+        if !key.algs.contains(alg) {
+            return Err(JwtError::DisallowedAlgorithm(format!("{alg:?}")));
+        }
+        let validation = inner
+            .validations
+            .iter()
+            .find_map(|(a, v)| (*a == alg).then_some(v))
+            .ok_or_else(|| JwtError::DisallowedAlgorithm(format!("{alg:?}")))?;
 
-        let claims = jsonwebtoken::decode::<Claims>(token, &key, &inner.validation)
+        let claims = jsonwebtoken::decode::<Claims>(token, &key.decoding, validation)
             .map_err(map_decode_error)?
             .claims;
-        let missing = |c: &str| JwtError::MissingClaim(c.to_owned());
-        let (Some(sub), Some(exp), Some(nbf)) = (claims.sub, claims.exp, claims.nbf) else {
-            // Unreachable in practice: jsonwebtoken already required them.
-            return Err(missing("sub/exp/nbf"));
-        };
-        let role = claims.role.ok_or_else(|| missing("role"))?;
-        if now >= exp.saturating_add(leeway) {
-            return Err(JwtError::Expired);
-        }
-        if nbf > now.saturating_add(leeway) {
-            return Err(JwtError::NotYetValid);
-        }
-        let identity = Arc::new(Identity::new(sub, role, exp)?);
+        let identity = Arc::new(inner.identity(&claims, now)?);
         inner.cache.insert(token, kid, identity.clone(), now);
         Ok(identity)
     }
@@ -343,9 +426,10 @@ impl JwtVerifier {
     }
 }
 
-/// Validates the header before any key lookup: `alg` must be exactly `EdDSA` (so `none`, `HS*`
-/// with a public key as HMAC secret, `RS*`... never reach a verifier) and a `kid` is required.
-fn check_header(token: &str) -> Result<String, JwtError> {
+/// Validates the header before any key lookup: `alg` must be one of the issuer's algorithms
+/// (so `none`, `HS*` with a public key as HMAC secret, algorithms the issuer does not use...
+/// never reach a verifier). Returns the algorithm and the `kid`, if any.
+fn check_header(token: &str, allowed: AlgSet) -> Result<(Algorithm, Option<String>), JwtError> {
     let mut parts = token.split('.');
     let (Some(header), Some(_payload), Some(signature), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -360,10 +444,22 @@ fn check_header(token: &str) -> Result<String, JwtError> {
         .map_err(|_| JwtError::Malformed("header is not base64url"))?;
     let header: RawHeader = serde_json::from_slice(&header)
         .map_err(|_| JwtError::Malformed("header is not a JSON object with alg"))?;
-    if header.alg != "EdDSA" {
-        return Err(JwtError::DisallowedAlgorithm(header.alg));
+    match header.alg.parse::<Algorithm>() {
+        Ok(alg) if allowed.contains(alg) => Ok((alg, header.kid)),
+        _ => Err(JwtError::DisallowedAlgorithm(header.alg)),
     }
-    header.kid.ok_or(JwtError::MissingKid)
+}
+
+/// The payload's `iss`, read without verifying anything (to pick among a route's issuers);
+/// `None` when the payload does not decode or has no string `iss`.
+pub fn unverified_issuer(token: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Iss {
+        iss: Option<String>,
+    }
+    let payload = token.split('.').nth(1)?;
+    let json = URL_SAFE_NO_PAD.decode(payload).ok()?;
+    serde_json::from_slice::<Iss>(&json).ok()?.iss
 }
 
 /// The payload's `exp`, read without verifying anything; `None` when the payload
@@ -448,18 +544,64 @@ impl Inner {
         Some(configured.min(max_age))
     }
 
-    fn lookup(&self, kid: &str) -> Option<(Arc<str>, Arc<DecodingKey>)> {
+    /// The key named by `kid`; without a `kid`, the issuer's one key (`MissingKid` when it
+    /// publishes more than one; `None` when none is known yet, so the JWKS is fetched).
+    fn lookup(&self, kid: Option<&str>) -> Result<Option<(Arc<str>, Arc<Key>)>, JwtError> {
         let keys = self.keys.read();
-        keys.get_key_value(kid).map(|(k, v)| (k.clone(), v.clone()))
+        let found = match kid {
+            Some(kid) => keys.get_key_value(kid),
+            None if keys.len() > 1 => return Err(JwtError::MissingKid),
+            None => keys.iter().next(),
+        };
+        Ok(found.map(|(k, v)| (k.clone(), v.clone())))
+    }
+
+    /// Who verified `claims` speak for, after `exp` / `nbf` (with leeway) and the required
+    /// claims were checked.
+    fn identity(&self, claims: &Claims, now: u64) -> Result<Identity, JwtError> {
+        let leeway = self.config.leeway.as_secs();
+        let number = |name: &str| -> Result<Option<u64>, JwtError> {
+            match claims.get(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .map(Some)
+                    .ok_or_else(|| JwtError::InvalidClaims(format!("{name} has the wrong type"))),
+            }
+        };
+        // jsonwebtoken already required `exp`.
+        let exp = number("exp")?.ok_or_else(|| JwtError::MissingClaim("exp".to_owned()))?;
+        let nbf = number("nbf")?;
+        for required in &self.config.required_claims {
+            if claim(claims, required).is_none_or(serde_json::Value::is_null) {
+                return Err(JwtError::MissingClaim(required.clone()));
+            }
+        }
+        if now >= exp.saturating_add(leeway) {
+            return Err(JwtError::Expired);
+        }
+        if nbf.is_some_and(|nbf| nbf > now.saturating_add(leeway)) {
+            return Err(JwtError::NotYetValid);
+        }
+        let text = |path: &str, arrays: bool| -> Result<String, JwtError> {
+            let value =
+                claim(claims, path).ok_or_else(|| JwtError::MissingClaim(path.to_owned()))?;
+            claim_text(value, arrays)
+                .map_err(|()| JwtError::InvalidClaims(format!("{path} has the wrong type")))?
+                .ok_or_else(|| JwtError::MissingClaim(path.to_owned()))
+        };
+        let sub = text(&self.config.user_id_claim, false)?;
+        let role = text(&self.config.role_claim, true)?;
+        Identity::new(sub, role, exp)
     }
 
     /// One JWKS fetch for an unknown `kid`, shared by every concurrent caller and at most one
     /// per cooldown. `seen` is the fetch generation observed before the failed lookup.
     async fn refresh_for_unknown_kid(
         &self,
-        kid: String,
+        kid: Option<String>,
         seen: u64,
-    ) -> Result<(Arc<str>, Arc<DecodingKey>), JwtError> {
+    ) -> Result<(Arc<str>, Arc<Key>), JwtError> {
         let mut state = match self.refresh.try_lock() {
             Ok(state) => state,
             // A fetch is in flight: wait for it rather than start another.
@@ -477,11 +619,11 @@ impl Inner {
         }
         let last_error = state.last_error.clone();
         drop(state);
-        match self.lookup(&kid) {
+        match self.lookup(kid.as_deref())? {
             Some(found) => Ok(found),
             None => match last_error {
                 Some(e) if self.keys.read().is_empty() => Err(JwtError::KeysUnavailable(e)),
-                _ => Err(JwtError::UnknownKid(kid)),
+                _ => Err(JwtError::UnknownKid(kid.unwrap_or_default())),
             },
         }
     }

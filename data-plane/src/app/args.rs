@@ -433,7 +433,7 @@ impl Args {
             jwks_url: url.clone(),
             jwks_ca: self.jwks_ca.clone(),
             issuer: self.jwt_issuer.clone(),
-            audience: self.jwt_audience.clone(),
+            audiences: vec![self.jwt_audience.clone()],
             ..gateway_jwt::JwtConfig::default()
         })
     }

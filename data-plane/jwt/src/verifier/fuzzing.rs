@@ -8,7 +8,7 @@ use std::task::{Context, Poll, Waker};
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
-use jsonwebtoken::EncodingKey;
+use jsonwebtoken::{DecodingKey, EncodingKey};
 
 use super::*;
 use crate::{bearer_candidate, bearer_token, is_b64token};
@@ -39,7 +39,7 @@ const PUBLIC_X: &str = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
 /// cache hit with the same identity, as a refusal is never cached.
 pub fn token(data: &[u8]) {
     bearer(data);
-    let _ = crate::jwks::parse_jwks(data);
+    let _ = crate::jwks::parse_jwks(data, AlgSet::of(&crate::SUPPORTED_ALGORITHMS));
     let token = match data.iter().position(|&b| b == 0) {
         Some(at) => signed(&data[..at], &data[at + 1..]),
         None => match std::str::from_utf8(data) {
@@ -91,10 +91,14 @@ fn verify(token: &str) -> bool {
     let clock = Arc::new(ManualClock::new(Duration::from_secs(NOW)));
     // Outside a runtime: no background refresh starts.
     let verifier = JwtVerifier::with_clock(config, clock).expect("the default settings");
-    if let Ok(kid) = check_header(token) {
-        let key = DecodingKey::from_ed_components(PUBLIC_X).expect("a public key");
+    if let Ok((_, kid)) = check_header(token, AlgSet::of(&[Algorithm::EdDSA])) {
+        let decoding = DecodingKey::from_ed_components(PUBLIC_X).expect("a public key");
+        let key = Key {
+            decoding,
+            algs: AlgSet::of(&[Algorithm::EdDSA]),
+        };
         let mut keys = KeySet::new();
-        keys.insert(kid.into(), Arc::new(key));
+        keys.insert(kid.unwrap_or_default().into(), Arc::new(key));
         *verifier.inner.keys.write() = Arc::new(keys);
     }
     let Ok(identity) = at_once(verifier.verify(token)) else {
