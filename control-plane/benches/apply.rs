@@ -193,6 +193,7 @@ fn bench(c: &mut Criterion) {
                 expected_version: None,
                 certificates: Vec::new(),
                 clear_certificates: false,
+                jwt_issuers: Vec::new(),
             }
         })
         .collect();

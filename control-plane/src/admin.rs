@@ -189,7 +189,9 @@ impl AdminService for Admin {
             dry_run: req.dry_run,
             author: Some(author),
         };
-        let config = Config::new(req.routes, req.upstreams).with_certificates(req.certificates);
+        let config = Config::new(req.routes, req.upstreams)
+            .with_certificates(req.certificates)
+            .with_jwt_issuers(req.jwt_issuers);
         let mutation = if req.clear_certificates {
             Mutation::ReplaceClearingCertificates(config)
         } else {
@@ -349,6 +351,64 @@ impl AdminService for Admin {
         required_name(&req.name)?;
         self.mutate(
             Mutation::DeleteCertificate(req.name),
+            req.expected_version,
+            author,
+        )
+        .await
+    }
+
+    async fn upsert_jwt_issuer(
+        &self,
+        req: Request<UpsertJwtIssuerRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
+        let req = req.into_inner();
+        let issuer = req
+            .jwt_issuer
+            .ok_or_else(|| StoreError::Invalid("jwt_issuer: required".into()))?;
+        self.mutate(
+            Mutation::UpsertJwtIssuer(issuer),
+            req.expected_version,
+            author,
+        )
+        .await
+    }
+
+    async fn get_jwt_issuer(
+        &self,
+        req: Request<GetJwtIssuerRequest>,
+    ) -> Result<Response<JwtIssuer>, Status> {
+        let name = req.into_inner().name;
+        required_name(&name)?;
+        let cur = self.store.current();
+        cur.jwt_issuers
+            .iter()
+            .find(|i| i.name == name)
+            .cloned()
+            .map(Response::new)
+            .ok_or_else(|| StoreError::NotFound(format!("jwt issuer \"{name}\" not found")).into())
+    }
+
+    async fn list_jwt_issuers(
+        &self,
+        _: Request<ListJwtIssuersRequest>,
+    ) -> Result<Response<ListJwtIssuersResponse>, Status> {
+        let cur = self.store.current();
+        Ok(Response::new(ListJwtIssuersResponse {
+            jwt_issuers: cur.jwt_issuers.clone(),
+            version: cur.version,
+        }))
+    }
+
+    async fn delete_jwt_issuer(
+        &self,
+        req: Request<DeleteJwtIssuerRequest>,
+    ) -> Result<Response<ConfigChange>, Status> {
+        let author = auth::author(&req);
+        let req = req.into_inner();
+        required_name(&req.name)?;
+        self.mutate(
+            Mutation::DeleteJwtIssuer(req.name),
             req.expected_version,
             author,
         )

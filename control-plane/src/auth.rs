@@ -8,7 +8,9 @@
 //! * `viewer` may call the read-only AdminService RPCs (`ListApiKeys`,
 //!   `GetCertificate` and `ListCertificates` included: they show no secret),
 //!   `admin` every AdminService RPC (`CreateApiKey`, `RevokeApiKey`,
-//!   `UpsertCertificate` and `DeleteCertificate` included), `data-plane` only
+//!   `UpsertCertificate`, `DeleteCertificate`, `UpsertJwtIssuer` and
+//!   `DeleteJwtIssuer` included; viewers may `GetJwtIssuer` and
+//!   `ListJwtIssuers`), `data-plane` only
 //!   `StreamConfig`, the one place private keys travel. An admin token is
 //!   refused on `StreamConfig`, so a leaked operator token cannot pose as a
 //!   data plane (and a data-plane token can never change the configuration).
@@ -47,6 +49,8 @@ const READ_ONLY: &[&str] = &[
     "ListApiKeys",
     "GetCertificate",
     "ListCertificates",
+    "GetJwtIssuer",
+    "ListJwtIssuers",
 ];
 
 /// What a token allows.
@@ -498,6 +502,8 @@ mod tests {
             "RevokeApiKey",
             "UpsertCertificate",
             "DeleteCertificate",
+            "UpsertJwtIssuer",
+            "DeleteJwtIssuer",
         ] {
             assert!(allowed(Admin, &admin(m)), "{m}");
             assert!(!allowed(Viewer, &admin(m)), "{m}");
@@ -507,6 +513,8 @@ mod tests {
         assert!(allowed(Viewer, &admin("ListApiKeys")));
         assert!(allowed(Viewer, &admin("GetCertificate")));
         assert!(allowed(Viewer, &admin("ListCertificates")));
+        assert!(allowed(Viewer, &admin("GetJwtIssuer")));
+        assert!(allowed(Viewer, &admin("ListJwtIssuers")));
         let stream = format!("{DISCOVERY_PREFIX}StreamConfig");
         assert!(allowed(DataPlane, &stream));
         assert!(!allowed(Admin, &stream));

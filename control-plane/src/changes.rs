@@ -13,8 +13,10 @@ pub enum Kind {
     Route,
     /// An upstream.
     Upstream,
-    /// A TLS certificate (listed last).
+    /// A TLS certificate.
     Certificate,
+    /// A JWT issuer (listed last).
+    JwtIssuer,
 }
 
 /// What happened to a resource.
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Route => "route",
             Kind::Upstream => "upstream",
             Kind::Certificate => "certificate",
+            Kind::JwtIssuer => "jwt_issuer",
         }
     }
 }
@@ -66,7 +69,7 @@ impl From<&Change> for ResourceChange {
 }
 
 /// Every difference from `old` to `new`: routes first, then upstreams, then
-/// certificates, each sorted by name.
+/// certificates, then JWT issuers, each sorted by name.
 ///
 /// Both sides must be sorted by name with unique names (every stored or
 /// validated configuration is), so one merge pass finds everything.
@@ -86,6 +89,13 @@ pub fn diff(old: ConfigRef<'_>, new: ConfigRef<'_>) -> Vec<Change> {
         old.certificates,
         new.certificates,
         |c| &c.name,
+    );
+    diff_kind(
+        &mut out,
+        Kind::JwtIssuer,
+        old.jwt_issuers,
+        new.jwt_issuers,
+        |i| &i.name,
     );
     out
 }
@@ -141,7 +151,12 @@ fn change(kind: Kind, name: &str, action: Action) -> Change {
 /// Counts per kind and action, e.g. `+2 routes, ~1 upstream, -1 certificate`, or `no changes`.
 pub fn summarize(changes: &[Change]) -> String {
     let mut out = String::new();
-    for kind in [Kind::Route, Kind::Upstream, Kind::Certificate] {
+    for kind in [
+        Kind::Route,
+        Kind::Upstream,
+        Kind::Certificate,
+        Kind::JwtIssuer,
+    ] {
         for (action, sign) in [
             (Action::Added, '+'),
             (Action::Updated, '~'),

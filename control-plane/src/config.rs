@@ -1,5 +1,5 @@
-//! The content of one configuration (routes, upstreams, API keys and
-//! certificates) and the mutations operators apply to it. Pure functions: no
+//! The content of one configuration (routes, upstreams, API keys,
+//! certificates and JWT issuers) and the mutations operators apply to it. Pure functions: no
 //! I/O, no clock (sealing private keys takes random nonces from the OS).
 
 use crate::certificates::{self, CertificateNotes, carry_private_key};
@@ -8,7 +8,7 @@ use crate::error::StoreError;
 use crate::secrets::{SealedKey, SecretsKey};
 use gateway_proto::ValidationError;
 use gateway_proto::hash::HashKey;
-use gateway_proto::v1::{ApiKey, Certificate, ConfigSnapshot, Route, Upstream};
+use gateway_proto::v1::{ApiKey, Certificate, ConfigSnapshot, JwtIssuer, Route, Upstream};
 use prost::Message;
 
 /// Routes, upstreams, API keys and certificates of one configuration, each sorted by name.
@@ -26,6 +26,8 @@ pub struct Config {
     pub api_keys: Vec<ApiKey>,
     /// Every TLS certificate (with its private key, in memory only), sorted by name.
     pub certificates: Vec<Certificate>,
+    /// Every JWT issuer, sorted by name.
+    pub jwt_issuers: Vec<JwtIssuer>,
 }
 
 /// Field numbers of the stored encoding: those of `ConfigSnapshot`, plus 11
@@ -35,6 +37,7 @@ const UPSTREAMS_TAG: u32 = 4;
 const API_KEYS_TAG: u32 = 8;
 const CERTIFICATES_TAG: u32 = 10;
 const SEALED_KEYS_TAG: u32 = 11;
+const JWT_ISSUERS_TAG: u32 = 12;
 
 /// The stored encoding, decoded: a `ConfigSnapshot`'s lists and the sealed keys.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -49,6 +52,8 @@ struct Stored {
     certificates: Vec<Certificate>,
     #[prost(message, repeated, tag = "11")]
     sealed_keys: Vec<SealedKey>,
+    #[prost(message, repeated, tag = "12")]
+    jwt_issuers: Vec<JwtIssuer>,
 }
 
 /// Why stored bytes are not a configuration.
@@ -77,6 +82,7 @@ impl Config {
             upstreams,
             api_keys: Vec::new(),
             certificates: Vec::new(),
+            jwt_issuers: Vec::new(),
         }
     }
 
@@ -94,6 +100,13 @@ impl Config {
         self
     }
 
+    /// The same configuration with these JWT issuers (sorted by name).
+    pub fn with_jwt_issuers(mut self, mut jwt_issuers: Vec<JwtIssuer>) -> Self {
+        jwt_issuers.sort_by(|a, b| a.name.cmp(&b.name));
+        self.jwt_issuers = jwt_issuers;
+        self
+    }
+
     /// A borrowed view of this configuration.
     pub fn view(&self) -> ConfigRef<'_> {
         ConfigRef {
@@ -101,6 +114,7 @@ impl Config {
             upstreams: &self.upstreams,
             api_keys: &self.api_keys,
             certificates: &self.certificates,
+            jwt_issuers: &self.jwt_issuers,
         }
     }
 
@@ -143,6 +157,9 @@ impl Config {
         for k in &sealed {
             prost::encoding::message::encode(SEALED_KEYS_TAG, k, &mut buf);
         }
+        for i in &self.jwt_issuers {
+            prost::encoding::message::encode(JWT_ISSUERS_TAG, i, &mut buf);
+        }
         Ok(buf)
     }
 
@@ -151,6 +168,7 @@ impl Config {
             + prost::encoding::message::encoded_len_repeated(UPSTREAMS_TAG, &self.upstreams)
             + prost::encoding::message::encoded_len_repeated(API_KEYS_TAG, &self.api_keys)
             + prost::encoding::message::encoded_len_repeated(CERTIFICATES_TAG, &self.certificates)
+            + prost::encoding::message::encoded_len_repeated(JWT_ISSUERS_TAG, &self.jwt_issuers)
     }
 
     /// Decodes bytes written by [`Config::encode`], opening each sealed
@@ -159,7 +177,8 @@ impl Config {
         let s = Stored::decode(bytes)?;
         let mut config = Config::new(s.routes, s.upstreams)
             .with_api_keys(s.api_keys)
-            .with_certificates(s.certificates);
+            .with_certificates(s.certificates)
+            .with_jwt_issuers(s.jwt_issuers);
         for sealed in &s.sealed_keys {
             let fail = |why: &str| DecodeError::Sealed {
                 name: sealed.name.clone(),
@@ -181,11 +200,12 @@ impl Config {
     /// hash key (secrets replaced by keyed digests, so the hash shown to
     /// viewers reveals nothing about them, yet changes when one changes).
     pub fn hash(&self, key: &HashKey) -> String {
-        gateway_proto::config_hash(
+        gateway_proto::config_hash_with_issuers(
             &self.routes,
             &self.upstreams,
             &self.api_keys,
             &self.certificates,
+            &self.jwt_issuers,
             key,
         )
     }
@@ -224,6 +244,11 @@ impl Config {
         if let Err(e) = gateway_proto::validate::validate_api_keys(&self.api_keys) {
             problems.extend(e.problems);
         }
+        if let Err(e) =
+            gateway_proto::validate::validate_jwt_issuers(&self.jwt_issuers, &self.routes)
+        {
+            problems.extend(e.problems);
+        }
         if let Err(e) = gateway_proto::validate::validate_client_certificates(
             &self.upstreams,
             &self.certificates,
@@ -260,6 +285,8 @@ pub struct ConfigRef<'a> {
     pub api_keys: &'a [ApiKey],
     /// Every certificate, sorted by name.
     pub certificates: &'a [Certificate],
+    /// Every JWT issuer, sorted by name.
+    pub jwt_issuers: &'a [JwtIssuer],
 }
 
 impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
@@ -270,6 +297,7 @@ impl<'a> From<&'a ConfigSnapshot> for ConfigRef<'a> {
             upstreams: &s.upstreams,
             api_keys: &s.api_keys,
             certificates: &s.certificates,
+            jwt_issuers: &s.jwt_issuers,
         }
     }
 }
@@ -282,6 +310,7 @@ impl<'a> ConfigRef<'a> {
             upstreams: self.upstreams.to_vec(),
             api_keys: self.api_keys.to_vec(),
             certificates: self.certificates.to_vec(),
+            jwt_issuers: self.jwt_issuers.to_vec(),
         }
     }
 
@@ -352,6 +381,10 @@ pub enum Mutation {
     UpsertCertificate(Certificate),
     /// Remove the certificate of that name.
     DeleteCertificate(String),
+    /// Create or replace the JWT issuer of that name.
+    UpsertJwtIssuer(JwtIssuer),
+    /// Remove the JWT issuer of that name; refused while a route names it.
+    DeleteJwtIssuer(String),
 }
 
 impl Mutation {
@@ -424,9 +457,15 @@ impl Mutation {
                 if config.certificates.is_empty() {
                     config.certificates = current.certificates.to_vec();
                 }
+                if config.jwt_issuers.is_empty() {
+                    config.jwt_issuers = current.jwt_issuers.to_vec();
+                }
                 current.keep_credentials(config)
             }
-            Mutation::ReplaceClearingCertificates(config) => {
+            Mutation::ReplaceClearingCertificates(mut config) => {
+                if config.jwt_issuers.is_empty() {
+                    config.jwt_issuers = current.jwt_issuers.to_vec();
+                }
                 if !config.certificates.is_empty() {
                     return Err(StoreError::Invalid(
                         "certificates and clear_certificates cannot both be set".into(),
@@ -472,6 +511,8 @@ impl Mutation {
                 c.certificates.remove(i);
                 Ok(c)
             }
+            Mutation::UpsertJwtIssuer(issuer) => Ok(crate::jwt_issuers::upsert(current, issuer)),
+            Mutation::DeleteJwtIssuer(name) => crate::jwt_issuers::delete(current, &name),
             Mutation::CreateApiKey(key) => {
                 let mut c = current.to_config();
                 match c.api_keys.binary_search_by(|k| k.name.cmp(&key.name)) {
@@ -511,6 +552,8 @@ impl Mutation {
             Mutation::RevokeApiKey(n) => Some(format!("revoke api key \"{n}\"")),
             Mutation::UpsertCertificate(c) => Some(format!("upsert certificate \"{}\"", c.name)),
             Mutation::DeleteCertificate(n) => Some(format!("delete certificate \"{n}\"")),
+            Mutation::UpsertJwtIssuer(i) => Some(format!("upsert jwt issuer \"{}\"", i.name)),
+            Mutation::DeleteJwtIssuer(n) => Some(format!("delete jwt issuer \"{n}\"")),
         }
     }
 }

@@ -115,6 +115,7 @@ pub fn redact_snapshot(s: &ConfigSnapshot) -> ConfigSnapshot {
         author: s.author.clone(),
         api_keys: s.api_keys.iter().map(redact_key).collect(),
         certificates: s.certificates.iter().map(redact_certificate).collect(),
+        jwt_issuers: s.jwt_issuers.clone(),
         redacted: true,
     }
 }

@@ -207,6 +207,7 @@ impl Session {
                     api_keys: snapshot.api_keys.clone(),
                     // With their private keys: only role data-plane may open this stream.
                     certificates: snapshot.certificates.clone(),
+                    jwt_issuers: snapshot.jwt_issuers.clone(),
                 };
                 if !self.send(Ok(response)).await {
                     break;

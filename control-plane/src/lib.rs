@@ -34,6 +34,7 @@ pub mod console;
 pub mod credentials;
 pub mod discovery;
 pub mod error;
+pub mod jwt_issuers;
 pub mod logging;
 pub mod metrics;
 pub mod nodes;

@@ -64,7 +64,9 @@ pub fn load(path: &Path) -> Result<Config, SeedError> {
             reason: "dry_run and expected_version are not allowed in a seed file",
         });
     }
-    let mut config = Config::new(req.routes, req.upstreams).with_certificates(req.certificates);
+    let mut config = Config::new(req.routes, req.upstreams)
+        .with_certificates(req.certificates)
+        .with_jwt_issuers(req.jwt_issuers);
     for c in &mut config.certificates {
         crate::certificates::prepare(c);
     }

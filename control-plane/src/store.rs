@@ -339,7 +339,8 @@ impl Store {
                 Mutation::Rollback {
                     version,
                     content: Config::new(old.routes, old.upstreams)
-                        .with_certificates(old.certificates),
+                        .with_certificates(old.certificates)
+                        .with_jwt_issuers(old.jwt_issuers),
                 }
             }
         };
@@ -393,6 +394,7 @@ impl Store {
             upstreams: planned.config.upstreams,
             api_keys: planned.config.api_keys,
             certificates: planned.config.certificates,
+            jwt_issuers: planned.config.jwt_issuers,
             created_at: row.created_at,
             summary: row.summary,
             author: row.author,
@@ -644,6 +646,7 @@ fn snapshot_from_row(
         upstreams: config.upstreams,
         api_keys: config.api_keys,
         certificates: config.certificates,
+        jwt_issuers: config.jwt_issuers,
         created_at: row.created_at,
         summary: row.summary,
         author: row.author,

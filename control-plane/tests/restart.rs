@@ -69,6 +69,7 @@ async fn make_history(cp: &CpProcess) {
             expected_version: None,
             certificates: vec![],
             clear_certificates: false,
+            jwt_issuers: Vec::new(),
         })
         .await
         .unwrap();
@@ -160,6 +161,7 @@ async fn kill_9_during_a_stream_of_commits_leaves_a_consistent_database() {
             expected_version: None,
             certificates: vec![],
             clear_certificates: false,
+            jwt_issuers: Vec::new(),
         })
         .await
         .unwrap();

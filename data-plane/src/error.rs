@@ -409,6 +409,18 @@ impl ProxyError {
                 "Unauthorized",
                 "The bearer token is invalid or expired."
             ),
+            Self::Unauthorized(AuthError::UnknownIssuer) => problem!(
+                401,
+                "jwt-issuer-unknown",
+                "Unknown token issuer",
+                "The bearer token's issuer (iss) is not a JWT issuer this gateway knows."
+            ),
+            Self::Unauthorized(AuthError::IssuerNotAccepted) => problem!(
+                401,
+                "jwt-issuer-not-accepted",
+                "Token issuer not accepted",
+                "The bearer token's issuer (iss) is not one this route accepts."
+            ),
             Self::Unauthorized(AuthError::NotConfigured) => problem!(
                 401,
                 "unauthorized",
@@ -505,7 +517,9 @@ impl ProxyError {
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         match self {
-            Self::Unauthorized(AuthError::Invalid) => {
+            Self::Unauthorized(
+                AuthError::Invalid | AuthError::UnknownIssuer | AuthError::IssuerNotAccepted,
+            ) => {
                 h.insert(
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer error=\"invalid_token\""),
@@ -583,6 +597,8 @@ mod tests {
             ProxyError::Unauthorized(AuthError::Missing),
             ProxyError::Unauthorized(AuthError::Invalid),
             ProxyError::Unauthorized(AuthError::NotConfigured),
+            ProxyError::Unauthorized(AuthError::UnknownIssuer),
+            ProxyError::Unauthorized(AuthError::IssuerNotAccepted),
             ProxyError::ApiKey(ApiKeyError::Missing),
             ProxyError::ApiKey(ApiKeyError::Invalid),
             ProxyError::ClientCertificate(MtlsError::Missing),

@@ -62,6 +62,14 @@ pub async fn dump(
     let mut doc = Map::new();
     doc.insert("routes".into(), Value::Array(routes));
     doc.insert("upstreams".into(), Value::Array(upstreams));
+    if !snapshot.jwt_issuers.is_empty() {
+        let issuers = snapshot
+            .jwt_issuers
+            .iter()
+            .map(|i| escape_env(serde_json::to_value(i).unwrap_or(Value::Null)))
+            .collect();
+        doc.insert("jwtIssuers".into(), Value::Array(issuers));
+    }
     let doc = Value::Object(doc);
     let text = match format {
         Format::Json => {
@@ -111,6 +119,8 @@ fn apply_request(file: &ConfigFile, dry_run: bool, expected: Option<u64>) -> App
         // control plane's certificates as they are.
         certificates: Vec::new(),
         clear_certificates: false,
+        // Likewise for a file without JWT issuers.
+        jwt_issuers: file.jwt_issuers.clone(),
     }
 }
 
@@ -139,10 +149,16 @@ pub async fn diff(
         .map_err(io)?;
         return Ok(Outcome::Done);
     }
+    let desired_issuers = if file.jwt_issuers.is_empty() {
+        &current.jwt_issuers
+    } else {
+        &file.jwt_issuers
+    };
     let sides = Sides::new(
         (&current.routes, &current.upstreams),
         (&file.routes, &file.upstreams),
-    );
+    )
+    .with_jwt_issuers(&current.jwt_issuers, desired_issuers);
     out.write_all(sides.render(&answer.changes).as_bytes())
         .map_err(io)?;
     writeln!(

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use gateway_proto::v1::{Route, Upstream};
+use gateway_proto::v1::{JwtIssuer, Route, Upstream};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -12,7 +12,7 @@ use crate::error::CtlError;
 use crate::yaml::{self, Document};
 
 /// The sections a file may have.
-const SECTIONS: [&str; 2] = ["routes", "upstreams"];
+const SECTIONS: [&str; 4] = ["routes", "upstreams", "jwtIssuers", "jwt_issuers"];
 
 /// A configuration read from a file, not yet validated.
 #[derive(Debug, Clone)]
@@ -23,6 +23,9 @@ pub struct ConfigFile {
     pub routes: Vec<Route>,
     /// Its upstreams, in file order.
     pub upstreams: Vec<Upstream>,
+    /// Its JWT issuers (section `jwtIssuers`), in file order. Empty (or no
+    /// section) keeps the control plane's issuers as they are.
+    pub jwt_issuers: Vec<JwtIssuer>,
     /// Its nodes' lines.
     pub document: Document,
 }
@@ -68,13 +71,22 @@ pub fn parse(
         if !SECTIONS.contains(&key.as_str()) {
             problems.push(at(
                 &yaml::snake_case(key),
-                format!("unknown section `{key}` (a file has `routes` and `upstreams`)"),
+                format!(
+                    "unknown section `{key}` (a file has `routes`, `upstreams` and `jwtIssuers`)"
+                ),
             ));
         }
     }
     let routes: Vec<Route> = items(sections.get("routes"), "routes", &at, &mut problems);
     let upstreams: Vec<Upstream> =
         items(sections.get("upstreams"), "upstreams", &at, &mut problems);
+    let issuers_key = if sections.contains_key("jwt_issuers") {
+        "jwt_issuers"
+    } else {
+        "jwtIssuers"
+    };
+    let jwt_issuers: Vec<JwtIssuer> =
+        items(sections.get(issuers_key), issuers_key, &at, &mut problems);
     if !problems.is_empty() {
         return Err(CtlError::Invalid(problems));
     }
@@ -82,6 +94,7 @@ pub fn parse(
         name: name.to_owned(),
         routes,
         upstreams,
+        jwt_issuers,
         document,
     })
 }
@@ -130,11 +143,22 @@ impl ConfigFile {
     /// The control plane's own validation; each problem points at the line of
     /// the route or upstream it names (and of the field, when it names one).
     pub fn validate(&self) -> Result<(), CtlError> {
-        let Err(e) = gateway_proto::validate_config(&self.routes, &self.upstreams) else {
+        let mut all = Vec::new();
+        if let Err(e) = gateway_proto::validate_config(&self.routes, &self.upstreams) {
+            all.extend(e.problems);
+        }
+        // Without a `jwtIssuers` section the control plane keeps its issuers,
+        // which it checks the routes' jwt_issuers against.
+        if !self.jwt_issuers.is_empty()
+            && let Err(e) =
+                gateway_proto::validate::validate_jwt_issuers(&self.jwt_issuers, &self.routes)
+        {
+            all.extend(e.problems);
+        }
+        if all.is_empty() {
             return Ok(());
-        };
-        let problems = e
-            .problems
+        }
+        let problems = all
             .iter()
             .map(|p| {
                 let line = self.line_of_problem(p).unwrap_or(1);
@@ -155,6 +179,10 @@ impl ConfigFile {
             let (name, rest) = rest.split_once('"')?;
             let i = self.upstreams.iter().position(|u| u.name == name)?;
             ("upstreams", rest, i)
+        } else if let Some(rest) = problem.strip_prefix("jwt issuer \"") {
+            let (name, rest) = rest.split_once('"')?;
+            let i = self.jwt_issuers.iter().position(|u| u.name == name)?;
+            ("jwt_issuers", rest, i)
         } else {
             return None;
         };

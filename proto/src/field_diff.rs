@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::v1::{ResourceChange, Route, Upstream};
+use crate::v1::{JwtIssuer, ResourceChange, Route, Upstream};
 use serde_json::Value;
 
 /// Fields of an upstream that hold a secret, or say whether one is set
@@ -42,15 +42,25 @@ impl Sides {
         sides
     }
 
+    /// The same sides with the current and the desired JWT issuers (kind `jwt_issuer`).
+    pub fn with_jwt_issuers(mut self, current: &[JwtIssuer], desired: &[JwtIssuer]) -> Self {
+        for (map, issuers) in [(&mut self.current, current), (&mut self.desired, desired)] {
+            for i in issuers {
+                map.insert(("jwt_issuer", i.name.clone()), to_json(i));
+            }
+        }
+        self
+    }
+
     /// Each change with the fields that differ, in the order of `changes`.
     pub fn resources<'c>(&self, changes: &'c [ResourceChange]) -> Vec<ResourceDiff<'c>> {
         changes
             .iter()
             .map(|c| {
-                let kind: &'static str = if c.kind == "upstream" {
-                    "upstream"
-                } else {
-                    "route"
+                let kind: &'static str = match c.kind.as_str() {
+                    "upstream" => "upstream",
+                    "jwt_issuer" => "jwt_issuer",
+                    _ => "route",
                 };
                 let key = (kind, c.name.clone());
                 let (mark, old, new) = match c.action.as_str() {

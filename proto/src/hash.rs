@@ -20,7 +20,7 @@ use hmac::{Hmac, KeyInit as _, Mac as _};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::v1::{ApiKey, Certificate, Route, Upstream};
+use crate::v1::{ApiKey, Certificate, JwtIssuer, Route, Upstream};
 
 /// Bytes in a [`HashKey`].
 pub const HASH_KEY_LEN: usize = 32;
@@ -31,6 +31,7 @@ const ROUTES_TAG: u32 = 3;
 const UPSTREAMS_TAG: u32 = 4;
 const API_KEYS_TAG: u32 = 8;
 const CERTIFICATES_TAG: u32 = 10;
+const JWT_ISSUERS_TAG: u32 = 12;
 
 /// The secret key of the digests that stand in for secrets in
 /// [`config_hash`]: random, made once per configuration database and never
@@ -124,6 +125,20 @@ pub fn config_hash(
     certificates: &[Certificate],
     key: &HashKey,
 ) -> String {
+    config_hash_with_issuers(routes, upstreams, api_keys, certificates, &[], key)
+}
+
+/// [`config_hash`] over the JWT issuers too (`ConfigSnapshot` field 12, after
+/// the certificates): without issuers it is exactly [`config_hash`], so the
+/// hashes of versions written before issuers existed stay what they were.
+pub fn config_hash_with_issuers(
+    routes: &[Route],
+    upstreams: &[Upstream],
+    api_keys: &[ApiKey],
+    certificates: &[Certificate],
+    jwt_issuers: &[JwtIssuer],
+    key: &HashKey,
+) -> String {
     let mut routes: Vec<&Route> = routes.iter().collect();
     routes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut upstreams: Vec<&Upstream> = upstreams.iter().collect();
@@ -162,6 +177,11 @@ pub fn config_hash(
             masked_certificate(c, key).as_ref(),
         );
     }
+    let mut jwt_issuers: Vec<&JwtIssuer> = jwt_issuers.iter().collect();
+    jwt_issuers.sort_by(|a, b| a.name.cmp(&b.name));
+    for i in jwt_issuers {
+        feed(&mut digest, &mut scratch, JWT_ISSUERS_TAG, i);
+    }
     gateway_hex::encode(digest.finalize())
 }
 
@@ -182,6 +202,25 @@ pub fn plain_sha256(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jwt_issuers_change_the_hash_and_none_keep_the_old_one() {
+        let k = key(1);
+        let issuer = |aud: &str| JwtIssuer {
+            name: "idp".into(),
+            issuer: "https://idp".into(),
+            audiences: vec![aud.into()],
+            ..Default::default()
+        };
+        let plain = config_hash(&[], &[], &[], &[], &k);
+        assert_eq!(plain, config_hash_with_issuers(&[], &[], &[], &[], &[], &k));
+        let with = config_hash_with_issuers(&[], &[], &[], &[], &[issuer("a")], &k);
+        assert_ne!(with, plain);
+        assert_ne!(
+            with,
+            config_hash_with_issuers(&[], &[], &[], &[], &[issuer("b")], &k)
+        );
+    }
     use crate::v1::{ConfigSnapshot, Instance};
 
     fn route(name: &str) -> Route {

@@ -46,5 +46,5 @@ impl std::fmt::Debug for v1::Certificate {
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/gateway_descriptor.bin"));
 
-pub use hash::config_hash;
+pub use hash::{config_hash, config_hash_with_issuers};
 pub use validate::{ValidationError, validate_config};

@@ -647,6 +647,8 @@ mod proxy;
 pub use proxy::*;
 mod upstream_tls;
 pub use upstream_tls::*;
+mod jwt_issuer;
+pub use jwt_issuer::*;
 
 #[cfg(test)]
 mod tests;

@@ -413,6 +413,11 @@ impl JwtVerifier {
             .map_err(JwtError::KeysUnavailable)
     }
 
+    /// The `iss` this verifier requires.
+    pub fn issuer(&self) -> &str {
+        &self.inner.config.issuer
+    }
+
     /// Counters for metrics.
     pub fn stats(&self) -> JwtStats {
         JwtStats {
@@ -526,6 +531,9 @@ fn is_loopback(uri: &Uri) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// A key found by `kid`: the name it is published under, and the key.
+type Found = (Arc<str>, Arc<Key>);
+
 /// The background refresh never runs more often than this, whatever `max-age` says.
 const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -546,7 +554,7 @@ impl Inner {
 
     /// The key named by `kid`; without a `kid`, the issuer's one key (`MissingKid` when it
     /// publishes more than one; `None` when none is known yet, so the JWKS is fetched).
-    fn lookup(&self, kid: Option<&str>) -> Result<Option<(Arc<str>, Arc<Key>)>, JwtError> {
+    fn lookup(&self, kid: Option<&str>) -> Result<Option<Found>, JwtError> {
         let keys = self.keys.read();
         let found = match kid {
             Some(kid) => keys.get_key_value(kid),
@@ -601,7 +609,7 @@ impl Inner {
         &self,
         kid: Option<String>,
         seen: u64,
-    ) -> Result<(Arc<str>, Arc<Key>), JwtError> {
+    ) -> Result<Found, JwtError> {
         let mut state = match self.refresh.try_lock() {
             Ok(state) => state,
             // A fetch is in flight: wait for it rather than start another.

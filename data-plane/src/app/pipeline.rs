@@ -478,11 +478,16 @@ impl Pipeline {
             }
             Auth::None => return Ok(None),
         }
-        let verifier = self
-            .authenticator
-            .as_ref()
-            .ok_or(ProxyError::Unauthorized(AuthError::NotConfigured))?;
-        let identity = verifier.authenticate(parts).await?;
+        let identity = match &route.jwt {
+            Some(issuers) => issuers.authenticate(parts).await?,
+            None => {
+                let verifier = self
+                    .authenticator
+                    .as_ref()
+                    .ok_or(ProxyError::Unauthorized(AuthError::NotConfigured))?;
+                verifier.authenticate(parts).await?
+            }
+        };
         // The token has done its job; upstreams get the verified identity instead.
         parts.headers.remove(header::AUTHORIZATION);
         set_identity(&mut parts.headers, &identity);

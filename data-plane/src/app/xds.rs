@@ -326,6 +326,7 @@ async fn session(
             upstreams: resp.upstreams,
             api_keys: resp.api_keys,
             certificates: resp.certificates,
+            jwt_issuers: resp.jwt_issuers,
             ..Default::default()
         };
         let reply = match runtime.apply(snapshot, true).await {

@@ -21,7 +21,7 @@ use gateway_proto::spec::{RouteSpec, UpstreamSpec};
 use gateway_proto::v1::ConfigSnapshot;
 use gateway_proto::validate::CertificateSpec;
 use gateway_proto::validate::{
-    validate_api_keys, validate_certificates, validate_client_certificates,
+    validate_api_keys, validate_certificates, validate_client_certificates, validate_jwt_issuers,
 };
 use gateway_proto::{ValidationError, validate_config};
 use gateway_transport::pool::{InstanceTls, Protocol};
@@ -38,6 +38,7 @@ use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::policy::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::policy::cors::{CorsError, CorsPolicy};
 use crate::policy::ip_rules::IpRules;
+use crate::policy::jwt::JwtIssuers;
 use crate::policy::ratelimit::{RateLimitCompileError, RouteLimit};
 use crate::policy::router::{Router, RouterError};
 use crate::policy::signature::Signer;
@@ -96,6 +97,11 @@ pub enum CompileError {
     /// An API key that cannot be used (validation refuses it first).
     #[error(transparent)]
     ApiKey(#[from] ApiKeyCompileError),
+    /// A JWT issuer whose verifier cannot be built (validation refuses
+    /// most such settings first; an https:// JWKS without usable system CA
+    /// certificates is found here).
+    #[error("jwt issuer: {0}")]
+    JwtIssuer(#[from] gateway_jwt::JwtConfigError),
     /// An upstream's TLS client cannot be built (a CA rustls refuses, no
     /// system CA certificates, a client certificate that is not in the snapshot).
     #[error("upstream {upstream:?}: {source}")]
@@ -149,6 +155,15 @@ pub fn compile_with_members(
         .map(|c| (c.proto.name.as_str(), c))
         .collect();
     let api_keys = ApiKeys::compile(&snapshot.api_keys)?;
+    validate_jwt_issuers(&snapshot.jwt_issuers, &snapshot.routes)?;
+    let jwt_issuers = JwtIssuers::compile(
+        &snapshot.jwt_issuers,
+        snapshot
+            .routes
+            .iter()
+            .flat_map(|r| r.jwt_issuers.iter().map(String::as_str)),
+        &previous.jwt_issuers,
+    )?;
 
     let old_instances: HashMap<&InstanceKey, &Arc<InstanceState>> = previous
         .upstreams
@@ -223,6 +238,7 @@ pub fn compile_with_members(
             rewrite: (!r.rewrite_prefix.is_empty()).then(|| r.rewrite_prefix.as_str().into()),
             policies: compile_policies(spec)?,
             auth: spec.auth,
+            jwt: jwt_issuers.route(&r.jwt_issuers),
             rate_limits: spec
                 .rate_limits
                 .iter()
@@ -259,6 +275,7 @@ pub fn compile_with_members(
         upstreams,
         api_keys,
         certificates,
+        jwt_issuers,
     })
 }
 

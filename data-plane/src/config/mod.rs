@@ -30,6 +30,7 @@ use crate::upstream::UpstreamEntry;
 use crate::upstream::proxy::RouteView;
 use crate::upstream::retry::RetryPolicy;
 
+use crate::policy::jwt::{JwtIssuers, RouteJwt};
 pub use certificates::{Certificates, SniResolver};
 pub use compile::{CompileError, compile, compile_with_members};
 
@@ -50,6 +51,8 @@ pub struct Compiled {
     pub api_keys: ApiKeys,
     /// The certificates the HTTPS listener offers, by SNI host.
     pub certificates: Certificates,
+    /// One token verifier per JWT issuer that a route names.
+    pub jwt_issuers: JwtIssuers,
 }
 
 /// A route as the request path needs it.
@@ -67,6 +70,9 @@ pub struct RouteEntry {
     pub policies: RoutePolicies,
     /// Authentication the route requires.
     pub auth: Auth,
+    /// The verifier of an `AUTH_JWT` route's `jwt_issuers` (`None`: the
+    /// data plane's flag-configured issuer).
+    pub jwt: Option<Arc<RouteJwt>>,
     /// Every rate limit of the route (`rate_limit` first, then
     /// `rate_limits`), applied together after authentication.
     pub rate_limits: Box<[RouteLimit]>,

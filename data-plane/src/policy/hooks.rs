@@ -41,6 +41,14 @@ pub enum AuthError {
     /// No verifier is configured on this data plane.
     #[error("token verification is not configured on this gateway")]
     NotConfigured,
+    /// The token's `iss` is none of the configured JWT issuers (a route with
+    /// `jwt_issuers`).
+    #[error("the bearer token's issuer is unknown")]
+    UnknownIssuer,
+    /// The token's `iss` is a configured JWT issuer, but not one this route
+    /// accepts.
+    #[error("the bearer token's issuer is not accepted on this route")]
+    IssuerNotAccepted,
 }
 
 /// Verifies the caller of an `AUTH_JWT` route.

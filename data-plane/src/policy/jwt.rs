@@ -1,15 +1,184 @@
 //! The token verification stage: [`JwtAuth`] plugs `gateway-jwt`'s
-//! [`JwtVerifier`] into the pipeline's [`Authenticator`] hook.
+//! [`JwtVerifier`] into the pipeline's [`Authenticator`] hook (the data
+//! plane's flag-configured issuer, for `AUTH_JWT` routes without
+//! `jwt_issuers`); [`JwtIssuers`] holds one verifier per configured
+//! `JwtIssuer`, and [`RouteJwt`] verifies a route's tokens against the
+//! issuers it names, picking one by the token's `iss`.
 //!
 //! Every refusal maps to a 401 with `WWW-Authenticate: Bearer` (no token) or
 //! `Bearer error="invalid_token"` (anything wrong with the token); the reason
 //! itself stays in debug logs, never in the response.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures::future::BoxFuture;
-use gateway_jwt::{JwtError, JwtVerifier, bearer_candidate, is_b64token};
+use gateway_jwt::{
+    Algorithm, JwtConfig, JwtConfigError, JwtError, JwtVerifier, bearer_candidate, is_b64token,
+    unverified_issuer,
+};
+use gateway_proto::v1::JwtIssuer;
+use gateway_proto::validate::{
+    DEFAULT_JWT_ALGORITHM, DEFAULT_LEEWAY_SECONDS, DEFAULT_ROLE_CLAIM, DEFAULT_USER_ID_CLAIM,
+};
 use http::request::Parts;
 
 use crate::policy::hooks::{AuthError, Authenticator, Identity};
+
+/// A verifier's settings from a validated `JwtIssuer`.
+fn config_of(i: &JwtIssuer) -> JwtConfig {
+    let or = |v: &str, default: &str| if v.is_empty() { default } else { v }.to_owned();
+    let algorithms = if i.algorithms.is_empty() {
+        std::slice::from_ref(&DEFAULT_JWT_ALGORITHM.to_owned()).to_vec()
+    } else {
+        i.algorithms.clone()
+    };
+    JwtConfig {
+        jwks_url: i.jwks_url.clone(),
+        discovery_url: i.discovery_url.clone(),
+        issuer: i.issuer.clone(),
+        audiences: i.audiences.clone(),
+        // Validation admitted only names jsonwebtoken parses.
+        algorithms: algorithms
+            .iter()
+            .filter_map(|a| a.parse::<Algorithm>().ok())
+            .collect(),
+        user_id_claim: or(&i.user_id_claim, DEFAULT_USER_ID_CLAIM),
+        role_claim: or(&i.role_claim, DEFAULT_ROLE_CLAIM),
+        required_claims: i.required_claims.clone(),
+        leeway: Duration::from_secs(u64::from(if i.leeway_seconds == 0 {
+            DEFAULT_LEEWAY_SECONDS
+        } else {
+            i.leeway_seconds
+        })),
+        ..JwtConfig::default()
+    }
+}
+
+/// One verifier per configured `JwtIssuer` that some route names, each with
+/// its own JWKS cache and verified-token cache. A verifier survives a new
+/// configuration while its issuer's settings stay the same.
+#[derive(Default)]
+pub struct JwtIssuers {
+    by_name: HashMap<String, (JwtIssuer, JwtVerifier)>,
+    /// Every configured issuer's `iss`, to tell an unknown issuer from one
+    /// a route does not accept.
+    known: Arc<HashSet<String>>,
+}
+
+impl std::fmt::Debug for JwtIssuers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtIssuers")
+            .field("issuers", &self.by_name.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtIssuers {
+    /// Verifiers for the `issuers` some route of `used` names, reusing
+    /// `previous`'s verifier of an unchanged issuer (its keys and verified
+    /// tokens stay). A new verifier starts fetching its keys at once.
+    pub fn compile<'a>(
+        issuers: &[JwtIssuer],
+        used: impl IntoIterator<Item = &'a str>,
+        previous: &JwtIssuers,
+    ) -> Result<Self, JwtConfigError> {
+        let used: HashSet<&str> = used.into_iter().collect();
+        let mut by_name = HashMap::new();
+        for i in issuers.iter().filter(|i| used.contains(i.name.as_str())) {
+            let verifier = match previous.by_name.get(&i.name) {
+                Some((old, v)) if old == i => v.clone(),
+                _ => JwtVerifier::new(config_of(i))?,
+            };
+            by_name.insert(i.name.clone(), (i.clone(), verifier));
+        }
+        Ok(Self {
+            by_name,
+            known: Arc::new(issuers.iter().map(|i| i.issuer.clone()).collect()),
+        })
+    }
+
+    /// The verifier of a route naming `names` (validated: each exists).
+    pub fn route(&self, names: &[String]) -> Option<Arc<RouteJwt>> {
+        let issuers: Vec<JwtVerifier> = names
+            .iter()
+            .filter_map(|n| self.by_name.get(n).map(|(_, v)| v.clone()))
+            .collect();
+        (!issuers.is_empty()).then(|| {
+            Arc::new(RouteJwt {
+                issuers: issuers.into(),
+                known: Arc::clone(&self.known),
+            })
+        })
+    }
+
+    /// Each issuer's name and verifier, for metrics.
+    pub fn verifiers(&self) -> impl Iterator<Item = (&str, &JwtVerifier)> {
+        self.by_name.iter().map(|(n, (_, v))| (n.as_str(), v))
+    }
+}
+
+/// Verifies the tokens of a route with `jwt_issuers`: a token verified
+/// before is found in its issuer's cache; otherwise its `iss` picks the
+/// issuer among the route's, whose verifier checks it.
+pub struct RouteJwt {
+    issuers: Box<[JwtVerifier]>,
+    known: Arc<HashSet<String>>,
+}
+
+impl std::fmt::Debug for RouteJwt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteJwt")
+            .field("issuers", &self.issuers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteJwt {
+    /// The caller's identity, or why the request is refused.
+    pub async fn authenticate(&self, req: &Parts) -> Result<Identity, AuthError> {
+        let token = bearer_candidate(&req.headers).ok_or(AuthError::Missing)?;
+        // Each cache holds only tokens its issuer verified: a hit in the
+        // cache of one of the route's issuers is a token the route accepts.
+        let cached = self.issuers.iter().find_map(|v| v.cached(token));
+        let id = match cached {
+            Some(id) => id,
+            None if !is_b64token(token) => return Err(AuthError::Missing),
+            None => {
+                let iss = unverified_issuer(token).ok_or(AuthError::Invalid)?;
+                let verifier = self
+                    .issuers
+                    .iter()
+                    .find(|v| v.issuer() == iss)
+                    .ok_or_else(|| {
+                        tracing::debug!(%iss, "bearer token of an issuer this route does not accept");
+                        if self.known.contains(&iss) {
+                            AuthError::IssuerNotAccepted
+                        } else {
+                            AuthError::UnknownIssuer
+                        }
+                    })?;
+                verifier.verify(token).await.map_err(refusal)?
+            }
+        };
+        Ok(Identity {
+            subject: id.sub_header().clone(),
+            role: id.role_header().clone(),
+            api_key: None,
+        })
+    }
+}
+
+fn refusal(e: JwtError) -> AuthError {
+    match e {
+        JwtError::Missing => AuthError::Missing,
+        e => {
+            tracing::debug!(reason = e.label(), error = %e, "bearer token refused");
+            AuthError::Invalid
+        }
+    }
+}
 
 /// Verifies `Authorization: Bearer` tokens against the auth service's JWKS.
 #[derive(Clone)]

@@ -59,7 +59,8 @@ async fn diff(c: &Console, session: &Session, from: u64, to: u64) -> Result<Stri
             "<p class=\"empty\">Versions {from} and {to} have the same routes, upstreams and certificates.</p>"
         ));
     }
-    let sides = Sides::new((&old.routes, &old.upstreams), (&new.routes, &new.upstreams));
+    let sides = Sides::new((&old.routes, &old.upstreams), (&new.routes, &new.upstreams))
+        .with_jwt_issuers(&old.jwt_issuers, &new.jwt_issuers);
     let mut out = String::from("<div class=\"diff\">");
     for r in sides.resources(&changes) {
         let class = match r.mark {
