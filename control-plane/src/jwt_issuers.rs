@@ -69,6 +69,16 @@ mod tests {
     }
 
     #[test]
+    fn issuers_survive_the_stored_encoding_and_change_the_hash() {
+        let key = gateway_proto::hash::HashKey::from_bytes([3; 32]);
+        let plain = Config::default();
+        let c = plain.clone().with_jwt_issuers(vec![issuer("a")]);
+        let decoded = Config::decode(&c.encode(None).unwrap(), None).unwrap();
+        assert_eq!(decoded, c);
+        assert_ne!(c.hash(&key), plain.hash(&key));
+    }
+
+    #[test]
     fn delete_is_refused_while_a_route_names_the_issuer() {
         let route = Route {
             name: "orders".into(),

@@ -32,6 +32,7 @@ pub mod console;
 pub mod flags_reference;
 pub mod h2_frames;
 pub mod layers;
+pub mod oidc;
 
 /// A client for the stack's loopback addresses: never uses a proxy from the
 /// environment, 30 s overall timeout per request.
