@@ -196,6 +196,5 @@ iiOnIIQ/kSqhlhNvK7P2Td7YLA==
 -----END PRIVATE KEY-----\n";
 const RSA_1_N: &str = "3hMZel2ffrHq2RstvtyyT5djB_t0U8gD0YJr2K3ZbWOV78XWPwEjQkXhxBUWsuPv0ZwnJEu2t4qWmXg8BKxhJM_dS56bXhy0Z8ETJgPmZgiYviGjaJ4czmOcQmR3_GM2zdheMauBAzXy5qTxibpVlWA4CnbwUICG6d7I8FMYISsyCJDR1R8XCX-fqylXbehlJjYFac364nXC6XNzrs2wMzrOZ-eZM4UgL42EuEEoD7qD-1xspMKO-gmYA8cxQ4sBOCK61g2RZpUKhZulNQ1AfaPYsbEv5XHrRa9pMTQ4UyMvLYaRnSVBULokdDErLjLrqa71E_cjshdSI7vLNRkcCQ";
 
-
 criterion_group!(benches, bench);
 criterion_main!(benches);

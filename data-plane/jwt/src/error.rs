@@ -10,10 +10,11 @@ pub enum JwtError {
     /// Not a JWS compact token (wrong number of segments, bad base64, bad JSON, too long).
     #[error("malformed token: {0}")]
     Malformed(&'static str),
-    /// The header names an algorithm other than the pinned `EdDSA` (`none`, `HS256`, `RS256`...).
-    #[error("algorithm {0:?} is not accepted; only EdDSA is")]
+    /// The header names an algorithm the issuer does not allow (`none`, `HS256`, ...), or one
+    /// its key does not admit (an RS256 header on a P-256 key).
+    #[error("algorithm {0:?} is not accepted by this issuer or its key")]
     DisallowedAlgorithm(String),
-    /// The header has no `kid`.
+    /// The header has no `kid`, and the issuer publishes more than one key.
     #[error("token header has no kid")]
     MissingKid,
     /// No published key has this `kid`, even after refreshing the JWKS.
@@ -108,7 +109,7 @@ pub enum JwtConfigError {
     /// rustls refused the TLS settings.
     #[error("TLS settings for the JWKS: {0}")]
     Tls(String),
-    /// Issuer or audience is empty.
+    /// Issuer, audiences, algorithms or a claim name is empty.
     #[error("{0} must not be empty")]
     Empty(&'static str),
 }

@@ -67,7 +67,9 @@ fn unknown_fields_and_sections_are_refused_at_their_line() {
     let p = problems(&format!("{GOOD}dryRun: true\n"));
     assert_eq!(
         p,
-        ["gw.yaml:17: unknown section `dryRun` (a file has `routes` and `upstreams`)"]
+        [
+            "gw.yaml:17: unknown section `dryRun` (a file has `routes`, `upstreams` and `jwtIssuers`)"
+        ]
     );
 }
 
