@@ -28,7 +28,7 @@ use gateway_proto::v1::{
     UpsertJwtIssuerRequest,
 };
 use gateway_tests::oidc::{TestIssuer, TestKey};
-use gateway_tests::{client, data_planes_without_auth, poll, upsert_route_synced};
+use gateway_tests::{client, data_planes_without_auth, metric_sample, poll, upsert_route_synced};
 use serde_json::{Value, json};
 use tonic::Code;
 
@@ -268,6 +268,14 @@ async fn tokens_from_several_oidc_issuers_rotation_outage_and_refusals() -> Resu
     refused(&stack, "/kc/6", &unknown_kid, "unauthorized").await?;
     keycloak.set_down(false);
     dex.set_down(false);
+
+    // Per-issuer counters in /metrics: keycloak's keys were fetched more
+    // than once (rotation), both its keys are known, tokens were cached.
+    let ops = &stack.gateway_admins()[0];
+    let sample = |s: &'static str| metric_sample(ops, s);
+    ensure!(sample("gateway_jwt_issuer_jwks_fetches_total{issuer=\"keycloak\"}").await? >= 2.0);
+    ensure!(sample("gateway_jwt_issuer_keys{issuer=\"keycloak\"}").await? == 2.0);
+    ensure!(sample("gateway_jwt_issuer_cache_hits_total{issuer=\"keycloak\"}").await? >= 1.0);
 
     // An issuer a route names cannot be deleted; one no route names can.
     let err = admin

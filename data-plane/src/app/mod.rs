@@ -271,6 +271,7 @@ impl DataPlane {
             let current = certificates_of.load();
             let certificates = current.certificates.info().iter();
             metrics::write_certificates(out, certificates.map(|c| (c.name.as_str(), c.not_after)));
+            current.jwt_issuers.write_metrics(out);
             if let Some(stats) = &tls_stats {
                 stats.render(out);
             }

@@ -113,9 +113,66 @@ impl JwtIssuers {
         })
     }
 
-    /// Each issuer's name and verifier, for metrics.
-    pub fn verifiers(&self) -> impl Iterator<Item = (&str, &JwtVerifier)> {
-        self.by_name.iter().map(|(n, (_, v))| (n.as_str(), v))
+    /// Each issuer's counters in `/metrics` (Prometheus text), labelled
+    /// with its name: `gateway_jwt_issuer_*`, as `gateway_jwt_*` for the
+    /// flag-configured issuer. Nothing while no route names an issuer.
+    pub fn write_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        if self.by_name.is_empty() {
+            return;
+        }
+        let mut issuers: Vec<(&String, gateway_jwt::JwtStats)> = self
+            .by_name
+            .iter()
+            .map(|(n, (_, v))| (n, v.stats()))
+            .collect();
+        issuers.sort_by(|a, b| a.0.cmp(b.0));
+        type Field = fn(&gateway_jwt::JwtStats) -> u64;
+        let series: [(&str, &str, &str, Field); 6] = [
+            (
+                "gateway_jwt_issuer_jwks_fetches_total",
+                "counter",
+                "JWKS fetches, per JWT issuer.",
+                |s| s.jwks_fetches,
+            ),
+            (
+                "gateway_jwt_issuer_jwks_fetch_failures_total",
+                "counter",
+                "JWKS fetches that failed, per JWT issuer.",
+                |s| s.jwks_fetch_failures,
+            ),
+            (
+                "gateway_jwt_issuer_keys",
+                "gauge",
+                "Signing keys known, per JWT issuer.",
+                |s| s.keys as u64,
+            ),
+            (
+                "gateway_jwt_issuer_cached_tokens",
+                "gauge",
+                "Verified tokens in the cache, per JWT issuer.",
+                |s| s.cached_tokens as u64,
+            ),
+            (
+                "gateway_jwt_issuer_cache_hits_total",
+                "counter",
+                "Bearer tokens found in the issuer's verified-token cache.",
+                |s| s.cache_hits,
+            ),
+            (
+                "gateway_jwt_issuer_cache_misses_total",
+                "counter",
+                "Bearer tokens the issuer had to verify.",
+                |s| s.cache_misses,
+            ),
+        ];
+        for (name, kind, help, field) in series {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (issuer, stats) in &issuers {
+                // Issuer names are validated ([a-z0-9-]): nothing to escape.
+                let _ = writeln!(out, "{name}{{issuer=\"{issuer}\"}} {}", field(stats));
+            }
+        }
     }
 }
 
