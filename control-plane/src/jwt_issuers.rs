@@ -79,6 +79,27 @@ mod tests {
     }
 
     #[test]
+    fn apply_config_keeps_issuers_when_it_lists_none_and_rollback_restores_them() {
+        use crate::config::Mutation;
+        let current = Config::default().with_jwt_issuers(vec![issuer("a")]);
+        let kept = Mutation::Replace(Config::default())
+            .apply(current.view())
+            .unwrap();
+        assert_eq!(kept.jwt_issuers, vec![issuer("a")]);
+        let replaced = Mutation::Replace(Config::default().with_jwt_issuers(vec![issuer("b")]))
+            .apply(current.view())
+            .unwrap();
+        assert_eq!(replaced.jwt_issuers, vec![issuer("b")]);
+        let rolled = Mutation::Rollback {
+            version: 1,
+            content: Config::default().with_jwt_issuers(vec![issuer("c")]),
+        }
+        .apply(current.view())
+        .unwrap();
+        assert_eq!(rolled.jwt_issuers, vec![issuer("c")]);
+    }
+
+    #[test]
     fn delete_is_refused_while_a_route_names_the_issuer() {
         let route = Route {
             name: "orders".into(),

@@ -254,6 +254,25 @@ mod tests {
     }
 
     #[test]
+    fn jwt_issuers_are_diffed_by_field() {
+        use crate::v1::JwtIssuer;
+        let old = JwtIssuer {
+            name: "kc".into(),
+            audiences: vec!["a".into()],
+            ..JwtIssuer::default()
+        };
+        let new = JwtIssuer {
+            audiences: vec!["b".into()],
+            ..old.clone()
+        };
+        let sides = Sides::new((&[], &[]), (&[], &[]))
+            .with_jwt_issuers(std::slice::from_ref(&old), std::slice::from_ref(&new));
+        let text = sides.render(&[change("jwt_issuer", "kc", "updated")]);
+        assert!(text.contains("~ jwt_issuer \"kc\""), "{text}");
+        assert!(text.contains("audiences: [\"a\"] → [\"b\"]"), "{text}");
+    }
+
+    #[test]
     fn fields_that_differ_are_shown_and_secrets_never() {
         let old_route = Route {
             name: "users".into(),

@@ -9,6 +9,40 @@ fn no_env(_: &str) -> Option<String> {
     None
 }
 
+#[test]
+fn a_jwt_issuers_section_is_read_and_checked_against_the_routes() {
+    let text = "\
+routes:
+  - name: sso
+    pathPrefix: /sso
+    upstream: users
+    auth: AUTH_JWT
+    jwtIssuers: [keycloak]
+upstreams:
+  - name: users
+    instances:
+      - id: users-1
+        url: http://127.0.0.1:7001
+jwtIssuers:
+  - name: keycloak
+    issuer: https://sso.example.com/realms/acme
+    discoveryUrl: https://sso.example.com/realms/acme/.well-known/openid-configuration
+    audiences: [gateway]
+    roleClaim: realm_access.roles
+";
+    let file = parse("gw.yaml", text, &no_env).unwrap();
+    assert_eq!(file.jwt_issuers.len(), 1);
+    assert_eq!(file.jwt_issuers[0].role_claim, "realm_access.roles");
+    file.validate().unwrap();
+    let bad = text.replace("audiences: [gateway]", "audiences: []");
+    let p = problems(&bad);
+    assert!(
+        p.iter()
+            .any(|p| p.contains("jwt issuer \"keycloak\": audiences must list")),
+        "{p:?}"
+    );
+}
+
 fn problems(text: &str) -> Vec<String> {
     let file = match parse("gw.yaml", text, &no_env) {
         Ok(file) => file,
