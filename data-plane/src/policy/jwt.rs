@@ -30,7 +30,7 @@ use crate::policy::hooks::{AuthError, Authenticator, Identity};
 fn config_of(i: &JwtIssuer) -> JwtConfig {
     let or = |v: &str, default: &str| if v.is_empty() { default } else { v }.to_owned();
     let algorithms = if i.algorithms.is_empty() {
-        std::slice::from_ref(&DEFAULT_JWT_ALGORITHM.to_owned()).to_vec()
+        vec![DEFAULT_JWT_ALGORITHM.to_owned()]
     } else {
         i.algorithms.clone()
     };
@@ -326,6 +326,79 @@ impl Authenticator for JwtAuth {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn issuer(name: &str, iss: &str) -> JwtIssuer {
+        JwtIssuer {
+            name: name.into(),
+            issuer: iss.into(),
+            // Nothing listens on port 1: no key is ever known.
+            jwks_url: "http://127.0.0.1:1/jwks".into(),
+            audiences: vec!["gateway".into()],
+            ..JwtIssuer::default()
+        }
+    }
+
+    fn bearer(iss: &str) -> Parts {
+        use base64::Engine as _;
+        let b64 = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let token = format!(
+            "{}.{}.c2ln",
+            b64(r#"{"alg":"RS256","kid":"k"}"#),
+            b64(&format!(r#"{{"iss":"{iss}","exp":4000000000}}"#))
+        );
+        http::Request::get("/")
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn defaults_of_an_issuer_become_the_verifier_settings() {
+        let c = config_of(&issuer("kc", "https://kc"));
+        assert_eq!(c.algorithms, vec![Algorithm::RS256]);
+        assert_eq!(
+            (c.user_id_claim.as_str(), c.role_claim.as_str()),
+            ("sub", "role")
+        );
+        assert_eq!(c.leeway, Duration::from_secs(30));
+        assert!(
+            c.required_claims.is_empty(),
+            "nbf is not required of OIDC tokens"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_token_is_routed_by_its_iss_and_unknown_or_foreign_issuers_are_told_apart() {
+        let all = [issuer("a", "https://a"), issuer("b", "https://b")];
+        let issuers = JwtIssuers::compile(&all, ["a"], &JwtIssuers::default()).unwrap();
+        assert_eq!(
+            issuers.by_name.len(),
+            1,
+            "only issuers a route names get a verifier"
+        );
+        assert!(issuers.route(&[]).is_none());
+        let route = issuers.route(&["a".into()]).unwrap();
+        assert_eq!(
+            route.authenticate(&bearer("https://b")).await.unwrap_err(),
+            AuthError::IssuerNotAccepted
+        );
+        assert_eq!(
+            route.authenticate(&bearer("https://zz")).await.unwrap_err(),
+            AuthError::UnknownIssuer
+        );
+        // Its own issuer's verifier checks it (and, keyless, refuses it).
+        assert_eq!(
+            route.authenticate(&bearer("https://a")).await.unwrap_err(),
+            AuthError::Invalid
+        );
+    }
+}
+
+#[cfg(test)]
+mod builtin_tests {
     use super::*;
     use gateway_jwt::JwtConfig;
     use std::time::Duration;
