@@ -141,7 +141,8 @@ where
         };
     }
 
-    let hooks = match Hooks::parse(req.uri().query()) {
+    let uri = req.uri().clone();
+    let hooks = match Hooks::parse(uri.query()) {
         Ok(hooks) => hooks,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
@@ -153,6 +154,20 @@ where
         return error(config.fail_status, "injected failure (FAIL_RATE)");
     }
 
+    // `?etag=`: a request that already has this representation gets 304.
+    if let Some(etag) = hooks.etag
+        && req
+            .headers()
+            .get_all(http::header::IF_NONE_MATCH)
+            .iter()
+            .any(|v| v.as_bytes() == format!("\"{etag}\"").as_bytes())
+    {
+        let resp = Response::builder()
+            .status(StatusCode::NOT_MODIFIED)
+            .body(MockBody::full(String::new()))
+            .expect("static response parts are valid");
+        return caching_headers(resp, &hooks);
+    }
     let Some(target) = target(config.service.name(), &path) else {
         return error(StatusCode::NOT_FOUND, &format!("no such resource: {path}"));
     };
@@ -218,16 +233,42 @@ fn echo_request(
 }
 
 /// Applies the `status` and `bytes` hooks to a successful answer.
-fn finish(doc: Value, hooks: Hooks, default_status: StatusCode) -> Response<MockBody> {
+fn finish(doc: Value, hooks: Hooks<'_>, default_status: StatusCode) -> Response<MockBody> {
     let status = hooks.status.unwrap_or(default_status);
-    match hooks.bytes {
+    let resp = match hooks.bytes {
         Some(n) => Response::builder()
             .status(status)
             .header(CONTENT_TYPE, "application/octet-stream")
             .body(MockBody::generated(n))
             .expect("static response parts are valid"),
         None => json_response(status, &doc),
+    };
+    caching_headers(resp, &hooks)
+}
+
+/// The caching hooks' headers on an answer (a value that is not a valid header value is left out).
+fn caching_headers(mut resp: Response<MockBody>, hooks: &Hooks<'_>) -> Response<MockBody> {
+    use http::header::{self, HeaderValue};
+    let headers = resp.headers_mut();
+    let mut set = |name: header::HeaderName, value: Option<String>| {
+        if let Some(v) = value.and_then(|v| HeaderValue::try_from(v).ok()) {
+            headers.insert(name, v);
+        }
+    };
+    set(
+        header::CACHE_CONTROL,
+        hooks.cache_control.map(str::to_owned),
+    );
+    set(header::ETAG, hooks.etag.map(|e| format!("\"{e}\"")));
+    set(header::VARY, hooks.vary.map(str::to_owned));
+    set(header::SET_COOKIE, hooks.set_cookie.map(str::to_owned));
+    if let Some(n) = hooks.expires_in {
+        let now = std::time::SystemTime::now();
+        set(header::DATE, Some(httpdate::fmt_http_date(now)));
+        let expires = now + std::time::Duration::from_secs(n);
+        set(header::EXPIRES, Some(httpdate::fmt_http_date(expires)));
     }
+    resp
 }
 
 /// Request headers as a JSON object, lower-case name → value; repeated

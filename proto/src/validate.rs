@@ -410,6 +410,7 @@ impl Validator {
         self.rate_limits(&who, r, auth.ok());
         self.policies(&who, r);
         self.forwarding(&who, r);
+        self.cache(&who, r);
     }
 
     /// The route-level rules of an aggregation route and its parts (that each
@@ -647,6 +648,8 @@ mod proxy;
 pub use proxy::*;
 mod upstream_tls;
 pub use upstream_tls::*;
+mod cache;
+pub use cache::*;
 
 #[cfg(test)]
 mod tests;

@@ -194,6 +194,12 @@ pub struct Args {
     #[arg(long, env = "DP_MAX_WEBSOCKET_IDLE_MS", default_value_t = 3_600_000)]
     pub max_websocket_idle_ms: u64,
 
+    /// Most bytes of cached answers (routes with `cache`) a replica keeps in
+    /// memory, bodies and header fields together; past it the least recently
+    /// used answers go. 0 turns response caching off (every request goes upstream).
+    #[arg(long, env = "DP_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub cache_max_bytes: u64,
+
     /// Time in-flight requests get to finish on SIGTERM/SIGINT, in milliseconds.
     #[arg(long, env = "DP_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,

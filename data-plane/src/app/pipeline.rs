@@ -1,7 +1,7 @@
 //! The request pipeline, assembled in one place, top to bottom (docs/data-plane.md):
 //! sanitise → route → IP rules → WebSocket admission → CORS preflight →
 //! authenticate (JWT or API key) → rate-limit → request headers → [aggregate |
-//! websocket | coalesce →] balance → breaker → proxy (signing the identity for
+//! websocket | cache → coalesce →] balance → breaker → proxy (signing the identity for
 //! upstreams with a secret), then
 //! response headers and CORS response headers.
 //!
@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use crate::composition::aggregate;
 use crate::composition::coalesce::{self, Coalesced};
+use crate::composition::response_cache::{self, Cached, ResponseCache};
 use crate::composition::websocket;
 use crate::config::{Compiled, ConfigStore, RouteEntry, Target};
 use crate::error::ProxyError;
@@ -105,6 +106,9 @@ pub struct Pipeline {
     pub scheme: Scheme,
     /// The port in the redirects of `https_only` routes (443: none).
     pub https_port: u16,
+    /// The replica's stored answers for routes with `cache` (`None`:
+    /// `--cache-max-bytes 0`, every request goes upstream).
+    pub response_cache: Option<Arc<ResponseCache>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -334,6 +338,22 @@ impl Pipeline {
             return websocket::forward(route.view(), upstream, pick, parts, &path, trace, max_idle)
                 .await;
         }
+        // Cache: a fresh stored answer is served here; misses of one key share one upstream call (routes with `cache` only).
+        let (parts, body, trace) = match (&route.cache, &self.response_cache) {
+            (Some(cache), Some(store)) => {
+                let to = response_cache::Upstream {
+                    route: route.view(),
+                    upstream,
+                    affinity: key,
+                    worker: self.worker,
+                };
+                match response_cache::stage(cache, store, to, parts, body, &path, trace).await {
+                    Cached::Answered(answer) => return answer,
+                    Cached::Bypass(parts, body, trace) => (parts, body, trace),
+                }
+            }
+            _ => (parts, body, trace),
+        };
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
             Some(c) => {

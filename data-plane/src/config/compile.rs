@@ -34,6 +34,7 @@ use gateway_transport::pool::PoolSettings;
 
 use crate::composition::aggregate::{Aggregate, Part};
 use crate::composition::coalesce::{CoalesceLimits, Coalescer};
+use crate::composition::response_cache::RouteCacheEntry;
 use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::policy::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::policy::cors::{CorsError, CorsPolicy};
@@ -237,6 +238,10 @@ pub fn compile_with_members(
             coalesce: r
                 .coalesce
                 .then(|| Arc::new(Coalescer::new(CoalesceLimits::default()))),
+            cache: r
+                .cache
+                .as_ref()
+                .map(|c| RouteCacheEntry::compile(&r.name, spec.auth, c)),
             retry: spec.retry.as_ref().map(RetryPolicy::from_spec),
             websocket: spec.websocket_idle,
             metrics: old_route_metrics

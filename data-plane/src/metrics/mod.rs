@@ -15,12 +15,14 @@ use std::time::Duration;
 use gateway_transport::upstream_error::UpstreamError;
 use http::{Method, StatusCode};
 
+mod cache;
 mod certificates;
 mod composition;
 mod connections;
 mod policy;
 mod proxy;
 
+pub use cache::{ResponseCacheMetrics, write_response_cache};
 pub use certificates::write_certificates;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 pub use connections::write_connections;
@@ -223,6 +225,8 @@ pub struct Metrics {
     pub control_plane_connected: AtomicBool,
     /// Config streams opened (first connection included).
     pub control_plane_connects: AtomicU64,
+    /// The response cache's counters (`Route.cache`).
+    pub response_cache: std::sync::Arc<ResponseCacheMetrics>,
 }
 
 /// `s` escaped for a label value.

@@ -158,6 +158,7 @@ impl FakeControlPlane {
             upstreams: snapshot.upstreams.clone(),
             api_keys: snapshot.api_keys.clone(),
             certificates: snapshot.certificates.clone(),
+            purge: None,
         };
         *self.last.lock() = Some(resp.clone());
         let _ = self.pushes.send(resp);
