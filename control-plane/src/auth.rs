@@ -8,7 +8,7 @@
 //! * `viewer` may call the read-only AdminService RPCs (`ListApiKeys`,
 //!   `GetCertificate` and `ListCertificates` included: they show no secret),
 //!   `admin` every AdminService RPC (`CreateApiKey`, `RevokeApiKey`,
-//!   `UpsertCertificate` and `DeleteCertificate` included), `data-plane` only
+//!   `UpsertCertificate`, `DeleteCertificate` and `PurgeCache` included), `data-plane` only
 //!   `StreamConfig`, the one place private keys travel. An admin token is
 //!   refused on `StreamConfig`, so a leaked operator token cannot pose as a
 //!   data plane (and a data-plane token can never change the configuration).
@@ -498,6 +498,7 @@ mod tests {
             "RevokeApiKey",
             "UpsertCertificate",
             "DeleteCertificate",
+            "PurgeCache",
         ] {
             assert!(allowed(Admin, &admin(m)), "{m}");
             assert!(!allowed(Viewer, &admin(m)), "{m}");

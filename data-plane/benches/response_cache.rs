@@ -1,7 +1,8 @@
 //! Per-request cost of a response cache hit: building the key (route, Host,
 //! path, query, one listed header) and finding a fresh stored answer in the
 //! sharded store holding 10 and 10,000 keys, then copying the answer for the
-//! caller (fields and body shared, not copied).
+//! caller (fields and body shared, not copied); and the same with two
+//! threads on one key (one shard's lock contended).
 //!
 //! Run: `cargo bench -p data-plane --bench response_cache`.
 #![allow(
@@ -74,13 +75,29 @@ fn bench(c: &mut Criterion) {
             store.put(slot, stored);
         }
         let p = parts(n / 2);
-        group.bench_with_input(BenchmarkId::new("hit", n), &p, |b, p| {
-            b.iter(|| {
-                let key = entry.key(black_box(p), p.uri.path());
-                let stored = store.get(&key, &p.headers).unwrap();
-                let now = Instant::now();
-                assert!(stored.is_fresh(now));
-                black_box(stored.response())
+        let hit = |p: &http::request::Parts| {
+            let key = entry.key(black_box(p), p.uri.path());
+            let stored = store.get(&key, &p.headers).unwrap();
+            let now = Instant::now();
+            assert!(stored.is_fresh(now));
+            black_box(stored.response())
+        };
+        group.bench_with_input(BenchmarkId::new("hit", n), &p, |b, p| b.iter(|| hit(p)));
+        // Two threads (two proxy workers) hitting the same key, so the same shard's lock:
+        // the time per hit of the pair, to compare with one thread's.
+        group.bench_with_input(BenchmarkId::new("hit_2_threads_one_key", n), &p, |b, p| {
+            b.iter_custom(|iters| {
+                let start = std::time::Instant::now();
+                std::thread::scope(|s| {
+                    for _ in 0..2 {
+                        s.spawn(|| {
+                            for _ in 0..iters / 2 {
+                                hit(p);
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
             })
         });
     }

@@ -347,7 +347,11 @@ impl Pipeline {
                     affinity: key,
                     worker: self.worker,
                 };
-                match response_cache::stage(cache, store, to, parts, body, &path, trace).await {
+                // Boxed: its state (the flight, the stored answer) stays out of this future, so routes without a cache do not carry it.
+                let stage = Box::pin(response_cache::stage(
+                    cache, store, to, parts, body, &path, trace,
+                ));
+                match stage.await {
                     Cached::Answered(answer) => return answer,
                     Cached::Bypass(parts, body, trace) => (parts, body, trace),
                 }

@@ -198,12 +198,12 @@ pub async fn stage<'s, 'a>(
             .iter()
             .map(HeaderValue::as_bytes),
     );
-    let bypass = parts.method != Method::GET
+    let not_for_cache = parts.method != Method::GET
         || !body.is_end_stream()
         || asked.no_store
         || parts.headers.contains_key(header::RANGE)
         || parts.headers.contains_key(header::AUTHORIZATION);
-    if bypass {
+    if not_for_cache {
         return Cached::Bypass(parts, body, trace);
     }
     let metrics = store.metrics();
@@ -226,10 +226,10 @@ pub async fn stage<'s, 'a>(
     }
     flight.put_u8(u8::from(asked.wants_upstream()));
     let answer = match cache.flights.join(flight.freeze().into()) {
-        Join::Full => return Cached::Bypass(parts, body, trace),
+        Join::Full => return bypass(parts, body, trace, client_etags),
         Join::Follower(rx) => match coalesce::wait(rx).await {
             Some(Outcome::Shared(snapshot)) => Ok(snapshot.response()),
-            Some(Outcome::Alone) | None => return Cached::Bypass(parts, body, trace),
+            Some(Outcome::Alone) | None => return bypass(parts, body, trace, client_etags),
         },
         Join::Leader(lead) => {
             // The gateway revalidates with its own validator; the client's condition is answered below.
@@ -291,6 +291,20 @@ pub async fn stage<'s, 'a>(
         conditional(a, client_etags.as_ref())
     });
     Cached::Answered(answer)
+}
+
+/// The request handed back to be proxied as usual, with the client's
+/// `If-None-Match` back in place (the upstream answers it then).
+fn bypass<'s, 'a>(
+    mut parts: Parts,
+    body: ClientBody,
+    trace: Trace<'s, 'a>,
+    if_none_match: Option<HeaderValue>,
+) -> Cached<'s, 'a> {
+    if let Some(v) = if_none_match {
+        parts.headers.insert(header::IF_NONE_MATCH, v);
+    }
+    Cached::Bypass(parts, body, trace)
 }
 
 /// A stored answer for one caller, with its `Age` and `X-Cache`.
