@@ -373,6 +373,8 @@ impl AdminService for Admin {
     ) -> Result<Response<PurgeCacheResponse>, Status> {
         let author = auth::author(&req);
         let purge = purge::check(&self.store.current(), req.into_inner())?;
+        // The other control planes on the same Postgres hand it to their data planes.
+        self.store.announce_purge(&purge).await?;
         let (route, prefix) = (purge.route.clone(), purge.path_prefix.clone());
         let data_planes = self.purges.send(purge);
         tracing::info!(%route, path_prefix = %prefix, data_planes, %author, "cache purge sent");

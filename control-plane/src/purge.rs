@@ -5,10 +5,10 @@
 //! plane the current snapshot with `ConfigResponse.purge` set, ACKed by nonce
 //! like any push ([`crate::discovery`]).
 //!
-//! The purge reaches the data planes connected to this control plane when it
-//! is called (the answer says how many); with several control planes on one
-//! Postgres, call it on each (docs/grpc-api.md). A data plane that is not
-//! connected keeps its cached answers until they expire.
+//! With several control planes on one Postgres the purge is also announced by
+//! `NOTIFY` ([`crate::store::Store::announce_purge`]) and each other replica
+//! hands it to its own streams. A data plane that is not connected keeps its
+//! cached answers until they expire.
 
 use gateway_proto::v1::{CachePurge, ConfigSnapshot, PurgeCacheRequest};
 use tokio::sync::broadcast;

@@ -297,6 +297,7 @@ impl ControlPlane {
         ];
         // ApplyConfig of 10,000 routes is a few MB; tonic's default limit is 4 MB.
         let purges = Arc::new(Purges::default());
+        store.follow_purges(purges.clone());
         let admin = AdminServiceServer::new(
             Admin::new(store.clone(), nodes.clone()).with_purges(purges.clone()),
         )
