@@ -276,6 +276,23 @@ fn render_composition(out: &mut String, cfg: &Compiled) {
     }
     header(
         out,
+        "gateway_split_failovers_total",
+        "counter",
+        "Requests of split routes sent to another upstream than the weights chose, because that one had no available instance.",
+    );
+    for r in routes
+        .iter()
+        .filter(|r| matches!(r.target, Target::Split(_)))
+    {
+        let _ = writeln!(
+            out,
+            "gateway_split_failovers_total{{route=\"{}\"}} {}",
+            esc(&r.name),
+            r.metrics.split_failovers.load(Ordering::Relaxed)
+        );
+    }
+    header(
+        out,
         "gateway_aggregate_parts_total",
         "counter",
         "Parts of aggregation requests by route, part and outcome (ok, status, timeout, unreachable, unavailable, invalid_json, too_large).",

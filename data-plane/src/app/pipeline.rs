@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gateway_proto::spec::Auth;
@@ -39,6 +40,7 @@ use crate::metrics::{Metrics, PolicyRefusal};
 use crate::policy::api_key::X_API_KEY;
 use crate::policy::cors::{Cors, preflight_method};
 use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitBy, LimitKey, RateLimiter};
+use crate::policy::matching::MatchInput;
 use crate::policy::normalize::normalize_path;
 use crate::policy::router::host_of;
 use crate::policy::sanitize::{
@@ -316,6 +318,26 @@ impl Pipeline {
                 .await;
             }
             Target::Upstream(upstream) => upstream,
+            // Split: the side by weight (sticky: by the caller's key); a side with no available instance hands its share on.
+            Target::Split(split) => {
+                let key = match split.sticky() {
+                    None => Affinity::NONE,
+                    Some(on) => balancer::affinity_on(
+                        on,
+                        identity.as_ref().map(|id| id.subject.as_bytes()),
+                        &parts.headers,
+                        || client_ip(&parts.headers, peer.ip(), &self.trusted_proxies),
+                    ),
+                };
+                let choice = split.choose(key);
+                if choice.failed_over {
+                    route
+                        .metrics
+                        .split_failovers
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                choice.upstream
+            }
         };
 
         // Coalesce: on a `coalesce` route identical concurrent GET/HEADs share one upstream call; after rate limiting, so every caller pays.
@@ -331,15 +353,15 @@ impl Pipeline {
         if upgrade {
             let pick = balancer::pick(upstream, key, None).ok_or(ProxyError::NoInstance)?;
             let max_idle = self.limits.max_websocket_idle;
-            return websocket::forward(route.view(), upstream, pick, parts, &path, trace, max_idle)
-                .await;
+            let view = route.view_to(upstream);
+            return websocket::forward(view, upstream, pick, parts, &path, trace, max_idle).await;
         }
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
             Some(c) => {
                 match coalesce::stage(
                     c,
-                    route.view(),
+                    route.view_to(upstream),
                     upstream,
                     parts,
                     body,
@@ -363,7 +385,7 @@ impl Pipeline {
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
         let req = upstream_request(
             parts,
-            &route.view(),
+            &route.view_to(upstream),
             &path,
             RequestBody::new(
                 body,
@@ -634,13 +656,19 @@ fn route<'c>(cfg: &'c Compiled, parts: &Parts, path: &str) -> Result<&'c RouteEn
     };
     // A CORS preflight goes to the route of the method it asks about (whose
     // `methods` need not list OPTIONS), when that route handles CORS.
+    let input = MatchInput {
+        headers: &parts.headers,
+        query: parts.uri.query(),
+    };
     if let Some(asked) = preflight_method(&parts.method, &parts.headers)
-        && let Some(r) = cfg.router.find(host.as_deref(), &asked, path)
+        && let Some(r) = cfg
+            .router
+            .find_matching(host.as_deref(), &asked, path, &input)
         && r.policies.cors.is_some()
     {
         return Ok(r);
     }
     cfg.router
-        .find(host.as_deref(), &parts.method, path)
+        .find_matching(host.as_deref(), &parts.method, path, &input)
         .ok_or(ProxyError::NoRoute)
 }

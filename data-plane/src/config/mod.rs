@@ -29,6 +29,7 @@ use crate::policy::transform::HeaderTransform;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::proxy::RouteView;
 use crate::upstream::retry::RetryPolicy;
+use crate::upstream::split::Split;
 
 pub use certificates::{Certificates, SniResolver};
 pub use compile::{CompileError, compile, compile_with_members};
@@ -86,15 +87,32 @@ pub struct RouteEntry {
 }
 
 impl RouteEntry {
-    /// What forwarding, coalescing and WebSocket tunnels need of this route.
+    /// What forwarding, coalescing and WebSocket tunnels need of this route
+    /// (the signer of its one upstream; none for a split or an aggregate:
+    /// see [`RouteEntry::view_to`]).
     pub fn view(&self) -> RouteView<'_> {
+        match &self.target {
+            Target::Upstream(u) => self.view_to(u),
+            Target::Aggregate(_) | Target::Split(_) => RouteView {
+                signer: None,
+                ..self.view_to_parts()
+            },
+        }
+    }
+
+    /// [`RouteEntry::view`] for a request going to `upstream` (signed with its secret).
+    pub fn view_to<'a>(&'a self, upstream: &'a UpstreamEntry) -> RouteView<'a> {
+        RouteView {
+            signer: upstream.signer.as_ref(),
+            ..self.view_to_parts()
+        }
+    }
+
+    fn view_to_parts(&self) -> RouteView<'_> {
         RouteView {
             prefix: &self.prefix,
             rewrite: self.rewrite.as_deref(),
-            signer: match &self.target {
-                Target::Upstream(u) => u.signer.as_ref(),
-                Target::Aggregate(_) => None,
-            },
+            signer: None,
             timeout: self.timeout,
             retry: self.retry.as_ref(),
             websocket: self.websocket,
@@ -124,6 +142,8 @@ pub enum Target {
     Upstream(Arc<UpstreamEntry>),
     /// Fanned out to the parts of an aggregation (`Route.aggregate`).
     Aggregate(Arc<Aggregate>),
+    /// Split over several upstreams by weight (`Route.split`).
+    Split(Arc<Split>),
 }
 
 /// Holds the current snapshot. The only place a configuration is published.

@@ -107,6 +107,9 @@ pub struct RouteMetrics {
     pub policy: PolicyMetrics,
     /// WebSocket tunnels (`websocket` routes).
     pub websocket: WebSocketMetrics,
+    /// Requests of a `split` route sent to another side than the weights
+    /// chose, because that one had no available instance.
+    pub split_failovers: AtomicU64,
 }
 
 impl RouteMetrics {

@@ -16,6 +16,8 @@ pub mod dns;
 pub mod health;
 pub mod proxy;
 pub mod retry;
+pub mod split;
+pub mod weights;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,7 +27,7 @@ use gateway_transport::pool::{InstanceTls, Pool, PoolSettings, Protocol};
 
 use crate::metrics::InstanceMetrics;
 use crate::policy::signature::Signer;
-use balancer::Policy;
+use balancer::{Policy, Weights};
 use breaker::{Breaker, BreakerSettings};
 use health::HealthSettings;
 use retry::RetryBudget;
@@ -52,6 +54,8 @@ pub struct UpstreamEntry {
     pub health: Option<HealthSettings>,
     /// Signs the identity of every request forwarded to it (`identity_signing_secret`).
     pub signer: Option<Signer>,
+    /// The instances' weights (`None`: all 1).
+    pub weights: Option<Weights>,
     /// Round-robin cursor.
     pub(crate) cursor: AtomicUsize,
     /// Retry budget and retry counters, carried over while the name stays.
@@ -74,6 +78,7 @@ impl UpstreamEntry {
             breaker,
             health,
             signer: None,
+            weights: None,
             cursor: AtomicUsize::new(0),
             retry: Arc::default(),
         }
@@ -95,6 +100,12 @@ impl UpstreamEntry {
     /// The same entry with balancing `policy` (the default is round-robin).
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// The same entry with instance weights (`None`: all 1).
+    pub fn with_weights(mut self, weights: Option<Weights>) -> Self {
+        self.weights = weights;
         self
     }
 
