@@ -107,6 +107,7 @@ pub fn validate_config<'a>(
                 r.name, r.upstream
             ));
         }
+        v.mirror(r, &upstream_names);
         for (i, part) in r.aggregate.iter().flat_map(|a| a.parts.iter().enumerate()) {
             if !part.upstream.is_empty() && !upstream_names.contains(part.upstream.as_str()) {
                 v.push(format!(
@@ -510,6 +511,9 @@ impl Validator {
         if let Some(cb) = &u.circuit_breaker {
             self.circuit_breaker(&who, cb);
         }
+        if let Some(o) = &u.outlier_detection {
+            self.outlier_detection(&who, o);
+        }
         self.identity_signing(&who, u);
     }
 
@@ -647,6 +651,8 @@ mod proxy;
 pub use proxy::*;
 mod upstream_tls;
 pub use upstream_tls::*;
+mod traffic;
+pub use traffic::*;
 
 #[cfg(test)]
 mod tests;
@@ -662,6 +668,9 @@ mod proxy_tests;
 
 #[cfg(test)]
 mod limits_tests;
+
+#[cfg(test)]
+mod traffic_tests;
 
 /// [`validate_config`] for the tests, which look at the verdict only.
 #[cfg(test)]

@@ -171,6 +171,7 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
             i.metrics.breaker_opened.load(Ordering::Relaxed)
         );
     }
+    render_outliers(&mut out, cfg);
 
     header(
         &mut out,
@@ -382,6 +383,46 @@ fn render_proxy(out: &mut String, cfg: &Compiled) {
             "gateway_retry_budget_refusals_total{{upstream=\"{}\"}} {}",
             esc(&u.name),
             u.retry.refused()
+        );
+    }
+}
+
+/// Appends the outlier-detection series of every instance of an upstream with
+/// `outlier_detection` (`gateway_outlier_ejections_total`, `gateway_outlier_ejected`).
+fn render_outliers(out: &mut String, cfg: &Compiled) {
+    let instances = || {
+        cfg.upstreams
+            .iter()
+            .filter(|u| u.outlier.is_some())
+            .flat_map(|u| u.instances.iter().map(move |i| (u, i)))
+    };
+    header(
+        out,
+        "gateway_outlier_ejections_total",
+        "counter",
+        "Times outlier detection ejected an instance (failure rate over the threshold).",
+    );
+    for (u, i) in instances() {
+        let _ = writeln!(
+            out,
+            "gateway_outlier_ejections_total{{{}}} {}",
+            labels(&u.name, &i.id),
+            i.outlier.ejections()
+        );
+    }
+    header(
+        out,
+        "gateway_outlier_ejected",
+        "gauge",
+        "1 while outlier detection keeps an instance out of balancing.",
+    );
+    let now = crate::upstream::outlier::now_ms();
+    for (u, i) in instances() {
+        let _ = writeln!(
+            out,
+            "gateway_outlier_ejected{{{}}} {}",
+            labels(&u.name, &i.id),
+            u8::from(i.outlier.ejected_for(now).is_some())
         );
     }
 }

@@ -45,6 +45,7 @@ use crate::policy::transform::{HeaderTransform, TransformError};
 use crate::upstream::balancer::Policy;
 use crate::upstream::dns::{self, Members};
 use crate::upstream::health::HealthSettings;
+use crate::upstream::outlier;
 use crate::upstream::retry::{RetryBudget, RetryPolicy};
 
 /// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
@@ -417,7 +418,10 @@ fn compile_upstream(
     let health = spec.health_check.as_ref().map(HealthSettings::from_spec);
     let entry = UpstreamEntry::new(name, instances, spec.breaker, health)
         .with_policy(Policy::from_spec(&spec.balancing))
-        .with_signer(Signer::new(&u.identity_signing_secret));
+        .with_signer(Signer::new(&u.identity_signing_secret))
+        .with_outlier(u.outlier_detection.as_ref().map(|o| {
+            outlier::Outlier::new(outlier::OutlierSettings::from_proto(o))
+        }));
     Ok(match target {
         Some(t) => entry.with_discovery(t),
         None => entry,
