@@ -390,6 +390,7 @@ fn render_proxy(out: &mut String, cfg: &Compiled) {
 /// Appends the outlier-detection series of every instance of an upstream with
 /// `outlier_detection` (`gateway_outlier_ejections_total`, `gateway_outlier_ejected`).
 fn render_outliers(out: &mut String, cfg: &Compiled) {
+    let labels = |u: &str, i: &str| format!("upstream=\"{}\",instance=\"{}\"", esc(u), esc(i));
     let instances = || {
         cfg.upstreams
             .iter()
