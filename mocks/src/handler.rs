@@ -41,7 +41,10 @@ where
     let path = req.uri().path();
     if path == "/stats" {
         let mut response = match *req.method() {
-            Method::GET => json_response(StatusCode::OK, &json!({"requests": stats.requests()})),
+            Method::GET => json_response(
+                StatusCode::OK,
+                &json!({"requests": stats.requests(), "recent": stats.recent()}),
+            ),
             _ => method_not_allowed("GET"),
         };
         if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
@@ -62,7 +65,7 @@ where
     let mut response = match check_identity(config, &req) {
         Err(why) => error(StatusCode::UNAUTHORIZED, &why.to_string()),
         Ok(()) if path == websocket::PATH => websocket::answer(config, req),
-        Ok(()) => answer(config, req).await,
+        Ok(()) => answer(config, stats, req).await,
     };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
@@ -119,7 +122,7 @@ enum Target<'a> {
     Deeper,
 }
 
-async fn answer<B>(config: &MockConfig, req: Request<B>) -> Response<MockBody>
+async fn answer<B>(config: &MockConfig, stats: &RequestStats, req: Request<B>) -> Response<MockBody>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -141,6 +144,10 @@ where
         };
     }
 
+    // Kept on arrival (a POST once its body is counted, with `body_bytes`).
+    if req.method() != Method::POST {
+        stats.keep(kept(req.method(), req.uri(), req.headers(), None));
+    }
     let hooks = match Hooks::parse(req.uri().query()) {
         Ok(hooks) => hooks,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
@@ -176,6 +183,12 @@ where
                     );
                 }
             };
+            stats.keep(kept(
+                &parts.method,
+                &parts.uri,
+                &parts.headers,
+                Some(received),
+            ));
             let mut doc = json!({"received_bytes": received});
             echo_request(&mut doc, config, &parts.method, &parts.uri, &parts.headers);
             return finish(doc, hooks, StatusCode::OK);
@@ -184,6 +197,18 @@ where
     };
     echo_request(&mut doc, config, &method, req.uri(), req.headers());
     finish(doc, hooks, StatusCode::OK)
+}
+
+/// What `/stats` shows of one request: method, path, query, headers (as in
+/// the echo) and, for a POST, the body's size.
+fn kept(method: &Method, uri: &http::Uri, headers: &HeaderMap, body_bytes: Option<u64>) -> Value {
+    json!({
+        "method": method.as_str(),
+        "path": uri.path(),
+        "query": uri.query(),
+        "headers": header_echo(headers),
+        "body_bytes": body_bytes,
+    })
 }
 
 /// Splits `path` into the service's resource, or `None` when it is not under `/{service}`.

@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use crate::config::{Compiled, Target};
-use crate::metrics::{CoalesceAlone, Metrics, PartOutcome, PolicyRefusal, esc, header};
+use crate::metrics::{
+    CoalesceAlone, Metrics, MirrorOutcome, PartOutcome, PolicyRefusal, esc, header,
+};
 use crate::upstream::breaker::BreakerState;
 use crate::upstream::retry::RetryReason;
 
@@ -40,6 +42,7 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
     }
 
     render_composition(&mut out, cfg);
+    render_mirror(&mut out, m, cfg);
     render_policy(&mut out, cfg);
     render_proxy(&mut out, cfg);
 
@@ -426,4 +429,36 @@ fn render_outliers(out: &mut String, cfg: &Compiled) {
             u8::from(i.outlier.ejected_for(now).is_some())
         );
     }
+}
+
+/// Appends the counters of `mirror` routes and the replica's copies in flight.
+fn render_mirror(out: &mut String, m: &Metrics, cfg: &Compiled) {
+    header(
+        out,
+        "gateway_mirror_requests_total",
+        "counter",
+        "Sampled copies of mirror routes' requests, by outcome (sent, shed, failed, body_too_large).",
+    );
+    for r in cfg.router.routes().iter().filter(|r| r.mirror.is_some()) {
+        for outcome in MirrorOutcome::ALL {
+            let _ = writeln!(
+                out,
+                "gateway_mirror_requests_total{{route=\"{}\",outcome=\"{}\"}} {}",
+                esc(&r.name),
+                outcome.as_str(),
+                r.metrics.mirror.count(outcome)
+            );
+        }
+    }
+    header(
+        out,
+        "gateway_mirror_in_flight",
+        "gauge",
+        "Mirrored copies in flight in this replica (at most --mirror-max-in-flight).",
+    );
+    let _ = writeln!(
+        out,
+        "gateway_mirror_in_flight {}",
+        m.mirror_in_flight.load(Ordering::Relaxed)
+    );
 }

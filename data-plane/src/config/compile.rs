@@ -34,6 +34,7 @@ use gateway_transport::pool::PoolSettings;
 
 use crate::composition::aggregate::{Aggregate, Part};
 use crate::composition::coalesce::{CoalesceLimits, Coalescer};
+use crate::composition::mirror::Mirror;
 use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::policy::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::policy::cors::{CorsError, CorsPolicy};
@@ -239,6 +240,13 @@ pub fn compile_with_members(
                 .coalesce
                 .then(|| Arc::new(Coalescer::new(CoalesceLimits::default()))),
             retry: spec.retry.as_ref().map(RetryPolicy::from_spec),
+            mirror: match &r.mirror {
+                Some(m) => Some(Mirror {
+                    upstream: upstream(&m.upstream)?,
+                    percent: m.percent,
+                }),
+                None => None,
+            },
             websocket: spec.websocket_idle,
             metrics: old_route_metrics
                 .get(r.name.as_str())
@@ -419,9 +427,11 @@ fn compile_upstream(
     let entry = UpstreamEntry::new(name, instances, spec.breaker, health)
         .with_policy(Policy::from_spec(&spec.balancing))
         .with_signer(Signer::new(&u.identity_signing_secret))
-        .with_outlier(u.outlier_detection.as_ref().map(|o| {
-            outlier::Outlier::new(outlier::OutlierSettings::from_proto(o))
-        }));
+        .with_outlier(
+            u.outlier_detection
+                .as_ref()
+                .map(|o| outlier::Outlier::new(outlier::OutlierSettings::from_proto(o))),
+        );
     Ok(match target {
         Some(t) => entry.with_discovery(t),
         None => entry,

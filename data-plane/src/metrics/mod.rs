@@ -18,12 +18,14 @@ use http::{Method, StatusCode};
 mod certificates;
 mod composition;
 mod connections;
+mod mirror;
 mod policy;
 mod proxy;
 
 pub use certificates::write_certificates;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 pub use connections::write_connections;
+pub use mirror::{MirrorMetrics, MirrorOutcome};
 pub use policy::{PolicyMetrics, PolicyRefusal};
 pub use proxy::WebSocketMetrics;
 
@@ -107,6 +109,8 @@ pub struct RouteMetrics {
     pub policy: PolicyMetrics,
     /// WebSocket tunnels (`websocket` routes).
     pub websocket: WebSocketMetrics,
+    /// Mirrored copies by outcome (`mirror` routes).
+    pub mirror: MirrorMetrics,
 }
 
 impl RouteMetrics {
@@ -223,6 +227,8 @@ pub struct Metrics {
     pub control_plane_connected: AtomicBool,
     /// Config streams opened (first connection included).
     pub control_plane_connects: AtomicU64,
+    /// Mirrored copies in flight in the replica (capped by --mirror-max-in-flight).
+    pub mirror_in_flight: AtomicU64,
 }
 
 /// `s` escaped for a label value.

@@ -140,7 +140,11 @@ fn pack(epoch: u64, attempts: u64, failures: u64) -> u64 {
 }
 
 fn unpack(v: u64) -> (u64, u64, u64) {
-    (v >> (2 * COUNT_BITS), (v >> COUNT_BITS) & COUNT_MAX, v & COUNT_MAX)
+    (
+        v >> (2 * COUNT_BITS),
+        (v >> COUNT_BITS) & COUNT_MAX,
+        v & COUNT_MAX,
+    )
 }
 
 impl OutlierState {
@@ -189,7 +193,11 @@ impl OutlierState {
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
             let (t, attempts, failures) = unpack(cur);
-            let (attempts, failures) = if t == tag { (attempts, failures) } else { (0, 0) };
+            let (attempts, failures) = if t == tag {
+                (attempts, failures)
+            } else {
+                (0, 0)
+            };
             let next = pack(
                 tag,
                 (attempts + 1).min(COUNT_MAX),

@@ -48,7 +48,11 @@ fn upstream(n: usize, s: OutlierSettings) -> UpstreamEntry {
 /// Counts `n` attempts of instance `i` at `now`, every other one failed
 /// (ending with a failure); true when any crossed the threshold.
 fn half_failing(state: &OutlierState, s: &OutlierSettings, now: u64, n: u64) -> bool {
-    (0..n).fold(false, |hit, k| state.count(s, now, k % 2 == 1) || hit)
+    let mut hit = false;
+    for k in 0..n {
+        hit |= state.count(s, now, k % 2 == 1);
+    }
+    hit
 }
 
 #[test]
@@ -92,7 +96,11 @@ fn the_window_slides_by_buckets() {
     // Ten buckets later the first one has left the window.
     assert_eq!(st.window(&s, 10_000), (0, 0));
     st.count(&s, 10_500, false);
-    assert_eq!(st.window(&s, 10_500), (1, 0), "its slot was reused, not added to");
+    assert_eq!(
+        st.window(&s, 10_500),
+        (1, 0),
+        "its slot was reused, not added to"
+    );
     // Failures spread over the window add up.
     let st = OutlierState::default();
     for t in 0..10 {
@@ -108,7 +116,11 @@ fn at_most_max_ejection_percent_rounded_down_at_least_one_never_all() {
     assert_eq!(max_ejected(2, 10), 1);
     assert_eq!(max_ejected(2, 100), 1);
     assert_eq!(max_ejected(3, 50), 1, "1.5 rounds down");
-    assert_eq!(max_ejected(3, 10), 1, "0.3 rounds down to 0, but at least one");
+    assert_eq!(
+        max_ejected(3, 10),
+        1,
+        "0.3 rounds down to 0, but at least one"
+    );
     assert_eq!(max_ejected(4, 50), 2);
     assert_eq!(max_ejected(10, 100), 9);
     assert_eq!(max_ejected(10, 35), 3);
@@ -124,7 +136,11 @@ fn ejection_grows_with_repeats_is_capped_and_decays() {
         ejection_ms: 600_000,
         ..s
     };
-    assert_eq!(long.ejection_for(5), 600_000, "the cap is never below ejection_ms");
+    assert_eq!(
+        long.ejection_for(5),
+        600_000,
+        "the cap is never below ejection_ms"
+    );
 
     let st = OutlierState::default();
     assert_eq!(st.eject(&s, 0), 1_000);
