@@ -473,7 +473,44 @@ mod tests {
         assert_eq!(response.headers()[INSTANCE_HEADER], "users-1");
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let doc: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(doc, json!({"requests": 3}));
+        assert_eq!(doc["requests"], 3);
+        let kept: Vec<(&str, &str)> = doc["recent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["method"].as_str().unwrap(), r["path"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("GET", "/users/1"),
+                ("GET", "/users/2"),
+                ("GET", "/nowhere")
+            ]
+        );
+        assert_eq!(doc["recent"][1]["query"], "status=500");
+    }
+
+    #[tokio::test]
+    async fn stats_keep_a_post_with_its_body_size_and_headers() {
+        let config = users();
+        let stats = RequestStats::default();
+        let tracer = Tracer::disabled();
+        let post = Request::post("/users/1/notes")
+            .header("x-gateway-mirror", "1")
+            .body(Full::new(Bytes::from_static(b"hello")))
+            .unwrap();
+        let _ = handle(&config, &tracer, &stats, post).await;
+        let recent = stats.recent();
+        assert_eq!(recent.len(), 1);
+        assert_eq!(recent[0]["method"], "POST");
+        assert_eq!(recent[0]["body_bytes"], 5);
+        assert_eq!(recent[0]["headers"]["x-gateway-mirror"], "1");
+        for i in 0..crate::stats::RECENT + 5 {
+            stats.keep(json!(i));
+        }
+        assert_eq!(stats.recent().len(), crate::stats::RECENT, "bounded");
+        assert_eq!(stats.recent()[0], json!(5), "oldest dropped first");
     }
 
     #[tokio::test]

@@ -147,11 +147,12 @@ async fn mirror_at_100_percent_copies_every_request_with_identity_body_and_marke
     let url = format!("{}/shadowed", stack.gateways()[0]);
     let http = client();
 
-    // Every caller gets the primary's answer.
+    // Every caller gets the primary's answer; a client's own marker never passes.
     for i in 0..20 {
         let r = http
             .get(format!("{url}/{i}"))
             .header("x-api-key", &key)
+            .header("x-gateway-mirror", "forged")
             .send()
             .await
             .unwrap();

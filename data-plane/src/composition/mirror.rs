@@ -24,7 +24,7 @@ use gateway_telemetry::SpanParent;
 use gateway_transport::body::{RequestBody, ResponseBody};
 use gateway_transport::tee::{Tee, TeeReceiver};
 use gateway_transport::workers::Worker;
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::request::Parts;
 use http_body_util::BodyExt as _;
 use rand::Rng as _;
@@ -38,8 +38,8 @@ use crate::upstream::proxy::{self, RouteView, upstream_request};
 
 pub use gateway_proto::validate::MAX_MIRROR_BODY_BYTES;
 
-/// The marker every copy carries.
-pub static X_GATEWAY_MIRROR: HeaderName = HeaderName::from_static("x-gateway-mirror");
+/// The marker every copy carries (a client's own is removed when sanitising).
+pub use crate::policy::sanitize::X_GATEWAY_MIRROR;
 
 /// A route's `mirror`, compiled.
 #[derive(Debug)]
