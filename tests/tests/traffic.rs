@@ -231,6 +231,50 @@ async fn mirror_at_100_percent_copies_every_request_with_identity_body_and_marke
     stack.shutdown().await;
 }
 
+/// A chunked request body (no Content-Length) of `chunks` × `size` bytes.
+fn chunked(chunks: usize, size: usize) -> reqwest::Body {
+    let parts = (0..chunks).map(move |_| Ok::<_, std::io::Error>(vec![b'z'; size]));
+    reqwest::Body::wrap_stream(futures::stream::iter(parts))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chunked_bodies_are_teed_up_to_the_cap_and_larger_ones_are_not_mirrored() {
+    let stack = one_data_plane(&[]).await;
+    let ops = &stack.gateway_admins()[0];
+    let shadow = LocalMock::start("shadow-1", 0.0, Duration::ZERO).await;
+    upsert_upstream_synced(&stack, upstream("shadow", &[("shadow-1", shadow.url())]))
+        .await
+        .unwrap();
+    upsert_route_synced(&stack, mirrored("chunked", 100))
+        .await
+        .unwrap();
+    let url = format!("{}/chunked/1/notes", stack.gateways()[0]);
+    let http = client();
+    // 3 KiB in three chunks: the size is known only at the end, the copy leaves then.
+    let small = http.post(&url).body(chunked(3, 1024)).send().await.unwrap();
+    assert_eq!(
+        small.json::<Value>().await.unwrap()["received_bytes"],
+        3 * 1024
+    );
+    // 160 KiB: the tee gives up past 64 KiB while the primary gets every byte.
+    let large = http
+        .post(&url)
+        .body(chunked(20, 8192))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        large.json::<Value>().await.unwrap()["received_bytes"],
+        20 * 8192
+    );
+    wait_mirror_count(ops, "chunked", "sent", 1.0).await;
+    wait_mirror_count(ops, "chunked", "body_too_large", 1.0).await;
+    let seen = stats(shadow.port).await;
+    assert_eq!(seen["requests"], 1, "{seen}");
+    assert_eq!(seen["recent"][0]["body_bytes"], 3 * 1024, "{seen}");
+    stack.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn mirror_at_50_percent_copies_about_half() {
     let stack = one_data_plane(&[]).await;
