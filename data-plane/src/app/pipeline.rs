@@ -408,7 +408,7 @@ impl Pipeline {
         body: &ClientBody,
         span: &dyn ClientSpans,
     ) -> Option<Tee> {
-        let copy = mirror::Copy {
+        let copy = mirror::MirrorRequest {
             mirror,
             route: route.view(),
             parts,

@@ -58,7 +58,7 @@ impl Mirror {
 }
 
 /// Everything a copy needs of the request and its route.
-pub struct Copy<'r> {
+pub struct MirrorRequest<'r> {
     /// The route's mirror.
     pub mirror: &'r Mirror,
     /// The route (prefix, rewrite, timeout, counters).
@@ -81,7 +81,7 @@ pub struct Copy<'r> {
 /// unknown yet). Returns the tee to attach to the primary's body when the
 /// copy waits for it; `None` when the copy left already (no body), or was
 /// not made (shed, body too large, a head that cannot be copied).
-pub fn start(copy: Copy<'_>, bodiless: bool, body_size: Option<u64>) -> Option<Tee> {
+pub fn start(copy: MirrorRequest<'_>, bodiless: bool, body_size: Option<u64>) -> Option<Tee> {
     let metrics = &copy.route.metrics.mirror;
     if body_size.is_some_and(|n| n > MAX_MIRROR_BODY_BYTES) {
         metrics.record(MirrorOutcome::BodyTooLarge);
