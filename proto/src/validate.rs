@@ -123,6 +123,7 @@ pub fn validate_config<'a>(
                 ));
             }
         }
+        v.mirror(r, &upstream_names);
         for (i, part) in r.aggregate.iter().flat_map(|a| a.parts.iter().enumerate()) {
             if !part.upstream.is_empty() && !upstream_names.contains(part.upstream.as_str()) {
                 v.push(format!(
@@ -546,6 +547,9 @@ impl Validator {
         if let Some(cb) = &u.circuit_breaker {
             self.circuit_breaker(&who, cb);
         }
+        if let Some(o) = &u.outlier_detection {
+            self.outlier_detection(&who, o);
+        }
         self.identity_signing(&who, u);
     }
 
@@ -687,12 +691,17 @@ mod matching;
 pub use matching::*;
 mod split;
 pub use split::*;
+mod traffic;
+pub use traffic::*;
 
 #[cfg(test)]
 mod tests;
 
 #[cfg(test)]
 mod traffic_tests;
+
+#[cfg(test)]
+mod mirror_outlier_tests;
 
 #[cfg(test)]
 mod composition_tests;

@@ -1,7 +1,7 @@
 //! The request pipeline, assembled in one place, top to bottom (docs/data-plane.md):
 //! sanitise → route → IP rules → WebSocket admission → CORS preflight →
 //! authenticate (JWT or API key) → rate-limit → request headers → [aggregate |
-//! websocket | coalesce →] balance → breaker → proxy (signing the identity for
+//! websocket | mirror → coalesce →] balance → breaker → proxy (signing the identity for
 //! upstreams with a secret), then
 //! response headers and CORS response headers.
 //!
@@ -20,10 +20,11 @@ use std::time::Duration;
 use gateway_proto::spec::Auth;
 use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_telemetry::propagation::TRACERESPONSE;
-use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
+use gateway_telemetry::{AccessLog, ClientSpans, ServerSpan, Tracer, access_log, attr};
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
 use gateway_transport::response::Response;
 use gateway_transport::server::Scheme;
+use gateway_transport::tee::Tee;
 use gateway_transport::workers::Worker;
 use http::Request;
 use http::header::{self, HeaderValue};
@@ -33,6 +34,7 @@ use tokio::time::Instant;
 
 use crate::composition::aggregate;
 use crate::composition::coalesce::{self, Coalesced};
+use crate::composition::mirror::{self, Mirror};
 use crate::composition::websocket;
 use crate::config::{Compiled, ConfigStore, RouteEntry, Target};
 use crate::error::ProxyError;
@@ -99,6 +101,8 @@ pub struct Pipeline {
     pub rate_limiter: Option<Arc<dyn RateLimiter>>,
     /// Request spans (a disabled tracer still propagates trace context).
     pub tracer: Tracer,
+    /// Most mirrored copies in flight in the replica (`--mirror-max-in-flight`).
+    pub mirror_max_in_flight: u64,
     /// The proxy worker this pipeline serves ([`Pipeline::for_listener`]);
     /// [`gateway_transport::workers::OFF_WORKER`] for one made off the workers.
     pub worker: Worker,
@@ -356,6 +360,12 @@ impl Pipeline {
             let view = route.view_to(upstream);
             return websocket::forward(view, upstream, pick, parts, &path, trace, max_idle).await;
         }
+
+        // Mirror: a sampled copy of the request as forwarded (identity included) to the shadow upstream, in a task of its own; before coalescing so shared calls are copied too.
+        let tee = match &route.mirror {
+            Some(m) if m.sampled() => self.mirror(m, route, &parts, &path, &body, trace.span),
+            _ => None,
+        };
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
             Some(c) => {
@@ -383,16 +393,15 @@ impl Pipeline {
 
         // Proxy: stream to the instance within the route timeout; retry elsewhere per the route's `retry` (or the default once-rules).
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
-        let req = upstream_request(
-            parts,
-            &route.view_to(upstream),
-            &path,
-            RequestBody::new(
-                body,
-                self.limits.max_body_bytes,
-                self.limits.body_read_timeout,
-            ),
-        )?;
+        let mut body = RequestBody::new(
+            body,
+            self.limits.max_body_bytes,
+            self.limits.body_read_timeout,
+        );
+        if let Some(tee) = tee {
+            body = body.with_tee(tee);
+        }
+        let req = upstream_request(parts, &route.view_to(upstream), &path, body)?;
         // gRPC: the caller's `grpc-timeout` shortens the route timeout (the upstream gets the header too).
         let timeout = match grpc_call.then(|| grpc::timeout(req.headers())).flatten() {
             Some(t) => t.min(route.timeout),
@@ -408,6 +417,30 @@ impl Pipeline {
             self.worker,
         ));
         forward.await
+    }
+
+    /// The mirror stage: starts the copy of a sampled request; returns the tee
+    /// to attach to the primary's body when the copy waits for that body.
+    fn mirror(
+        &self,
+        mirror: &Mirror,
+        route: &RouteEntry,
+        parts: &Parts,
+        path: &str,
+        body: &ClientBody,
+        span: &dyn ClientSpans,
+    ) -> Option<Tee> {
+        let copy = mirror::MirrorRequest {
+            mirror,
+            route: route.view(),
+            parts,
+            path,
+            span: span.parent(),
+            metrics: &self.metrics,
+            max_in_flight: self.mirror_max_in_flight,
+            worker: self.worker,
+        };
+        mirror::start(copy, body.is_end_stream(), body.size_hint().exact())
     }
 
     /// The sanitise stage. Returns the normalised path.

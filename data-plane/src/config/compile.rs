@@ -34,6 +34,7 @@ use gateway_transport::pool::PoolSettings;
 
 use crate::composition::aggregate::{Aggregate, Part};
 use crate::composition::coalesce::{CoalesceLimits, Coalescer};
+use crate::composition::mirror::Mirror;
 use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::policy::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::policy::cors::{CorsError, CorsPolicy};
@@ -46,6 +47,7 @@ use crate::policy::transform::{HeaderTransform, TransformError};
 use crate::upstream::balancer::{HashOn, Policy, Weights};
 use crate::upstream::dns::{self, Members};
 use crate::upstream::health::HealthSettings;
+use crate::upstream::outlier;
 use crate::upstream::retry::{RetryBudget, RetryPolicy};
 use crate::upstream::split::Split;
 
@@ -248,6 +250,13 @@ pub fn compile_with_members(
                 .coalesce
                 .then(|| Arc::new(Coalescer::new(CoalesceLimits::default()))),
             retry: spec.retry.as_ref().map(RetryPolicy::from_spec),
+            mirror: match &r.mirror {
+                Some(m) => Some(Mirror {
+                    upstream: upstream(&m.upstream)?,
+                    percent: m.percent,
+                }),
+                None => None,
+            },
             websocket: spec.websocket_idle,
             metrics: old_route_metrics
                 .get(r.name.as_str())
@@ -455,7 +464,12 @@ fn compile_upstream(
     let health = spec.health_check.as_ref().map(HealthSettings::from_spec);
     let entry = UpstreamEntry::new(name, instances, spec.breaker, health)
         .with_policy(Policy::from_spec(&spec.balancing))
-        .with_signer(Signer::new(&u.identity_signing_secret));
+        .with_signer(Signer::new(&u.identity_signing_secret))
+        .with_outlier(
+            u.outlier_detection
+                .as_ref()
+                .map(|o| outlier::Outlier::new(outlier::OutlierSettings::from_proto(o))),
+        );
     // Discovered members have weight 1.
     let entry = match target {
         Some(_) => entry,

@@ -19,6 +19,7 @@ use gateway_proto::spec::Auth;
 
 use crate::composition::aggregate::Aggregate;
 use crate::composition::coalesce::Coalescer;
+use crate::composition::mirror::Mirror;
 use crate::metrics::RouteMetrics;
 use crate::policy::api_key::ApiKeys;
 use crate::policy::cors::CorsPolicy;
@@ -77,6 +78,8 @@ pub struct RouteEntry {
     pub target: Target,
     /// Shares identical concurrent GET/HEAD upstream calls (`Route.coalesce`).
     pub coalesce: Option<Arc<Coalescer>>,
+    /// Copies sampled requests to a shadow upstream (`Route.mirror`).
+    pub mirror: Option<Mirror>,
     /// Retries on other instances (`Route.retry`; `None`: the default once-rules).
     pub retry: Option<RetryPolicy>,
     /// WebSocket upgrades allowed, with this tunnel idle timeout (`Route.websocket`;

@@ -18,12 +18,14 @@ use http::{Method, StatusCode};
 mod certificates;
 mod composition;
 mod connections;
+mod mirror;
 mod policy;
 mod proxy;
 
 pub use certificates::write_certificates;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 pub use connections::write_connections;
+pub use mirror::{MirrorMetrics, MirrorOutcome};
 pub use policy::{PolicyMetrics, PolicyRefusal};
 pub use proxy::WebSocketMetrics;
 
@@ -110,6 +112,8 @@ pub struct RouteMetrics {
     /// Requests of a `split` route sent to another side than the weights
     /// chose, because that one had no available instance.
     pub split_failovers: AtomicU64,
+    /// Mirrored copies by outcome (`mirror` routes).
+    pub mirror: MirrorMetrics,
 }
 
 impl RouteMetrics {
@@ -226,6 +230,8 @@ pub struct Metrics {
     pub control_plane_connected: AtomicBool,
     /// Config streams opened (first connection included).
     pub control_plane_connects: AtomicU64,
+    /// Mirrored copies in flight in the replica (capped by --mirror-max-in-flight).
+    pub mirror_in_flight: AtomicU64,
 }
 
 /// `s` escaped for a label value.

@@ -25,7 +25,8 @@
 //! paths.
 //!
 //! "Available" is the same for all three: not excluded (the instance a retry
-//! moves away from), healthy (active checks), and admitted by its breaker. The
+//! moves away from), healthy (active checks), not ejected as an outlier
+//! ([`super::outlier`]), and admitted by its breaker. The
 //! breaker is asked last, only for the candidate about to be chosen, so a
 //! half-open probe slot is taken only by the instance that really gets the
 //! request. A retry keeps the request's [`Affinity`], so a consistent-hash
@@ -242,9 +243,10 @@ pub fn any_available(upstream: &UpstreamEntry) -> bool {
         .any(|(i, inst)| eligible(upstream, i, &[]) && inst.breaker.would_admit(&upstream.breaker))
 }
 
-/// Healthy and not excluded: a candidate worth asking the breaker about.
+/// Healthy, not ejected as an outlier and not excluded: a candidate worth asking the breaker about.
 fn eligible(upstream: &UpstreamEntry, index: usize, exclude: &[usize]) -> bool {
-    !exclude.contains(&index) && upstream.instances[index].is_healthy()
+    let instance = &upstream.instances[index];
+    !exclude.contains(&index) && instance.is_healthy() && !instance.outlier.is_ejected()
 }
 
 fn admit<'u>(

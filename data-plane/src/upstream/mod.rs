@@ -5,7 +5,7 @@
 //! carried over between versions by [`InstanceKey`]. Around it, one concern a
 //! file: [`balancer`] (round-robin, least-request, consistent hashing over
 //! healthy instances whose breaker admits), [`breaker`], [`health`] (active
-//! checks), [`dns`] (members found in DNS), [`retry`] (route retry policies and
+//! checks), [`outlier`] (ejection by failure rate), [`dns`] (members found in DNS), [`retry`] (route retry policies and
 //! the per-upstream budget), [`attempt`] (one attempt: its span, in-flight
 //! count, breaker report and counters) and [`proxy`] (forwarding, with retries).
 
@@ -14,6 +14,7 @@ pub mod balancer;
 pub mod breaker;
 pub mod dns;
 pub mod health;
+pub mod outlier;
 pub mod proxy;
 pub mod retry;
 pub mod split;
@@ -60,6 +61,8 @@ pub struct UpstreamEntry {
     pub(crate) cursor: AtomicUsize,
     /// Retry budget and retry counters, carried over while the name stays.
     pub retry: Arc<RetryBudget>,
+    /// Outlier detection by failure rate (`outlier_detection`; `None`: off, nothing counted).
+    pub outlier: Option<outlier::Outlier>,
 }
 
 impl UpstreamEntry {
@@ -81,7 +84,14 @@ impl UpstreamEntry {
             weights: None,
             cursor: AtomicUsize::new(0),
             retry: Arc::default(),
+            outlier: None,
         }
+    }
+
+    /// The same entry with outlier detection.
+    pub fn with_outlier(mut self, outlier: Option<outlier::Outlier>) -> Self {
+        self.outlier = outlier;
+        self
     }
 
     /// The same entry, sharing `budget` (the previous version's, for an
@@ -144,6 +154,8 @@ pub struct InstanceState {
     pub pool: Pool,
     /// Its circuit breaker.
     pub breaker: Breaker,
+    /// Its failure-rate window and ejection ([`outlier`]; idle without `outlier_detection`).
+    pub outlier: outlier::OutlierState,
     /// Result of active health checks; starts healthy so a new instance takes
     /// traffic at once (its breaker guards it until the first checks have run).
     healthy: AtomicBool,
@@ -169,6 +181,7 @@ impl InstanceState {
             key,
             pool: Pool::with_tls(authority, pool, tls, protocol),
             breaker: Breaker::new(),
+            outlier: outlier::OutlierState::default(),
             healthy: AtomicBool::new(true),
             in_flight: Arc::default(),
             metrics: InstanceMetrics::default(),
