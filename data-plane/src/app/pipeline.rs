@@ -1,7 +1,7 @@
 //! The request pipeline, assembled in one place, top to bottom (docs/data-plane.md):
-//! sanitise → route → IP rules → WebSocket admission → CORS preflight →
+//! sanitise → route (with matchers) → IP rules → WebSocket admission → CORS preflight →
 //! authenticate (JWT or API key) → rate-limit → request headers → [aggregate |
-//! websocket | mirror → coalesce →] balance → breaker → proxy (signing the identity for
+//! split →] [websocket | mirror → coalesce →] balance → breaker → proxy (signing the identity for
 //! upstreams with a secret), then
 //! response headers and CORS response headers.
 //!
