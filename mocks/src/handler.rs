@@ -41,7 +41,10 @@ where
     let path = req.uri().path();
     if path == "/stats" {
         let mut response = match *req.method() {
-            Method::GET => json_response(StatusCode::OK, &json!({"requests": stats.requests()})),
+            Method::GET => json_response(
+                StatusCode::OK,
+                &json!({"requests": stats.requests(), "recent": stats.recent()}),
+            ),
             _ => method_not_allowed("GET"),
         };
         if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
@@ -62,7 +65,7 @@ where
     let mut response = match check_identity(config, &req) {
         Err(why) => error(StatusCode::UNAUTHORIZED, &why.to_string()),
         Ok(()) if path == websocket::PATH => websocket::answer(config, req),
-        Ok(()) => answer(config, req).await,
+        Ok(()) => answer(config, stats, req).await,
     };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
@@ -119,7 +122,7 @@ enum Target<'a> {
     Deeper,
 }
 
-async fn answer<B>(config: &MockConfig, req: Request<B>) -> Response<MockBody>
+async fn answer<B>(config: &MockConfig, stats: &RequestStats, req: Request<B>) -> Response<MockBody>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -141,6 +144,10 @@ where
         };
     }
 
+    // Kept on arrival (a POST once its body is counted, with `body_bytes`).
+    if req.method() != Method::POST {
+        stats.keep(kept(req.method(), req.uri(), req.headers(), None));
+    }
     let uri = req.uri().clone();
     let hooks = match Hooks::parse(uri.query()) {
         Ok(hooks) => hooks,
@@ -191,6 +198,12 @@ where
                     );
                 }
             };
+            stats.keep(kept(
+                &parts.method,
+                &parts.uri,
+                &parts.headers,
+                Some(received),
+            ));
             let mut doc = json!({"received_bytes": received});
             echo_request(&mut doc, config, &parts.method, &parts.uri, &parts.headers);
             return finish(doc, hooks, StatusCode::OK);
@@ -199,6 +212,18 @@ where
     };
     echo_request(&mut doc, config, &method, req.uri(), req.headers());
     finish(doc, hooks, StatusCode::OK)
+}
+
+/// What `/stats` shows of one request: method, path, query, headers (as in
+/// the echo) and, for a POST, the body's size.
+fn kept(method: &Method, uri: &http::Uri, headers: &HeaderMap, body_bytes: Option<u64>) -> Value {
+    json!({
+        "method": method.as_str(),
+        "path": uri.path(),
+        "query": uri.query(),
+        "headers": header_echo(headers),
+        "body_bytes": body_bytes,
+    })
 }
 
 /// Splits `path` into the service's resource, or `None` when it is not under `/{service}`.
@@ -489,7 +514,44 @@ mod tests {
         assert_eq!(response.headers()[INSTANCE_HEADER], "users-1");
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let doc: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(doc, json!({"requests": 3}));
+        assert_eq!(doc["requests"], 3);
+        let kept: Vec<(&str, &str)> = doc["recent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["method"].as_str().unwrap(), r["path"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("GET", "/users/1"),
+                ("GET", "/users/2"),
+                ("GET", "/nowhere")
+            ]
+        );
+        assert_eq!(doc["recent"][1]["query"], "status=500");
+    }
+
+    #[tokio::test]
+    async fn stats_keep_a_post_with_its_body_size_and_headers() {
+        let config = users();
+        let stats = RequestStats::default();
+        let tracer = Tracer::disabled();
+        let post = Request::post("/users/1/notes")
+            .header("x-gateway-mirror", "1")
+            .body(Full::new(Bytes::from_static(b"hello")))
+            .unwrap();
+        let _ = handle(&config, &tracer, &stats, post).await;
+        let recent = stats.recent();
+        assert_eq!(recent.len(), 1);
+        assert_eq!(recent[0]["method"], "POST");
+        assert_eq!(recent[0]["body_bytes"], 5);
+        assert_eq!(recent[0]["headers"]["x-gateway-mirror"], "1");
+        for i in 0..crate::stats::RECENT + 5 {
+            stats.keep(json!(i));
+        }
+        assert_eq!(stats.recent().len(), crate::stats::RECENT, "bounded");
+        assert_eq!(stats.recent()[0], json!(5), "oldest dropped first");
     }
 
     #[tokio::test]

@@ -224,6 +224,7 @@ impl DataPlane {
             authenticator: authenticator.clone(),
             rate_limiter: Some(rate_limiter.clone()),
             tracer: self.tracer.clone(),
+            mirror_max_in_flight: args.mirror_max_in_flight,
             worker: workers::OFF_WORKER,
             scheme: Scheme::Http,
             https_port: args

@@ -19,6 +19,7 @@ use gateway_proto::spec::Auth;
 
 use crate::composition::aggregate::Aggregate;
 use crate::composition::coalesce::Coalescer;
+use crate::composition::mirror::Mirror;
 use crate::composition::response_cache::RouteCacheEntry;
 use crate::metrics::RouteMetrics;
 use crate::policy::api_key::ApiKeys;
@@ -30,6 +31,7 @@ use crate::policy::transform::HeaderTransform;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::proxy::RouteView;
 use crate::upstream::retry::RetryPolicy;
+use crate::upstream::split::Split;
 
 pub use certificates::{Certificates, SniResolver};
 pub use compile::{CompileError, compile, compile_with_members};
@@ -79,6 +81,8 @@ pub struct RouteEntry {
     pub coalesce: Option<Arc<Coalescer>>,
     /// Caches GET answers (`Route.cache`; `None`: every request goes upstream).
     pub cache: Option<RouteCacheEntry>,
+    /// Copies sampled requests to a shadow upstream (`Route.mirror`).
+    pub mirror: Option<Mirror>,
     /// Retries on other instances (`Route.retry`; `None`: the default once-rules).
     pub retry: Option<RetryPolicy>,
     /// WebSocket upgrades allowed, with this tunnel idle timeout (`Route.websocket`;
@@ -89,15 +93,32 @@ pub struct RouteEntry {
 }
 
 impl RouteEntry {
-    /// What forwarding, coalescing and WebSocket tunnels need of this route.
+    /// What forwarding, coalescing and WebSocket tunnels need of this route
+    /// (the signer of its one upstream; none for a split or an aggregate:
+    /// see [`RouteEntry::view_to`]).
     pub fn view(&self) -> RouteView<'_> {
+        match &self.target {
+            Target::Upstream(u) => self.view_to(u),
+            Target::Aggregate(_) | Target::Split(_) => RouteView {
+                signer: None,
+                ..self.view_to_parts()
+            },
+        }
+    }
+
+    /// [`RouteEntry::view`] for a request going to `upstream` (signed with its secret).
+    pub fn view_to<'a>(&'a self, upstream: &'a UpstreamEntry) -> RouteView<'a> {
+        RouteView {
+            signer: upstream.signer.as_ref(),
+            ..self.view_to_parts()
+        }
+    }
+
+    fn view_to_parts(&self) -> RouteView<'_> {
         RouteView {
             prefix: &self.prefix,
             rewrite: self.rewrite.as_deref(),
-            signer: match &self.target {
-                Target::Upstream(u) => u.signer.as_ref(),
-                Target::Aggregate(_) => None,
-            },
+            signer: None,
             timeout: self.timeout,
             retry: self.retry.as_ref(),
             websocket: self.websocket,
@@ -127,6 +148,8 @@ pub enum Target {
     Upstream(Arc<UpstreamEntry>),
     /// Fanned out to the parts of an aggregation (`Route.aggregate`).
     Aggregate(Arc<Aggregate>),
+    /// Split over several upstreams by weight (`Route.split`).
+    Split(Arc<Split>),
 }
 
 /// Holds the current snapshot. The only place a configuration is published.

@@ -19,6 +19,7 @@ mod cache;
 mod certificates;
 mod composition;
 mod connections;
+mod mirror;
 mod policy;
 mod proxy;
 
@@ -26,6 +27,7 @@ pub use cache::{ResponseCacheMetrics, write_response_cache};
 pub use certificates::write_certificates;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 pub use connections::write_connections;
+pub use mirror::{MirrorMetrics, MirrorOutcome};
 pub use policy::{PolicyMetrics, PolicyRefusal};
 pub use proxy::WebSocketMetrics;
 
@@ -109,6 +111,11 @@ pub struct RouteMetrics {
     pub policy: PolicyMetrics,
     /// WebSocket tunnels (`websocket` routes).
     pub websocket: WebSocketMetrics,
+    /// Requests of a `split` route sent to another side than the weights
+    /// chose, because that one had no available instance.
+    pub split_failovers: AtomicU64,
+    /// Mirrored copies by outcome (`mirror` routes).
+    pub mirror: MirrorMetrics,
 }
 
 impl RouteMetrics {
@@ -227,6 +234,8 @@ pub struct Metrics {
     pub control_plane_connects: AtomicU64,
     /// The response cache's counters (`Route.cache`).
     pub response_cache: std::sync::Arc<ResponseCacheMetrics>,
+    /// Mirrored copies in flight in the replica (capped by --mirror-max-in-flight).
+    pub mirror_in_flight: AtomicU64,
 }
 
 /// `s` escaped for a label value.

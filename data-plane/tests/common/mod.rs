@@ -405,6 +405,7 @@ pub fn upstream(name: &str, instances: &[(&str, String)]) -> Upstream {
             .map(|(id, url)| Instance {
                 id: id.to_string(),
                 url: url.clone(),
+                ..Default::default()
             })
             .collect(),
         circuit_breaker: Some(CircuitBreaker {

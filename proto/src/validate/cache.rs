@@ -86,6 +86,7 @@ mod tests {
             instances: vec![crate::v1::Instance {
                 id: "o1".into(),
                 url: "http://127.0.0.1:9".into(),
+                ..Default::default()
             }],
             ..Default::default()
         };
