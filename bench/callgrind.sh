@@ -1,5 +1,7 @@
 # Sourced by scripts/bench when BENCH_CALLGRIND=1: instructions and cache misses per request,
-# counted by valgrind's callgrind, for the plain and the full route. Uses the stack scripts/bench
+# counted by valgrind's callgrind, for the plain and the full route, and the /matched route (4 header
+# matchers) beside the plain route called with the same 4 headers ("plain4h"), which isolates the
+# matchers' cost from that of reading 4 more headers. Uses the stack scripts/bench
 # started (control plane, auth service, Redis, nginx upstream) and its variables and functions
 # (BIN, WORK, P_CP, AUTH, P_REDIS, AUTHZ, start, wait_for, log, die).
 #
@@ -35,10 +37,12 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
   local pid=$PID_data_plane_cg
   local route url header out requests dump summary
   printf '\n%-7s %12s %10s %10s %10s %10s %10s\n' route requests instr I1miss D1rmiss D1wmiss "LLmiss" >&2
-  for route in plain full; do
+  for route in plain full plain4h matched; do
     url="http://127.0.0.1:$cg_port/$route"
     header=()
     [ "$route" = full ] && header=(-H "$AUTHZ")
+    [ "$route" = plain4h ] && url="http://127.0.0.1:$cg_port/plain" && header=("${MATCH_HEADERS[@]}")
+    [ "$route" = matched ] && header=("${MATCH_HEADERS[@]}")
     if [ "$route" = full ] && [ -z "${FULL_OK:-}" ]; then
       log "the full route is not measured (it did not answer 200 with a token)"
       continue

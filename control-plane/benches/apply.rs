@@ -33,6 +33,7 @@ fn config(generation: u32) -> (Vec<Route>, Vec<Upstream>) {
                 .map(|i| Instance {
                     id: format!("service-{u:03}-{i}"),
                     url: format!("http://10.0.{u}.{}:8080", i + 1),
+                    ..Default::default()
                 })
                 .collect(),
             health_check: Some(HealthCheck {

@@ -11,6 +11,7 @@ use crate::config::{Config, Mutation};
 use crate::credentials::{generate_key, redact_key, redact_snapshot, redact_upstream};
 use crate::error::StoreError;
 use crate::nodes::NodeRegistry;
+use crate::purge::{self, Purges};
 use crate::store::{MutateOptions, Store};
 use gateway_proto::v1::admin_service_server::AdminService;
 use gateway_proto::v1::*;
@@ -21,12 +22,23 @@ use tonic::{Request, Response, Status};
 pub struct Admin {
     store: Arc<Store>,
     nodes: Arc<NodeRegistry>,
+    purges: Arc<Purges>,
 }
 
 impl Admin {
     /// Serves `store`'s configuration and `nodes`' status.
     pub fn new(store: Arc<Store>, nodes: Arc<NodeRegistry>) -> Self {
-        Admin { store, nodes }
+        Admin {
+            store,
+            nodes,
+            purges: Arc::default(),
+        }
+    }
+
+    /// The same service, handing cache purges to the config streams of `purges`.
+    pub fn with_purges(mut self, purges: Arc<Purges>) -> Self {
+        self.purges = purges;
+        self
     }
 
     async fn mutate(
@@ -413,5 +425,19 @@ impl AdminService for Admin {
             author,
         )
         .await
+    }
+
+    async fn purge_cache(
+        &self,
+        req: Request<PurgeCacheRequest>,
+    ) -> Result<Response<PurgeCacheResponse>, Status> {
+        let author = auth::author(&req);
+        let purge = purge::check(&self.store.current(), req.into_inner())?;
+        // The other control planes on the same Postgres hand it to their data planes.
+        self.store.announce_purge(&purge).await?;
+        let (route, prefix) = (purge.route.clone(), purge.path_prefix.clone());
+        let data_planes = self.purges.send(purge);
+        tracing::info!(%route, path_prefix = %prefix, data_planes, %author, "cache purge sent");
+        Ok(Response::new(PurgeCacheResponse { data_planes }))
     }
 }

@@ -11,6 +11,7 @@
 //!   `UpsertCertificate`, `DeleteCertificate`, `UpsertJwtIssuer` and
 //!   `DeleteJwtIssuer` included; viewers may `GetJwtIssuer` and
 //!   `ListJwtIssuers`), `data-plane` only
+//!   `UpsertCertificate`, `DeleteCertificate` and `PurgeCache` included), `data-plane` only
 //!   `StreamConfig`, the one place private keys travel. An admin token is
 //!   refused on `StreamConfig`, so a leaked operator token cannot pose as a
 //!   data plane (and a data-plane token can never change the configuration).
@@ -504,6 +505,7 @@ mod tests {
             "DeleteCertificate",
             "UpsertJwtIssuer",
             "DeleteJwtIssuer",
+            "PurgeCache",
         ] {
             assert!(allowed(Admin, &admin(m)), "{m}");
             assert!(!allowed(Viewer, &admin(m)), "{m}");

@@ -578,6 +578,7 @@ mod tests {
             instances: vec![Instance {
                 id: "i1".into(),
                 url: "http://127.0.0.1:8000".into(),
+                ..Default::default()
             }],
             ..Default::default()
         }

@@ -9,7 +9,9 @@
 //!   NACKs it; messages quoting an older nonce are ignored, as in xDS;
 //! * a version the node NACKed is never pushed to it again (later ones are);
 //! * a message carrying `upstream_health` (a status report, sent with an empty
-//!   nonce) is kept in [`HealthReports`] for the web console.
+//!   nonce) is kept in [`HealthReports`] for the web console;
+//! * a cache purge ([`crate::purge`]) is pushed at once as the current snapshot
+//!   with `purge` set, a push like any other (new nonce, ACKed).
 //!
 //! Safety choice: the empty version 0 is pushed only to a data plane that
 //! serves nothing yet (so it can become ready). A data plane that already
@@ -18,13 +20,14 @@
 
 use crate::ack_times::AckTimes;
 use crate::nodes::{NodeRegistry, StreamId};
+use crate::purge::Purges;
 use crate::upstream_health::HealthReports;
 use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryService;
-use gateway_proto::v1::{ConfigRequest, ConfigResponse, ConfigSnapshot};
+use gateway_proto::v1::{CachePurge, ConfigRequest, ConfigResponse, ConfigSnapshot};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -40,6 +43,7 @@ pub struct Discovery {
     nonces: Arc<Nonces>,
     health: Option<Arc<HealthReports>>,
     acks: Option<Arc<AckTimes>>,
+    purges: Option<Arc<Purges>>,
 }
 
 impl Discovery {
@@ -56,7 +60,14 @@ impl Discovery {
             nonces: Arc::new(Nonces::new()),
             health: None,
             acks: None,
+            purges: None,
         }
+    }
+
+    /// The same service, pushing the cache purges of `purges` to its data planes.
+    pub fn with_purges(mut self, purges: Arc<Purges>) -> Self {
+        self.purges = Some(purges);
+        self
     }
 
     /// The same service, keeping the data planes' status reports
@@ -119,6 +130,7 @@ impl ConfigDiscoveryService for Discovery {
             nonces: self.nonces.clone(),
             health: self.health.clone(),
             acks: self.acks.clone(),
+            purges: self.purges.as_ref().map(|p| p.subscribe()),
             tx,
         };
         tokio::spawn(async move {
@@ -144,12 +156,15 @@ struct Session {
     nonces: Arc<Nonces>,
     health: Option<Arc<HealthReports>>,
     acks: Option<Arc<AckTimes>>,
+    /// Cache purges to push (`None`: this service pushes none).
+    purges: Option<broadcast::Receiver<CachePurge>>,
     tx: ResponseTx,
 }
 
 /// What ended a wait inside a session.
 enum Event {
     Config,
+    Purge(CachePurge),
     Message(ConfigRequest),
     End,
 }
@@ -194,9 +209,10 @@ impl Session {
             "data plane connected"
         );
         let mut pushed: Option<Pushed> = None;
+        let mut purge = None;
         loop {
             let snapshot = self.config.borrow_and_update().clone();
-            if self.should_push(&node.id, &snapshot, serving, pushed.as_ref()) {
+            if purge.is_some() || self.should_push(&node.id, &snapshot, serving, pushed.as_ref()) {
                 let nonce = self.nonces.next();
                 let response = ConfigResponse {
                     version: snapshot.version,
@@ -208,6 +224,7 @@ impl Session {
                     // With their private keys: only role data-plane may open this stream.
                     certificates: snapshot.certificates.clone(),
                     jwt_issuers: snapshot.jwt_issuers.clone(),
+                    purge: purge.take(),
                 };
                 if !self.send(Ok(response)).await {
                     break;
@@ -231,11 +248,13 @@ impl Session {
                         Event::End
                     }
                 },
+                p = next_purge(&mut self.purges) => Event::Purge(p),
                 _ = self.tx.closed() => Event::End,
                 _ = crate::shutdown::requested(&mut self.shutdown) => Event::End,
             };
             match event {
                 Event::Config => {}
+                Event::Purge(p) => purge = Some(p),
                 Event::End => break,
                 Event::Message(m) => {
                     self.answer(&node.id, stream, &m, pushed.as_mut(), &mut serving)
@@ -309,6 +328,25 @@ impl Session {
     async fn fail(&mut self, status: Status) {
         tracing::warn!(%status, "config stream refused");
         self.send(Err(status)).await;
+    }
+}
+
+/// The next cache purge to push; pending forever without a subscription.
+async fn next_purge(purges: &mut Option<broadcast::Receiver<CachePurge>>) -> CachePurge {
+    let Some(rx) = purges else {
+        return std::future::pending().await;
+    };
+    loop {
+        match rx.recv().await {
+            Ok(purge) => return purge,
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(skipped = n, "a slow config stream skipped cache purges");
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                *purges = None;
+                return std::future::pending().await;
+            }
+        }
     }
 }
 

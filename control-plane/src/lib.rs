@@ -38,6 +38,7 @@ pub mod jwt_issuers;
 pub mod logging;
 pub mod metrics;
 pub mod nodes;
+pub mod purge;
 /// The `--secrets-key-file` key (shared with the auth service: `gateway-database`).
 pub use gateway_database::secrets;
 pub mod seed;

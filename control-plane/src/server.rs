@@ -13,6 +13,7 @@ use crate::discovery::Discovery;
 use crate::error::StoreError;
 use crate::metrics::{self, Gauges, Metrics};
 use crate::nodes::NodeRegistry;
+use crate::purge::Purges;
 use crate::secrets::{SecretsKey, SecretsKeyError};
 use crate::seed::{self, SeedError};
 use crate::store::Store;
@@ -295,14 +296,19 @@ impl ControlPlane {
             tokio::spawn(nodes.clone().run(shutdown_rx.clone())),
         ];
         // ApplyConfig of 10,000 routes is a few MB; tonic's default limit is 4 MB.
-        let admin = AdminServiceServer::new(Admin::new(store.clone(), nodes.clone()))
-            .max_decoding_message_size(MAX_REQUEST_BYTES);
+        let purges = Arc::new(Purges::default());
+        store.follow_purges(purges.clone());
+        let admin = AdminServiceServer::new(
+            Admin::new(store.clone(), nodes.clone()).with_purges(purges.clone()),
+        )
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
         let health_reports = Arc::new(HealthReports::new(system_clock()));
         let ack_times = Arc::new(AckTimes::new(system_clock()));
         let discovery = ConfigDiscoveryServiceServer::new(
             Discovery::new(store.subscribe(), nodes.clone(), shutdown_rx.clone())
                 .with_health_reports(health_reports.clone())
-                .with_ack_times(ack_times.clone()),
+                .with_ack_times(ack_times.clone())
+                .with_purges(purges.clone()),
         );
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<AdminServiceServer<Admin>>().await;
@@ -379,10 +385,9 @@ impl ControlPlane {
         let console = match (console_listener, console_tokens) {
             (Some(listener), Some(tokens)) => {
                 let state = Arc::new(Console {
-                    backend: console::backend::Backend::new(Admin::new(
-                        store.clone(),
-                        nodes.clone(),
-                    )),
+                    backend: console::backend::Backend::new(
+                        Admin::new(store.clone(), nodes.clone()).with_purges(purges.clone()),
+                    ),
                     store: store.clone(),
                     health: health_reports.clone(),
                     acks: ack_times,

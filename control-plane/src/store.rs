@@ -106,6 +106,11 @@ pub struct Store {
     hash_key: HashKey,
     /// Seals and opens certificates' private keys (`--secrets-key-file`).
     secrets: Option<Arc<SecretsKey>>,
+    /// Where cache purges announced by other control planes go (`follow.rs`).
+    purges: std::sync::OnceLock<Arc<crate::purge::Purges>>,
+    /// This process among the control planes on one Postgres: its own purge
+    /// notifications are not handed to its streams a second time.
+    origin: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -164,6 +169,8 @@ impl Store {
             clock,
             hash_key,
             secrets,
+            purges: std::sync::OnceLock::new(),
+            origin: rand::random(),
         })
     }
 

@@ -25,6 +25,7 @@ async fn twenty_concurrent_upserts_get_twenty_consecutive_versions_and_lose_noth
                 instances: vec![Instance {
                     id: "users-1".into(),
                     url: "http://127.0.0.1:9001".into(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }),

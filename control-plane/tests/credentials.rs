@@ -39,6 +39,7 @@ fn upstream(secret: &str) -> Upstream {
         instances: vec![Instance {
             id: "users-1".into(),
             url: "http://127.0.0.1:9001".into(),
+            ..Default::default()
         }],
         identity_signing_secret: secret.into(),
         ..Default::default()

@@ -184,6 +184,7 @@ async fn stop_is_prompt_even_with_open_config_streams() {
                 instances: vec![Instance {
                     id: "u1".into(),
                     url: "http://127.0.0.1:1".into(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }),

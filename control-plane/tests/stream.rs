@@ -19,6 +19,7 @@ fn upstream(name: &str) -> Upstream {
         instances: vec![Instance {
             id: format!("{name}-1"),
             url: "http://127.0.0.1:9001".into(),
+            ..Default::default()
         }],
         ..Default::default()
     }

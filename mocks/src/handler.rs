@@ -41,7 +41,10 @@ where
     let path = req.uri().path();
     if path == "/stats" {
         let mut response = match *req.method() {
-            Method::GET => json_response(StatusCode::OK, &json!({"requests": stats.requests()})),
+            Method::GET => json_response(
+                StatusCode::OK,
+                &json!({"requests": stats.requests(), "recent": stats.recent()}),
+            ),
             _ => method_not_allowed("GET"),
         };
         if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
@@ -62,7 +65,7 @@ where
     let mut response = match check_identity(config, &req) {
         Err(why) => error(StatusCode::UNAUTHORIZED, &why.to_string()),
         Ok(()) if path == websocket::PATH => websocket::answer(config, req),
-        Ok(()) => answer(config, req).await,
+        Ok(()) => answer(config, stats, req).await,
     };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
         response.headers_mut().insert(INSTANCE_HEADER, id);
@@ -119,7 +122,7 @@ enum Target<'a> {
     Deeper,
 }
 
-async fn answer<B>(config: &MockConfig, req: Request<B>) -> Response<MockBody>
+async fn answer<B>(config: &MockConfig, stats: &RequestStats, req: Request<B>) -> Response<MockBody>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -141,7 +144,12 @@ where
         };
     }
 
-    let hooks = match Hooks::parse(req.uri().query()) {
+    // Kept on arrival (a POST once its body is counted, with `body_bytes`).
+    if req.method() != Method::POST {
+        stats.keep(kept(req.method(), req.uri(), req.headers(), None));
+    }
+    let uri = req.uri().clone();
+    let hooks = match Hooks::parse(uri.query()) {
         Ok(hooks) => hooks,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
@@ -153,6 +161,20 @@ where
         return error(config.fail_status, "injected failure (FAIL_RATE)");
     }
 
+    // `?etag=`: a request that already has this representation gets 304.
+    if let Some(etag) = hooks.etag
+        && req
+            .headers()
+            .get_all(http::header::IF_NONE_MATCH)
+            .iter()
+            .any(|v| v.as_bytes() == format!("\"{etag}\"").as_bytes())
+    {
+        let resp = Response::builder()
+            .status(StatusCode::NOT_MODIFIED)
+            .body(MockBody::full(String::new()))
+            .expect("static response parts are valid");
+        return caching_headers(resp, &hooks);
+    }
     let Some(target) = target(config.service.name(), &path) else {
         return error(StatusCode::NOT_FOUND, &format!("no such resource: {path}"));
     };
@@ -176,6 +198,12 @@ where
                     );
                 }
             };
+            stats.keep(kept(
+                &parts.method,
+                &parts.uri,
+                &parts.headers,
+                Some(received),
+            ));
             let mut doc = json!({"received_bytes": received});
             echo_request(&mut doc, config, &parts.method, &parts.uri, &parts.headers);
             return finish(doc, hooks, StatusCode::OK);
@@ -184,6 +212,18 @@ where
     };
     echo_request(&mut doc, config, &method, req.uri(), req.headers());
     finish(doc, hooks, StatusCode::OK)
+}
+
+/// What `/stats` shows of one request: method, path, query, headers (as in
+/// the echo) and, for a POST, the body's size.
+fn kept(method: &Method, uri: &http::Uri, headers: &HeaderMap, body_bytes: Option<u64>) -> Value {
+    json!({
+        "method": method.as_str(),
+        "path": uri.path(),
+        "query": uri.query(),
+        "headers": header_echo(headers),
+        "body_bytes": body_bytes,
+    })
 }
 
 /// Splits `path` into the service's resource, or `None` when it is not under `/{service}`.
@@ -218,16 +258,42 @@ fn echo_request(
 }
 
 /// Applies the `status` and `bytes` hooks to a successful answer.
-fn finish(doc: Value, hooks: Hooks, default_status: StatusCode) -> Response<MockBody> {
+fn finish(doc: Value, hooks: Hooks<'_>, default_status: StatusCode) -> Response<MockBody> {
     let status = hooks.status.unwrap_or(default_status);
-    match hooks.bytes {
+    let resp = match hooks.bytes {
         Some(n) => Response::builder()
             .status(status)
             .header(CONTENT_TYPE, "application/octet-stream")
             .body(MockBody::generated(n))
             .expect("static response parts are valid"),
         None => json_response(status, &doc),
+    };
+    caching_headers(resp, &hooks)
+}
+
+/// The caching hooks' headers on an answer (a value that is not a valid header value is left out).
+fn caching_headers(mut resp: Response<MockBody>, hooks: &Hooks<'_>) -> Response<MockBody> {
+    use http::header::{self, HeaderValue};
+    let headers = resp.headers_mut();
+    let mut set = |name: header::HeaderName, value: Option<String>| {
+        if let Some(v) = value.and_then(|v| HeaderValue::try_from(v).ok()) {
+            headers.insert(name, v);
+        }
+    };
+    set(
+        header::CACHE_CONTROL,
+        hooks.cache_control.map(str::to_owned),
+    );
+    set(header::ETAG, hooks.etag.map(|e| format!("\"{e}\"")));
+    set(header::VARY, hooks.vary.map(str::to_owned));
+    set(header::SET_COOKIE, hooks.set_cookie.map(str::to_owned));
+    if let Some(n) = hooks.expires_in {
+        let now = std::time::SystemTime::now();
+        set(header::DATE, Some(httpdate::fmt_http_date(now)));
+        let expires = now + std::time::Duration::from_secs(n);
+        set(header::EXPIRES, Some(httpdate::fmt_http_date(expires)));
     }
+    resp
 }
 
 /// Request headers as a JSON object, lower-case name → value; repeated
@@ -448,7 +514,44 @@ mod tests {
         assert_eq!(response.headers()[INSTANCE_HEADER], "users-1");
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let doc: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(doc, json!({"requests": 3}));
+        assert_eq!(doc["requests"], 3);
+        let kept: Vec<(&str, &str)> = doc["recent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["method"].as_str().unwrap(), r["path"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("GET", "/users/1"),
+                ("GET", "/users/2"),
+                ("GET", "/nowhere")
+            ]
+        );
+        assert_eq!(doc["recent"][1]["query"], "status=500");
+    }
+
+    #[tokio::test]
+    async fn stats_keep_a_post_with_its_body_size_and_headers() {
+        let config = users();
+        let stats = RequestStats::default();
+        let tracer = Tracer::disabled();
+        let post = Request::post("/users/1/notes")
+            .header("x-gateway-mirror", "1")
+            .body(Full::new(Bytes::from_static(b"hello")))
+            .unwrap();
+        let _ = handle(&config, &tracer, &stats, post).await;
+        let recent = stats.recent();
+        assert_eq!(recent.len(), 1);
+        assert_eq!(recent[0]["method"], "POST");
+        assert_eq!(recent[0]["body_bytes"], 5);
+        assert_eq!(recent[0]["headers"]["x-gateway-mirror"], "1");
+        for i in 0..crate::stats::RECENT + 5 {
+            stats.keep(json!(i));
+        }
+        assert_eq!(stats.recent().len(), crate::stats::RECENT, "bounded");
+        assert_eq!(stats.recent()[0], json!(5), "oldest dropped first");
     }
 
     #[tokio::test]

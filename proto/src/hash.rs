@@ -238,6 +238,7 @@ mod tests {
             instances: vec![Instance {
                 id: "i1".into(),
                 url: "http://127.0.0.1:9000".into(),
+                ..Default::default()
             }],
             identity_signing_secret: secret.into(),
             ..Default::default()

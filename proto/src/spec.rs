@@ -209,6 +209,8 @@ pub struct InstanceSpec<'a> {
     pub authority: &'a str,
     /// The URL's host (an IPv6 address without brackets): the TLS server name by default.
     pub host: &'a str,
+    /// Relative capacity (`weight`, 0 given as 1).
+    pub weight: u32,
 }
 
 /// An upstream's circuit breaker settings, defaulted.
@@ -367,6 +369,7 @@ fn upstream<'a>(u: &'a Upstream) -> Result<UpstreamSpec<'a>, SpecError> {
                 url: &i.url,
                 authority: parsed.authority,
                 host: parsed.host,
+                weight: i.weight.max(1),
             })
         })
         .collect::<Result<_, SpecError>>()?;
@@ -486,6 +489,7 @@ mod tests {
             instances: vec![Instance {
                 id: "a".into(),
                 url: "http://[::1]:8080".into(),
+                ..Default::default()
             }],
             ..Default::default()
         }];

@@ -107,6 +107,23 @@ pub fn validate_config<'a>(
                 r.name, r.upstream
             ));
         }
+        for (i, side) in r.split.iter().enumerate() {
+            if side.upstream.is_empty() {
+                continue;
+            }
+            if !upstream_names.contains(side.upstream.as_str()) {
+                v.push(format!(
+                    "route \"{}\": split[{i}]: upstream \"{}\" does not exist",
+                    r.name, side.upstream
+                ));
+            } else if r.websocket && http2.contains(side.upstream.as_str()) {
+                v.push(format!(
+                    "route \"{}\": websocket needs HTTP1 upstreams; split[{i}] upstream \"{}\" has protocol HTTP2",
+                    r.name, side.upstream
+                ));
+            }
+        }
+        v.mirror(r, &upstream_names);
         for (i, part) in r.aggregate.iter().flat_map(|a| a.parts.iter().enumerate()) {
             if !part.upstream.is_empty() && !upstream_names.contains(part.upstream.as_str()) {
                 v.push(format!(
@@ -131,10 +148,25 @@ pub fn validate_config<'a>(
         hosts.sort_unstable();
         let same = matchers.entry((hosts, r.path_prefix.as_str())).or_default();
         for other in same.iter() {
-            if methods_overlap(&effective_methods(r), &effective_methods(other)) {
+            if !methods_overlap(&effective_methods(r), &effective_methods(other)) {
+                continue;
+            }
+            let (mine, theirs) = (r.r#match.as_ref(), other.r#match.as_ref());
+            if matcher_count(mine) != matcher_count(theirs) {
+                // The one with more matchers is tried first.
+                continue;
+            }
+            if mine.is_none() {
                 v.push(format!(
                     "route \"{}\": same hosts, path_prefix and methods as route \"{}\"",
                     r.name, other.name
+                ));
+            } else if can_both_match(mine, theirs) {
+                v.push(format!(
+                    "route \"{}\": same hosts, path_prefix and methods as route \"{}\", with as many matchers ({}) that one request could satisfy both; make them exclude each other (e.g. different EXACT values of one header) or give one more matchers",
+                    r.name,
+                    other.name,
+                    matcher_count(mine)
                 ));
             }
         }
@@ -387,7 +419,7 @@ impl Validator {
             }
         }
         match &r.aggregate {
-            None if r.upstream.is_empty() => {
+            None if r.upstream.is_empty() && r.split.is_empty() => {
                 self.push(format!("{who}: upstream is required"));
             }
             None => {}
@@ -410,6 +442,11 @@ impl Validator {
         self.rate_limits(&who, r, auth.ok());
         self.policies(&who, r);
         self.forwarding(&who, r);
+        self.cache(&who, r);
+        self.split(&who, r);
+        if let Some(m) = &r.r#match {
+            self.route_match(&who, m);
+        }
     }
 
     /// The route-level rules of an aggregation route and its parts (that each
@@ -484,7 +521,7 @@ impl Validator {
         }
         self.balancing(&who, u);
         let mut ids = HashSet::new();
-        for Instance { id, url } in &u.instances {
+        for Instance { id, url, .. } in &u.instances {
             if !is_valid_name(id) {
                 self.push(format!(
                     "{who}: instance \"{id}\": id must match [a-z0-9][a-z0-9-]*"
@@ -498,6 +535,7 @@ impl Validator {
             }
         }
         self.upstream_tls(&who, u);
+        self.instance_weights(&who, u);
         if UpstreamProtocol::try_from(u.protocol).is_err() {
             self.push(format!(
                 "{who}: protocol: unknown value {} (HTTP1 or HTTP2)",
@@ -509,6 +547,9 @@ impl Validator {
         }
         if let Some(cb) = &u.circuit_breaker {
             self.circuit_breaker(&who, cb);
+        }
+        if let Some(o) = &u.outlier_detection {
+            self.outlier_detection(&who, o);
         }
         self.identity_signing(&who, u);
     }
@@ -649,9 +690,23 @@ mod upstream_tls;
 pub use upstream_tls::*;
 mod jwt_issuer;
 pub use jwt_issuer::*;
+mod cache;
+pub use cache::*;
+mod matching;
+pub use matching::*;
+mod split;
+pub use split::*;
+mod traffic;
+pub use traffic::*;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod traffic_tests;
+
+#[cfg(test)]
+mod mirror_outlier_tests;
 
 #[cfg(test)]
 mod composition_tests;

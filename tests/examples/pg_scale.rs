@@ -140,6 +140,7 @@ async fn seed(admin: &mut AdminClient) -> Result<()> {
                 instances: vec![gateway_proto::v1::Instance {
                     id: "orders-1".into(),
                     url: "http://127.0.0.1:9".into(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }),

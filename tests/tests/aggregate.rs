@@ -62,6 +62,7 @@ fn one_instance(name: &str, port: u16, breaker: Option<CircuitBreaker>) -> Upstr
         instances: vec![Instance {
             id: format!("{name}-1"),
             url: format!("http://127.0.0.1:{port}"),
+            ..Default::default()
         }],
         health_check: None,
         circuit_breaker: breaker,

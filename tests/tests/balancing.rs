@@ -141,6 +141,7 @@ fn spread_upstream(stack: &Stack, instances: &[&str], policy: LbPolicy, on: Hash
             .map(|id| Instance {
                 id: (*id).into(),
                 url: format!("http://127.0.0.1:{}", port(id)),
+                ..Default::default()
             })
             .collect(),
         lb_policy: policy as i32,

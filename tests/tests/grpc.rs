@@ -46,6 +46,7 @@ fn echo_upstream(stack: &Stack, name: &str) -> Upstream {
             .map(|(id, port)| Instance {
                 id: (*id).into(),
                 url: format!("http://127.0.0.1:{port}"),
+                ..Default::default()
             })
             .collect(),
         protocol: UpstreamProtocol::Http2 as i32,
@@ -348,6 +349,7 @@ async fn upstream_statuses_pass_through_and_gateway_failures_are_grpc_statuses()
         instances: vec![Instance {
             id: "dead".into(),
             url: "http://127.0.0.1:9".into(),
+            ..Default::default()
         }],
         circuit_breaker: Some(CircuitBreaker {
             failure_threshold: 1,

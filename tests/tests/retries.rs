@@ -34,6 +34,7 @@ fn orders(stack: &Stack) -> Upstream {
             .map(|(id, port)| Instance {
                 id: id.into(),
                 url: format!("http://127.0.0.1:{port}"),
+                ..Default::default()
             })
             .collect(),
         circuit_breaker: Some(CircuitBreaker {

@@ -49,6 +49,7 @@ fn https_upstream(name: &str, port: u16, ca: &Pki, client_certificate: &str) -> 
         instances: vec![Instance {
             id: format!("{name}-1"),
             url: format!("https://localhost:{port}"),
+            ..Default::default()
         }],
         tls: Some(UpstreamTls {
             ca_pem: std::fs::read_to_string(&ca.ca).unwrap(),
@@ -238,6 +239,7 @@ async fn upstream_tls_mistakes_are_refused_with_the_reason() -> Result<()> {
     mixed.instances.push(Instance {
         id: "mixed-2".into(),
         url: "http://localhost:2".into(),
+        ..Default::default()
     });
     let e = refused(mixed).await;
     ensure!(

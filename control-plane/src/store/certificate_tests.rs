@@ -157,6 +157,7 @@ async fn a_database_without_keys_opens_with_any_secrets_key_or_none() {
                 instances: vec![gateway_proto::v1::Instance {
                     id: "i".into(),
                     url: "http://127.0.0.1:1".into(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }),

@@ -37,6 +37,10 @@ pub use gateway_database::postgres::ACQUIRE_TIMEOUT as PG_ACQUIRE_TIMEOUT;
 /// The `NOTIFY` channel of committed versions; the payload is the version.
 pub const PG_CHANNEL: &str = "gateway_config_versions";
 
+/// The `NOTIFY` channel of cache purges (`PurgeCache`, not versions); the
+/// payload is the purge as JSON (`follow.rs`).
+pub(super) const PG_PURGE_CHANNEL: &str = "gateway_cache_purges";
+
 /// Key of the advisory lock every Postgres writer holds for its transaction.
 /// Any constant works, as long as every replica uses the same one.
 const PG_WRITE_LOCK: i64 = 0x6761_7465_7761_7901; // "gateway" + 1
@@ -320,6 +324,22 @@ impl Exec<'_> {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(PG_CHANNEL)
                 .bind(version.to_string())
+                .execute(&mut **c)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `payload` on the `NOTIFY` channel `channel` (Postgres only).
+    pub(crate) async fn notify_on(
+        &mut self,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), StoreError> {
+        if let Exec::Postgres(c) = self {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(channel)
+                .bind(payload)
                 .execute(&mut **c)
                 .await?;
         }

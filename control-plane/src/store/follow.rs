@@ -1,7 +1,9 @@
 //! Following the commits of other control planes on the same Postgres
 //! database: `LISTEN` on the channel every commit `NOTIFY`s, and publish the
 //! new head on this store's `watch` channel, from which this replica's config
-//! streams push it to its own data planes.
+//! streams push it to its own data planes. Cache purges (`PurgeCache`, which
+//! are not versions) travel the same way on a channel of their own
+//! ([`Store::announce_purge`]), each handed to this replica's streams.
 //!
 //! Notifications are not queued for a listener that is not connected, so
 //! after every (re)connection, once `LISTEN` is in place, the head is read
@@ -14,6 +16,8 @@
 use super::{Store, db, load_latest};
 use crate::database::Database;
 use crate::error::StoreError;
+use crate::purge::Purges;
+use gateway_proto::v1::CachePurge;
 use sqlx::postgres::PgListener;
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,7 +70,9 @@ impl Store {
             // Its own one-connection pool: the listener holds its connection for good.
             let pool = db::open_postgres(url, 1).await?;
             let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(db::PG_CHANNEL).await?;
+            listener
+                .listen_all([db::PG_CHANNEL, db::PG_PURGE_CHANNEL])
+                .await?;
             // From here on every commit is heard; catch up on what came before.
             self.catch_up().await?;
             *backoff = BACKOFF_MIN;
@@ -77,6 +83,11 @@ impl Store {
             loop {
                 match tokio::time::timeout(RESYNC_INTERVAL, listener.try_recv()).await {
                     Err(_quiet) => self.catch_up().await?,
+                    Ok(Ok(Some(notification)))
+                        if notification.channel() == db::PG_PURGE_CHANNEL =>
+                    {
+                        self.heard_purge(notification.payload());
+                    }
                     Ok(Ok(Some(notification))) => {
                         let newer = notification
                             .payload()
@@ -99,6 +110,59 @@ impl Store {
         match result {
             Err(e) => e,
             Ok(never) => match never {},
+        }
+    }
+
+    /// Hands the cache purges other control planes announce to `purges` (this
+    /// replica's config streams).
+    pub fn follow_purges(&self, purges: Arc<Purges>) {
+        let _ = self.purges.set(purges);
+    }
+
+    /// Tells the other control planes on the same Postgres about `purge`, for
+    /// their data planes (nothing to do on SQLite: one control plane).
+    pub async fn announce_purge(&self, purge: &CachePurge) -> Result<(), StoreError> {
+        if !matches!(self.database, Database::Postgres(_)) {
+            return Ok(());
+        }
+        let payload = serde_json::json!({
+            "origin": self.origin.to_string(),
+            "route": purge.route,
+            "path_prefix": purge.path_prefix,
+        })
+        .to_string();
+        let mut conn = self.pool.acquire().await?;
+        conn.exec().notify_on(db::PG_PURGE_CHANNEL, &payload).await
+    }
+
+    /// A purge another control plane announced: to this replica's streams.
+    fn heard_purge(&self, payload: &str) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) else {
+            tracing::warn!(
+                payload,
+                "ignoring a cache purge notification that is not JSON"
+            );
+            return;
+        };
+        if v["origin"].as_str() == Some(self.origin.to_string().as_str()) {
+            return; // ours: already handed to our streams
+        }
+        let (Some(route), Some(path_prefix)) = (v["route"].as_str(), v["path_prefix"].as_str())
+        else {
+            return;
+        };
+        let purge = CachePurge {
+            route: route.to_owned(),
+            path_prefix: path_prefix.to_owned(),
+        };
+        if let Some(purges) = self.purges.get() {
+            let data_planes = purges.send(purge);
+            tracing::info!(
+                route,
+                path_prefix,
+                data_planes,
+                "cache purge from another control plane sent"
+            );
         }
     }
 

@@ -19,6 +19,7 @@ fn upstream(name: &str) -> Upstream {
         instances: vec![Instance {
             id: "i1".into(),
             url: "http://127.0.0.1:9000".into(),
+            ..Default::default()
         }],
         ..Default::default()
     }

@@ -189,10 +189,24 @@ pub struct Args {
     #[arg(long, env = "DP_MAX_WEBSOCKET_TUNNELS", default_value_t = 0)]
     pub max_websocket_tunnels: usize,
 
+    /// Most mirrored copies (routes with `mirror`) in flight per replica; past
+    /// it a copy is dropped and counted as `shed` in
+    /// `gateway_mirror_requests_total`, so a slow mirror never queues work
+    /// without bound.
+    #[arg(long, env = "DP_MIRROR_MAX_IN_FLIGHT", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub mirror_max_in_flight: u64,
+
     /// Longest idle time a WebSocket tunnel gets (milliseconds), whatever its
     /// route's `websocket_idle_timeout_ms` says.
     #[arg(long, env = "DP_MAX_WEBSOCKET_IDLE_MS", default_value_t = 3_600_000)]
     pub max_websocket_idle_ms: u64,
+
+    /// Most bytes of cached answers (routes with `cache`) a replica keeps in
+    /// memory, bodies and header fields together; past it the least recently
+    /// used answers go. 0 turns response caching off (every request goes upstream).
+    #[arg(long, env = "DP_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub cache_max_bytes: u64,
 
     /// Time in-flight requests get to finish on SIGTERM/SIGINT, in milliseconds.
     #[arg(long, env = "DP_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]

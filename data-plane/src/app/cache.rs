@@ -142,6 +142,7 @@ mod tests {
                 instances: vec![Instance {
                     id: "i".into(),
                     url: "http://127.0.0.1:1".into(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }],

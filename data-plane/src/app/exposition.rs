@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use crate::config::{Compiled, Target};
-use crate::metrics::{CoalesceAlone, Metrics, PartOutcome, PolicyRefusal, esc, header};
+use crate::metrics::{
+    CoalesceAlone, Metrics, MirrorOutcome, PartOutcome, PolicyRefusal, esc, header,
+};
 use crate::upstream::breaker::BreakerState;
 use crate::upstream::retry::RetryReason;
 
@@ -40,6 +42,7 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
     }
 
     render_composition(&mut out, cfg);
+    render_mirror(&mut out, m, cfg);
     render_policy(&mut out, cfg);
     render_proxy(&mut out, cfg);
 
@@ -171,6 +174,7 @@ pub fn render(m: &Metrics, cfg: &Compiled) -> String {
             i.metrics.breaker_opened.load(Ordering::Relaxed)
         );
     }
+    render_outliers(&mut out, cfg);
 
     header(
         &mut out,
@@ -273,6 +277,23 @@ fn render_composition(out: &mut String, cfg: &Compiled) {
                 r.metrics.coalesced_alone(reason)
             );
         }
+    }
+    header(
+        out,
+        "gateway_split_failovers_total",
+        "counter",
+        "Requests of split routes sent to another upstream than the weights chose, because that one had no available instance.",
+    );
+    for r in routes
+        .iter()
+        .filter(|r| matches!(r.target, Target::Split(_)))
+    {
+        let _ = writeln!(
+            out,
+            "gateway_split_failovers_total{{route=\"{}\"}} {}",
+            esc(&r.name),
+            r.metrics.split_failovers.load(Ordering::Relaxed)
+        );
     }
     header(
         out,
@@ -384,4 +405,77 @@ fn render_proxy(out: &mut String, cfg: &Compiled) {
             u.retry.refused()
         );
     }
+}
+
+/// Appends the outlier-detection series of every instance of an upstream with
+/// `outlier_detection` (`gateway_outlier_ejections_total`, `gateway_outlier_ejected`).
+fn render_outliers(out: &mut String, cfg: &Compiled) {
+    let labels = |u: &str, i: &str| format!("upstream=\"{}\",instance=\"{}\"", esc(u), esc(i));
+    let instances = || {
+        cfg.upstreams
+            .iter()
+            .filter(|u| u.outlier.is_some())
+            .flat_map(|u| u.instances.iter().map(move |i| (u, i)))
+    };
+    header(
+        out,
+        "gateway_outlier_ejections_total",
+        "counter",
+        "Times outlier detection ejected an instance (failure rate over the threshold).",
+    );
+    for (u, i) in instances() {
+        let _ = writeln!(
+            out,
+            "gateway_outlier_ejections_total{{{}}} {}",
+            labels(&u.name, &i.id),
+            i.outlier.ejections()
+        );
+    }
+    header(
+        out,
+        "gateway_outlier_ejected",
+        "gauge",
+        "1 while outlier detection keeps an instance out of balancing.",
+    );
+    let now = crate::upstream::outlier::now_ms();
+    for (u, i) in instances() {
+        let _ = writeln!(
+            out,
+            "gateway_outlier_ejected{{{}}} {}",
+            labels(&u.name, &i.id),
+            u8::from(i.outlier.ejected_for(now).is_some())
+        );
+    }
+}
+
+/// Appends the counters of `mirror` routes and the replica's copies in flight.
+fn render_mirror(out: &mut String, m: &Metrics, cfg: &Compiled) {
+    header(
+        out,
+        "gateway_mirror_requests_total",
+        "counter",
+        "Sampled copies of mirror routes' requests, by outcome (sent, shed, failed, body_too_large).",
+    );
+    for r in cfg.router.routes().iter().filter(|r| r.mirror.is_some()) {
+        for outcome in MirrorOutcome::ALL {
+            let _ = writeln!(
+                out,
+                "gateway_mirror_requests_total{{route=\"{}\",outcome=\"{}\"}} {}",
+                esc(&r.name),
+                outcome.as_str(),
+                r.metrics.mirror.count(outcome)
+            );
+        }
+    }
+    header(
+        out,
+        "gateway_mirror_in_flight",
+        "gauge",
+        "Mirrored copies in flight in this replica (at most --mirror-max-in-flight).",
+    );
+    let _ = writeln!(
+        out,
+        "gateway_mirror_in_flight {}",
+        m.mirror_in_flight.load(Ordering::Relaxed)
+    );
 }

@@ -191,10 +191,10 @@ impl DataPlane {
                 Arc::new(ratelimit::RouteLimiter::new(limiter))
             }
         };
-        let runtime = Arc::new(Runtime::new(
-            args.cache_dir.clone().map(SnapshotCache::new),
-            args.pool(),
-        ));
+        let runtime = Arc::new(
+            Runtime::new(args.cache_dir.clone().map(SnapshotCache::new), args.pool())
+                .with_response_cache(args.cache_max_bytes),
+        );
         // Every handshake asks the current snapshot for its certificate.
         let (tls, tls_addr) = match tls_sockets {
             Some((sockets, addr)) => {
@@ -224,12 +224,14 @@ impl DataPlane {
             authenticator: authenticator.clone(),
             rate_limiter: Some(rate_limiter.clone()),
             tracer: self.tracer.clone(),
+            mirror_max_in_flight: args.mirror_max_in_flight,
             worker: workers::OFF_WORKER,
             scheme: Scheme::Http,
             https_port: args
                 .https_redirect_port
                 .or(tls_addr.map(|a| a.port()))
                 .unwrap_or(443),
+            response_cache: runtime.response_cache.clone(),
         });
         let (stop, stopped) = watch::channel(false);
         let http = args.http();
@@ -266,6 +268,7 @@ impl DataPlane {
         // What /metrics adds to the data plane's own counters.
         let ops_counted = ops_connections.clone();
         let certificates_of = runtime.config.clone();
+        let cache_metrics = runtime.metrics.response_cache.clone();
         let extra_metrics = move |out: &mut String| {
             metrics::write_connections(out, &[&connections, &ops_counted]);
             let current = certificates_of.load();
@@ -276,6 +279,7 @@ impl DataPlane {
                 stats.render(out);
             }
             websocket::write_metrics(out);
+            metrics::write_response_cache(out, &cache_metrics);
             rate_limiter.write_metrics(out);
             if let Some(a) = &authenticator {
                 a.write_metrics(out);

@@ -168,7 +168,11 @@ pub fn circuit_breakers(cfg: &Compiled) -> Value {
     json!({ "version": cfg.version, "upstreams": upstreams })
 }
 
-/// `{"version", "upstreams": [{"name", "policy", "hash_on", "health_checks", "discovery", "instances": [{"id", "url", "healthy", "breaker", "in_flight", "available", "idle_connections"}]}]}`.
+/// `{"version", "upstreams": [{"name", "policy", "hash_on", "health_checks", "discovery", "outlier_detection", "instances": [{"id", "url", "healthy", "breaker", "in_flight", "available", "idle_connections", "ejected_for_ms", "ejections"}]}]}`.
+///
+/// With `outlier_detection`, `ejected_for_ms` is the time left of the
+/// instance's ejection (`null`: in service) and `ejections` its count; both
+/// are `null` on upstreams without it.
 ///
 /// `hash_on` (`user`, `ip`, `header:NAME`) is there for `consistent_hash` only.
 /// `discovery` is `null` for listed instances, else `{"dns_name", "port",
@@ -176,6 +180,7 @@ pub fn circuit_breakers(cfg: &Compiled) -> Value {
 /// (the last good answer, which `instances` shows once compiled in; `last_error`
 /// is why the latest resolution failed, `null` when it worked).
 pub fn load_balancer(cfg: &Compiled, members: &Members) -> Value {
+    let now = crate::upstream::outlier::now_ms();
     let upstreams: Vec<Value> = cfg
         .upstreams
         .iter()
@@ -193,14 +198,17 @@ pub fn load_balancer(cfg: &Compiled, members: &Members) -> Value {
                             .is_some_and(|d| d.is_zero()),
                         BreakerState::HalfOpen => true,
                     };
+                    let ejected_for = u.outlier.as_ref().and_then(|_| i.outlier.ejected_for(now));
                     json!({
                         "id": &*i.id,
                         "url": &*i.key.url,
                         "healthy": i.is_healthy(),
                         "breaker": breaker.as_str(),
                         "in_flight": i.in_flight(),
-                        "available": i.is_healthy() && admits,
+                        "available": i.is_healthy() && admits && ejected_for.is_none(),
                         "idle_connections": i.pool.idle_count(),
+                        "ejected_for_ms": ejected_for,
+                        "ejections": u.outlier.as_ref().map(|_| i.outlier.ejections()),
                     })
                 })
                 .collect();
@@ -225,6 +233,7 @@ pub fn load_balancer(cfg: &Compiled, members: &Members) -> Value {
                 "hash_on": hash_on,
                 "health_checks": u.health.is_some(),
                 "discovery": discovery,
+                "outlier_detection": u.outlier.is_some(),
                 "instances": instances,
             })
         })

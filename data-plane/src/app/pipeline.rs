@@ -1,7 +1,7 @@
 //! The request pipeline, assembled in one place, top to bottom (docs/data-plane.md):
-//! sanitise → route → IP rules → WebSocket admission → CORS preflight →
+//! sanitise → route (with matchers) → IP rules → WebSocket admission → CORS preflight →
 //! authenticate (JWT or API key) → rate-limit → request headers → [aggregate |
-//! websocket | coalesce →] balance → breaker → proxy (signing the identity for
+//! split →] [websocket | mirror → cache → coalesce →] balance → breaker → proxy (signing the identity for
 //! upstreams with a secret), then
 //! response headers and CORS response headers.
 //!
@@ -14,15 +14,17 @@
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gateway_proto::spec::Auth;
 use gateway_proto::validate::MAX_RATE_LIMITS;
 use gateway_telemetry::propagation::TRACERESPONSE;
-use gateway_telemetry::{AccessLog, ServerSpan, Tracer, access_log, attr};
+use gateway_telemetry::{AccessLog, ClientSpans, ServerSpan, Tracer, access_log, attr};
 use gateway_transport::body::{ClientBody, RequestBody, ResponseBody};
 use gateway_transport::response::Response;
 use gateway_transport::server::Scheme;
+use gateway_transport::tee::Tee;
 use gateway_transport::workers::Worker;
 use http::Request;
 use http::header::{self, HeaderValue};
@@ -32,6 +34,8 @@ use tokio::time::Instant;
 
 use crate::composition::aggregate;
 use crate::composition::coalesce::{self, Coalesced};
+use crate::composition::mirror::{self, Mirror};
+use crate::composition::response_cache::{self, Cached, ResponseCache};
 use crate::composition::websocket;
 use crate::config::{Compiled, ConfigStore, RouteEntry, Target};
 use crate::error::ProxyError;
@@ -39,6 +43,7 @@ use crate::metrics::{Metrics, PolicyRefusal};
 use crate::policy::api_key::X_API_KEY;
 use crate::policy::cors::{Cors, preflight_method};
 use crate::policy::hooks::{AuthError, Authenticator, Identity, LimitBy, LimitKey, RateLimiter};
+use crate::policy::matching::MatchInput;
 use crate::policy::normalize::normalize_path;
 use crate::policy::router::host_of;
 use crate::policy::sanitize::{
@@ -97,6 +102,8 @@ pub struct Pipeline {
     pub rate_limiter: Option<Arc<dyn RateLimiter>>,
     /// Request spans (a disabled tracer still propagates trace context).
     pub tracer: Tracer,
+    /// Most mirrored copies in flight in the replica (`--mirror-max-in-flight`).
+    pub mirror_max_in_flight: u64,
     /// The proxy worker this pipeline serves ([`Pipeline::for_listener`]);
     /// [`gateway_transport::workers::OFF_WORKER`] for one made off the workers.
     pub worker: Worker,
@@ -105,6 +112,9 @@ pub struct Pipeline {
     pub scheme: Scheme,
     /// The port in the redirects of `https_only` routes (443: none).
     pub https_port: u16,
+    /// The replica's stored answers for routes with `cache` (`None`:
+    /// `--cache-max-bytes 0`, every request goes upstream).
+    pub response_cache: Option<Arc<ResponseCache>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -316,6 +326,26 @@ impl Pipeline {
                 .await;
             }
             Target::Upstream(upstream) => upstream,
+            // Split: the side by weight (sticky: by the caller's key); a side with no available instance hands its share on.
+            Target::Split(split) => {
+                let key = match split.sticky() {
+                    None => Affinity::NONE,
+                    Some(on) => balancer::affinity_on(
+                        on,
+                        identity.as_ref().map(|id| id.subject.as_bytes()),
+                        &parts.headers,
+                        || client_ip(&parts.headers, peer.ip(), &self.trusted_proxies),
+                    ),
+                };
+                let choice = split.choose(key);
+                if choice.failed_over {
+                    route
+                        .metrics
+                        .split_failovers
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                choice.upstream
+            }
         };
 
         // Coalesce: on a `coalesce` route identical concurrent GET/HEADs share one upstream call; after rate limiting, so every caller pays.
@@ -331,15 +361,40 @@ impl Pipeline {
         if upgrade {
             let pick = balancer::pick(upstream, key, None).ok_or(ProxyError::NoInstance)?;
             let max_idle = self.limits.max_websocket_idle;
-            return websocket::forward(route.view(), upstream, pick, parts, &path, trace, max_idle)
-                .await;
+            let view = route.view_to(upstream);
+            return websocket::forward(view, upstream, pick, parts, &path, trace, max_idle).await;
         }
+        // Mirror: a sampled copy of the request as forwarded (identity included) to the shadow upstream, in a task of its own; before coalescing so shared calls are copied too.
+        let tee = match &route.mirror {
+            Some(m) if m.sampled() => self.mirror(m, route, &parts, &path, &body, trace.span),
+            _ => None,
+        };
+        // Cache: a fresh stored answer is served here; misses of one key share one upstream call (routes with `cache` only).
+        let (parts, body, trace) = match (&route.cache, &self.response_cache) {
+            (Some(cache), Some(store)) => {
+                let to = response_cache::Upstream {
+                    route: route.view_to(upstream),
+                    upstream,
+                    affinity: key,
+                    worker: self.worker,
+                };
+                // Boxed: its state (the flight, the stored answer) stays out of this future, so routes without a cache do not carry it.
+                let stage = Box::pin(response_cache::stage(
+                    cache, store, to, parts, body, &path, trace,
+                ));
+                match stage.await {
+                    Cached::Answered(answer) => return answer,
+                    Cached::Bypass(parts, body, trace) => (parts, body, trace),
+                }
+            }
+            _ => (parts, body, trace),
+        };
         let (parts, body, trace) = match &route.coalesce {
             None => (parts, body, trace),
             Some(c) => {
                 match coalesce::stage(
                     c,
-                    route.view(),
+                    route.view_to(upstream),
                     upstream,
                     parts,
                     body,
@@ -361,16 +416,15 @@ impl Pipeline {
 
         // Proxy: stream to the instance within the route timeout; retry elsewhere per the route's `retry` (or the default once-rules).
         // Each attempt is a CLIENT span whose context replaces any traceparent the client sent.
-        let req = upstream_request(
-            parts,
-            &route.view(),
-            &path,
-            RequestBody::new(
-                body,
-                self.limits.max_body_bytes,
-                self.limits.body_read_timeout,
-            ),
-        )?;
+        let mut body = RequestBody::new(
+            body,
+            self.limits.max_body_bytes,
+            self.limits.body_read_timeout,
+        );
+        if let Some(tee) = tee {
+            body = body.with_tee(tee);
+        }
+        let req = upstream_request(parts, &route.view_to(upstream), &path, body)?;
         // gRPC: the caller's `grpc-timeout` shortens the route timeout (the upstream gets the header too).
         let timeout = match grpc_call.then(|| grpc::timeout(req.headers())).flatten() {
             Some(t) => t.min(route.timeout),
@@ -386,6 +440,30 @@ impl Pipeline {
             self.worker,
         ));
         forward.await
+    }
+
+    /// The mirror stage: starts the copy of a sampled request; returns the tee
+    /// to attach to the primary's body when the copy waits for that body.
+    fn mirror(
+        &self,
+        mirror: &Mirror,
+        route: &RouteEntry,
+        parts: &Parts,
+        path: &str,
+        body: &ClientBody,
+        span: &dyn ClientSpans,
+    ) -> Option<Tee> {
+        let copy = mirror::MirrorRequest {
+            mirror,
+            route: route.view(),
+            parts,
+            path,
+            span: span.parent(),
+            metrics: &self.metrics,
+            max_in_flight: self.mirror_max_in_flight,
+            worker: self.worker,
+        };
+        mirror::start(copy, body.is_end_stream(), body.size_hint().exact())
     }
 
     /// The sanitise stage. Returns the normalised path.
@@ -639,13 +717,19 @@ fn route<'c>(cfg: &'c Compiled, parts: &Parts, path: &str) -> Result<&'c RouteEn
     };
     // A CORS preflight goes to the route of the method it asks about (whose
     // `methods` need not list OPTIONS), when that route handles CORS.
+    let input = MatchInput {
+        headers: &parts.headers,
+        query: parts.uri.query(),
+    };
     if let Some(asked) = preflight_method(&parts.method, &parts.headers)
-        && let Some(r) = cfg.router.find(host.as_deref(), &asked, path)
+        && let Some(r) = cfg
+            .router
+            .find_matching(host.as_deref(), &asked, path, &input)
         && r.policies.cors.is_some()
     {
         return Ok(r);
     }
     cfg.router
-        .find(host.as_deref(), &parts.method, path)
+        .find_matching(host.as_deref(), &parts.method, path, &input)
         .ok_or(ProxyError::NoRoute)
 }

@@ -7,10 +7,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use gateway_proto::v1::ConfigSnapshot;
+use gateway_proto::v1::{CachePurge, ConfigSnapshot};
 use gateway_transport::pool::PoolSettings;
 
 use crate::app::cache::SnapshotCache;
+use crate::composition::response_cache::ResponseCache;
 use crate::config::{CompileError, ConfigStore, compile_with_members};
 use crate::metrics::Metrics;
 use crate::upstream::dns::{Discovery, Resolver};
@@ -51,6 +52,8 @@ pub struct Runtime {
     pub cache: Option<SnapshotCache>,
     /// Connection pool limits for new instances.
     pub pool: PoolSettings,
+    /// The stored answers of routes with `cache` (`None`: caching is off).
+    pub response_cache: Option<Arc<ResponseCache>>,
     /// Serialises applies (the config stream, the start-up cache load and DNS
     /// member changes) and holds the last accepted snapshot, which a member
     /// change compiles again.
@@ -68,9 +71,33 @@ impl Runtime {
             discovery: Discovery::default(),
             cache,
             pool,
+            response_cache: None,
             accepted: tokio::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
         }
+    }
+
+    /// The same runtime, caching answers of routes with `cache` within
+    /// `max_bytes` (`--cache-max-bytes`; 0: no caching).
+    pub fn with_response_cache(mut self, max_bytes: u64) -> Self {
+        self.response_cache = (max_bytes > 0).then(|| {
+            Arc::new(ResponseCache::new(
+                max_bytes,
+                self.metrics.response_cache.clone(),
+            ))
+        });
+        self
+    }
+
+    /// Drops the cached answers a purge names (`ConfigResponse.purge`);
+    /// returns how many keys went.
+    pub fn purge(&self, purge: &CachePurge) -> u64 {
+        let Some(cache) = &self.response_cache else {
+            return 0;
+        };
+        let removed = cache.purge(&purge.route, &purge.path_prefix);
+        tracing::info!(route = %purge.route, path_prefix = %purge.path_prefix, removed, "cache purged");
+        removed
     }
 
     /// The same runtime, resolving discovery names with `resolver` instead of

@@ -319,6 +319,8 @@ async fn session(
         }
         let version = resp.version;
         let nonce = resp.nonce;
+        // A cache purge (AdminService.PurgeCache) rides on a push of the current snapshot.
+        let purge = resp.purge;
         let snapshot = ConfigSnapshot {
             version,
             hash: resp.hash,
@@ -329,7 +331,11 @@ async fn session(
             jwt_issuers: resp.jwt_issuers,
             ..Default::default()
         };
-        let reply = match runtime.apply(snapshot, true).await {
+        let applied = runtime.apply(snapshot, true).await;
+        if let Some(purge) = &purge {
+            runtime.purge(purge);
+        }
+        let reply = match applied {
             Ok(_) => {
                 runtime.metrics.config_acks.fetch_add(1, Ordering::Relaxed);
                 ConfigRequest {

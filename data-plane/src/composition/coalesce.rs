@@ -149,6 +149,13 @@ impl Key {
     }
 }
 
+impl From<Bytes> for Key {
+    /// A key made elsewhere (the response cache's flights: its own key bytes).
+    fn from(bytes: Bytes) -> Self {
+        Self(bytes)
+    }
+}
+
 fn field(k: &mut BytesMut, bytes: &[u8]) {
     k.put_u32(bytes.len() as u32);
     k.put_slice(bytes);
@@ -178,6 +185,15 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A complete answer to share.
+    pub fn new(status: StatusCode, fields: Fields, body: Bytes) -> Self {
+        Self {
+            status,
+            fields,
+            body,
+        }
+    }
+
     /// A copy of the answer for one caller.
     pub fn response(&self) -> Response<ResponseBody> {
         Response::from_parts(
@@ -188,7 +204,7 @@ impl Snapshot {
     }
 
     /// The answer a gateway error gives (problem documents are complete bodies).
-    fn of_error(e: &ProxyError) -> Self {
+    pub fn of_error(e: &ProxyError) -> Self {
         let (status, fields, body) = e.to_response().into_parts();
         let body = match body {
             ResponseBody::Full(b) => b.unwrap_or_default(),

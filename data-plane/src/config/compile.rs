@@ -34,19 +34,24 @@ use gateway_transport::pool::PoolSettings;
 
 use crate::composition::aggregate::{Aggregate, Part};
 use crate::composition::coalesce::{CoalesceLimits, Coalescer};
+use crate::composition::mirror::Mirror;
+use crate::composition::response_cache::RouteCacheEntry;
 use crate::metrics::{PartMetrics, RouteMetrics};
 use crate::policy::api_key::{ApiKeyCompileError, ApiKeys};
 use crate::policy::cors::{CorsError, CorsPolicy};
 use crate::policy::ip_rules::IpRules;
 use crate::policy::jwt::JwtIssuers;
+use crate::policy::matching::RequestMatch;
 use crate::policy::ratelimit::{RateLimitCompileError, RouteLimit};
 use crate::policy::router::{Router, RouterError};
 use crate::policy::signature::Signer;
 use crate::policy::transform::{HeaderTransform, TransformError};
-use crate::upstream::balancer::Policy;
+use crate::upstream::balancer::{HashOn, Policy, Weights};
 use crate::upstream::dns::{self, Members};
 use crate::upstream::health::HealthSettings;
+use crate::upstream::outlier;
 use crate::upstream::retry::{RetryBudget, RetryPolicy};
+use crate::upstream::split::Split;
 
 /// Why a snapshot cannot be used. The `Display` text is the NACK's `error_detail`.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +59,13 @@ pub enum CompileError {
     /// The shared validation refused it.
     #[error("invalid configuration: {0}")]
     Invalid(#[from] ValidationError),
+    /// A route split whose weights are all 0 or whose sticky header is not a
+    /// header name (validation refuses both).
+    #[error("route {route:?}: split needs a weight above 0 and a valid split_hash_header")]
+    SplitWeights {
+        /// Route name.
+        route: String,
+    },
     /// A route naming an upstream that is not in the snapshot.
     #[error("route {route:?}: upstream {upstream:?} does not exist")]
     UnknownUpstream {
@@ -182,7 +194,7 @@ pub fn compile_with_members(
         .iter()
         .filter_map(|r| match &r.target {
             Target::Aggregate(a) => Some((r, a)),
-            Target::Upstream(_) => None,
+            Target::Upstream(_) | Target::Split(_) => None,
         })
         .flat_map(|(r, a)| {
             a.parts()
@@ -224,6 +236,7 @@ pub fn compile_with_members(
                 })
         };
         let target = match &r.aggregate {
+            None if !r.split.is_empty() => Target::Split(Arc::new(compile_split(r, upstream)?)),
             None => Target::Upstream(upstream(&r.upstream)?),
             Some(_) => Target::Aggregate(Arc::new(compile_aggregate(
                 spec,
@@ -253,14 +266,26 @@ pub fn compile_with_members(
             coalesce: r
                 .coalesce
                 .then(|| Arc::new(Coalescer::new(CoalesceLimits::default()))),
+            cache: r
+                .cache
+                .as_ref()
+                .map(|c| RouteCacheEntry::compile(&r.name, spec.auth, c)),
             retry: spec.retry.as_ref().map(RetryPolicy::from_spec),
+            mirror: match &r.mirror {
+                Some(m) => Some(Mirror {
+                    upstream: upstream(&m.upstream)?,
+                    percent: m.percent,
+                }),
+                None => None,
+            },
             websocket: spec.websocket_idle,
             metrics: old_route_metrics
                 .get(r.name.as_str())
                 .map_or_else(Default::default, |m| Arc::clone(m)),
         };
+        let conditions = r.r#match.as_ref().map(|m| Arc::new(RequestMatch::new(m)));
         router
-            .insert(&r.hosts, &r.path_prefix, &spec.methods, entry)
+            .insert_matching(&r.hosts, &r.path_prefix, &spec.methods, conditions, entry)
             .map_err(|source| CompileError::Router {
                 route: r.name.clone(),
                 source,
@@ -276,6 +301,33 @@ pub fn compile_with_members(
         api_keys,
         certificates,
         jwt_issuers,
+    })
+}
+
+/// The split of route `r` over its upstreams (validated: they exist, some
+/// weight is above 0).
+fn compile_split(
+    r: &gateway_proto::v1::Route,
+    upstream: impl Fn(&str) -> Result<Arc<UpstreamEntry>, CompileError>,
+) -> Result<Split, CompileError> {
+    let sides = r
+        .split
+        .iter()
+        .map(|side| Ok((upstream(&side.upstream)?, side.weight)))
+        .collect::<Result<Vec<_>, CompileError>>()?;
+    let sticky = match gateway_proto::v1::HashOn::try_from(r.split_hash_on) {
+        Ok(gateway_proto::v1::HashOn::User) => Some(HashOn::User),
+        Ok(gateway_proto::v1::HashOn::Ip) => Some(HashOn::Ip),
+        Ok(gateway_proto::v1::HashOn::Header) => Some(HashOn::Header(
+            http::HeaderName::from_bytes(r.split_hash_header.to_ascii_lowercase().as_bytes())
+                .map_err(|_| CompileError::SplitWeights {
+                    route: r.name.clone(),
+                })?,
+        )),
+        Ok(gateway_proto::v1::HashOn::Unspecified) | Err(_) => None,
+    };
+    Split::new(sides, sticky, r.split_fail_closed).ok_or_else(|| CompileError::SplitWeights {
+        route: r.name.clone(),
     })
 }
 
@@ -434,7 +486,20 @@ fn compile_upstream(
     let health = spec.health_check.as_ref().map(HealthSettings::from_spec);
     let entry = UpstreamEntry::new(name, instances, spec.breaker, health)
         .with_policy(Policy::from_spec(&spec.balancing))
-        .with_signer(Signer::new(&u.identity_signing_secret));
+        .with_signer(Signer::new(&u.identity_signing_secret))
+        .with_outlier(
+            u.outlier_detection
+                .as_ref()
+                .map(|o| outlier::Outlier::new(outlier::OutlierSettings::from_proto(o))),
+        );
+    // Discovered members have weight 1.
+    let entry = match target {
+        Some(_) => entry,
+        None => {
+            let weights: Vec<u32> = spec.instances.iter().map(|i| i.weight).collect();
+            entry.with_weights(Weights::new(&weights))
+        }
+    };
     Ok(match target {
         Some(t) => entry.with_discovery(t),
         None => entry,
@@ -488,6 +553,7 @@ mod tests {
                     .map(|(id, url)| Instance {
                         id: id.to_string(),
                         url: url.to_string(),
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()
@@ -638,7 +704,7 @@ mod tests {
             let r = c.router.find(None, &Method::GET, "/api/overview").unwrap();
             match &r.target {
                 Target::Aggregate(a) => a.parts().iter().map(|p| p.metrics().clone()).collect(),
-                Target::Upstream(_) => Vec::new(),
+                Target::Upstream(_) | Target::Split(_) => Vec::new(),
             }
         };
         parts(&v1)[1].record(PartOutcome::Timeout);

@@ -19,6 +19,8 @@ use gateway_proto::spec::Auth;
 
 use crate::composition::aggregate::Aggregate;
 use crate::composition::coalesce::Coalescer;
+use crate::composition::mirror::Mirror;
+use crate::composition::response_cache::RouteCacheEntry;
 use crate::metrics::RouteMetrics;
 use crate::policy::api_key::ApiKeys;
 use crate::policy::cors::CorsPolicy;
@@ -29,6 +31,7 @@ use crate::policy::transform::HeaderTransform;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::proxy::RouteView;
 use crate::upstream::retry::RetryPolicy;
+use crate::upstream::split::Split;
 
 use crate::policy::jwt::{JwtIssuers, RouteJwt};
 pub use certificates::{Certificates, SniResolver};
@@ -82,6 +85,10 @@ pub struct RouteEntry {
     pub target: Target,
     /// Shares identical concurrent GET/HEAD upstream calls (`Route.coalesce`).
     pub coalesce: Option<Arc<Coalescer>>,
+    /// Caches GET answers (`Route.cache`; `None`: every request goes upstream).
+    pub cache: Option<RouteCacheEntry>,
+    /// Copies sampled requests to a shadow upstream (`Route.mirror`).
+    pub mirror: Option<Mirror>,
     /// Retries on other instances (`Route.retry`; `None`: the default once-rules).
     pub retry: Option<RetryPolicy>,
     /// WebSocket upgrades allowed, with this tunnel idle timeout (`Route.websocket`;
@@ -92,15 +99,32 @@ pub struct RouteEntry {
 }
 
 impl RouteEntry {
-    /// What forwarding, coalescing and WebSocket tunnels need of this route.
+    /// What forwarding, coalescing and WebSocket tunnels need of this route
+    /// (the signer of its one upstream; none for a split or an aggregate:
+    /// see [`RouteEntry::view_to`]).
     pub fn view(&self) -> RouteView<'_> {
+        match &self.target {
+            Target::Upstream(u) => self.view_to(u),
+            Target::Aggregate(_) | Target::Split(_) => RouteView {
+                signer: None,
+                ..self.view_to_parts()
+            },
+        }
+    }
+
+    /// [`RouteEntry::view`] for a request going to `upstream` (signed with its secret).
+    pub fn view_to<'a>(&'a self, upstream: &'a UpstreamEntry) -> RouteView<'a> {
+        RouteView {
+            signer: upstream.signer.as_ref(),
+            ..self.view_to_parts()
+        }
+    }
+
+    fn view_to_parts(&self) -> RouteView<'_> {
         RouteView {
             prefix: &self.prefix,
             rewrite: self.rewrite.as_deref(),
-            signer: match &self.target {
-                Target::Upstream(u) => u.signer.as_ref(),
-                Target::Aggregate(_) => None,
-            },
+            signer: None,
             timeout: self.timeout,
             retry: self.retry.as_ref(),
             websocket: self.websocket,
@@ -130,6 +154,8 @@ pub enum Target {
     Upstream(Arc<UpstreamEntry>),
     /// Fanned out to the parts of an aggregation (`Route.aggregate`).
     Aggregate(Arc<Aggregate>),
+    /// Split over several upstreams by weight (`Route.split`).
+    Split(Arc<Split>),
 }
 
 /// Holds the current snapshot. The only place a configuration is published.

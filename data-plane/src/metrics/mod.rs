@@ -15,15 +15,19 @@ use std::time::Duration;
 use gateway_transport::upstream_error::UpstreamError;
 use http::{Method, StatusCode};
 
+mod cache;
 mod certificates;
 mod composition;
 mod connections;
+mod mirror;
 mod policy;
 mod proxy;
 
+pub use cache::{ResponseCacheMetrics, write_response_cache};
 pub use certificates::write_certificates;
 pub use composition::{CoalesceAlone, PartMetrics, PartOutcome};
 pub use connections::write_connections;
+pub use mirror::{MirrorMetrics, MirrorOutcome};
 pub use policy::{PolicyMetrics, PolicyRefusal};
 pub use proxy::WebSocketMetrics;
 
@@ -107,6 +111,11 @@ pub struct RouteMetrics {
     pub policy: PolicyMetrics,
     /// WebSocket tunnels (`websocket` routes).
     pub websocket: WebSocketMetrics,
+    /// Requests of a `split` route sent to another side than the weights
+    /// chose, because that one had no available instance.
+    pub split_failovers: AtomicU64,
+    /// Mirrored copies by outcome (`mirror` routes).
+    pub mirror: MirrorMetrics,
 }
 
 impl RouteMetrics {
@@ -223,6 +232,10 @@ pub struct Metrics {
     pub control_plane_connected: AtomicBool,
     /// Config streams opened (first connection included).
     pub control_plane_connects: AtomicU64,
+    /// The response cache's counters (`Route.cache`).
+    pub response_cache: std::sync::Arc<ResponseCacheMetrics>,
+    /// Mirrored copies in flight in the replica (capped by --mirror-max-in-flight).
+    pub mirror_in_flight: AtomicU64,
 }
 
 /// `s` escaped for a label value.

@@ -19,6 +19,7 @@ pub mod hooks;
 pub mod https;
 pub mod ip_rules;
 pub mod jwt;
+pub mod matching;
 pub mod mtls;
 pub mod normalize;
 pub mod ratelimit;

@@ -16,11 +16,22 @@
 //! 3. at one prefix, a route listing the request's method beats an any-method
 //!    route; when neither applies, shorter prefixes are tried.
 //!
+//! 4. at one host, prefix and method (or any-method) slot, routes with a
+//!    `match` ([`RequestMatch`]) are tried first, most matchers first; the
+//!    first whose conditions all hold wins, then the slot's route without
+//!    conditions, if any. A slot where nothing holds is passed over like an
+//!    empty one. Conditions are checked only at the slots a request reaches,
+//!    so their cost does not grow with the number of routes either.
+//!
 //! Methods match exactly (a route listing `GET` does not answer `HEAD`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use http::Method;
+use gateway_proto::validate::can_both_match;
+use http::{HeaderMap, Method};
+
+use crate::policy::matching::{MatchInput, RequestMatch};
 
 /// The router's maps hash with foldhash (the workspace's one fast hasher).
 /// SipHash's flooding resistance buys nothing here: the keys (prefixes, hosts)
@@ -51,21 +62,75 @@ pub enum RouterError {
     Duplicate(String),
 }
 
+/// The routes at one host class, prefix and method (or any method).
+#[derive(Debug)]
+enum Slot {
+    /// One route without conditions: the common case, no scan.
+    One(usize),
+    /// Routes with conditions, most matchers first, then at most one without.
+    Many(Vec<(Option<Arc<RequestMatch>>, usize)>),
+}
+
+impl Slot {
+    fn new(conditions: Option<&Arc<RequestMatch>>, index: usize) -> Self {
+        match conditions {
+            None => Slot::One(index),
+            Some(c) => Slot::Many(vec![(Some(c.clone()), index)]),
+        }
+    }
+
+    fn find(&self, input: &MatchInput<'_>) -> Option<usize> {
+        match self {
+            Slot::One(i) => Some(*i),
+            Slot::Many(list) => list
+                .iter()
+                .find(|(c, _)| c.as_ref().is_none_or(|c| c.holds(input)))
+                .map(|&(_, i)| i),
+        }
+    }
+
+    /// Whether a route with `conditions` would tie with one already here:
+    /// as many matchers, and one request could satisfy both.
+    fn ties(&self, conditions: Option<&Arc<RequestMatch>>) -> bool {
+        let count = conditions.map_or(0, |c| c.len());
+        let proto = conditions.map(|c| c.proto());
+        let tie = |have: Option<&Arc<RequestMatch>>| {
+            have.map_or(0, |c| c.len()) == count
+                && (count == 0 || can_both_match(have.map(|c| c.proto()), proto))
+        };
+        match self {
+            Slot::One(_) => tie(None),
+            Slot::Many(list) => list.iter().any(|(c, _)| tie(c.as_ref())),
+        }
+    }
+
+    fn add(&mut self, conditions: Option<&Arc<RequestMatch>>, index: usize) {
+        let mut list = match std::mem::replace(self, Slot::Many(Vec::new())) {
+            Slot::One(i) => vec![(None, i)],
+            Slot::Many(list) => list,
+        };
+        list.push((conditions.cloned(), index));
+        // Most matchers first; stable, so equal counts keep their order.
+        list.sort_by_key(|(c, _)| std::cmp::Reverse(c.as_ref().map_or(0, |c| c.len())));
+        *self = Slot::Many(list);
+    }
+}
+
 #[derive(Debug, Default)]
 struct MethodSet {
-    /// Routes listing specific methods: (method, route index). Short: linear scan.
-    by_method: Vec<(Method, usize)>,
-    /// The any-method route, if one.
-    any: Option<usize>,
+    /// Routes listing specific methods: (method, routes). Short: linear scan.
+    by_method: Vec<(Method, Slot)>,
+    /// The any-method routes, if any.
+    any: Option<Slot>,
 }
 
 impl MethodSet {
-    fn find(&self, method: &Method) -> Option<usize> {
+    fn find(&self, method: &Method, input: &MatchInput<'_>) -> Option<usize> {
         self.by_method
             .iter()
             .find(|(m, _)| m == method)
-            .map(|&(_, i)| i)
-            .or(self.any)
+            .and_then(|(_, slot)| slot.find(input))
+            .or_else(|| self.any.as_ref().and_then(|slot| slot.find(input)))
     }
 }
 
@@ -77,31 +142,60 @@ struct PrefixTable {
 }
 
 impl PrefixTable {
-    /// The method (or `any`) that another route already takes at `prefix`.
-    fn conflict(&self, prefix: &str, methods: &[Method]) -> Option<String> {
+    /// The method (or `any`) at `prefix` where another route ties with one
+    /// with `conditions`.
+    fn conflict(
+        &self,
+        prefix: &str,
+        methods: &[Method],
+        conditions: Option<&Arc<RequestMatch>>,
+    ) -> Option<String> {
         let set = self.prefixes.get(prefix)?;
         if methods.is_empty() {
-            return set.any.is_some().then(|| "any".to_string());
+            return set
+                .any
+                .as_ref()
+                .is_some_and(|slot| slot.ties(conditions))
+                .then(|| "any".to_string());
         }
         methods
             .iter()
-            .find(|m| set.by_method.iter().any(|(have, _)| have == *m))
+            .find(|m| {
+                set.by_method
+                    .iter()
+                    .any(|(have, slot)| have == *m && slot.ties(conditions))
+            })
             .map(Method::to_string)
     }
 
-    fn insert(&mut self, prefix: &str, methods: &[Method], index: usize) {
+    fn insert(
+        &mut self,
+        prefix: &str,
+        methods: &[Method],
+        conditions: Option<&Arc<RequestMatch>>,
+        index: usize,
+    ) {
         let set = self.prefixes.entry(prefix.into()).or_default();
         self.max_len = self.max_len.max(prefix.len());
         if methods.is_empty() {
-            set.any = Some(index);
+            match &mut set.any {
+                Some(slot) => slot.add(conditions, index),
+                None => set.any = Some(Slot::new(conditions, index)),
+            }
         }
         for m in methods {
-            set.by_method.push((m.clone(), index));
+            match set.by_method.iter_mut().find(|(have, _)| have == m) {
+                Some((_, slot)) => slot.add(conditions, index),
+                None => set
+                    .by_method
+                    .push((m.clone(), Slot::new(conditions, index))),
+            }
         }
     }
 
-    /// Longest prefix of `path` (on a segment boundary) with a route for `method`.
-    fn find(&self, method: &Method, path: &str) -> Option<usize> {
+    /// Longest prefix of `path` (on a segment boundary) with a route for `method`
+    /// whose conditions hold.
+    fn find(&self, method: &Method, path: &str, input: &MatchInput<'_>) -> Option<usize> {
         if self.prefixes.is_empty() {
             return None;
         }
@@ -109,7 +203,10 @@ impl PrefixTable {
         loop {
             let candidate = if end == 0 { "/" } else { &path[..end] };
             if candidate.len() <= self.max_len
-                && let Some(i) = self.prefixes.get(candidate).and_then(|s| s.find(method))
+                && let Some(i) = self
+                    .prefixes
+                    .get(candidate)
+                    .and_then(|s| s.find(method, input))
             {
                 return Some(i);
             }
@@ -164,9 +261,7 @@ impl<T> Router<T> {
         &self.routes
     }
 
-    /// Adds a route. `hosts` are lower-case names or `*.suffix` (empty: any host);
-    /// `prefix` starts with `/` and has no trailing `/` (except `/` itself);
-    /// `methods` empty means any method.
+    /// Adds a route without conditions; see [`Router::insert_matching`].
     pub fn insert(
         &mut self,
         hosts: &[String],
@@ -174,6 +269,23 @@ impl<T> Router<T> {
         methods: &[Method],
         value: T,
     ) -> Result<(), RouterError> {
+        self.insert_matching(hosts, prefix, methods, None, value)
+    }
+
+    /// Adds a route. `hosts` are lower-case names or `*.suffix` (empty: any host);
+    /// `prefix` starts with `/` and has no trailing `/` (except `/` itself);
+    /// `methods` empty means any method; `conditions` is the route's `match`.
+    /// Refused when another route at one of its hosts, its prefix and one of
+    /// its methods has as many matchers and could take the same request.
+    pub fn insert_matching(
+        &mut self,
+        hosts: &[String],
+        prefix: &str,
+        methods: &[Method],
+        conditions: Option<Arc<RequestMatch>>,
+        value: T,
+    ) -> Result<(), RouterError> {
+        let conditions = conditions.as_ref();
         if !prefix.starts_with('/') || (prefix.len() > 1 && prefix.ends_with('/')) {
             return Err(RouterError::BadPrefix(prefix.into()));
         }
@@ -192,7 +304,7 @@ impl<T> Router<T> {
             method,
         };
         if hosts.is_empty()
-            && let Some(m) = self.any_host.conflict(prefix, methods)
+            && let Some(m) = self.any_host.conflict(prefix, methods, conditions)
         {
             return Err(conflict("*", m));
         }
@@ -201,35 +313,63 @@ impl<T> Router<T> {
                 Some(suffix) => self.wildcard.get(suffix),
                 None => self.exact.get(host.as_str()),
             };
-            if let Some(m) = table.and_then(|t| t.conflict(prefix, methods)) {
+            if let Some(m) = table.and_then(|t| t.conflict(prefix, methods, conditions)) {
                 return Err(conflict(host, m));
             }
         }
         let index = self.routes.len();
         if hosts.is_empty() {
-            self.any_host.insert(prefix, methods, index);
+            self.any_host.insert(prefix, methods, conditions, index);
         }
         for host in hosts {
             let table = match host.strip_prefix("*.") {
                 Some(suffix) => self.wildcard.entry(suffix.into()).or_default(),
                 None => self.exact.entry(host.as_str().into()).or_default(),
             };
-            table.insert(prefix, methods, index);
+            table.insert(prefix, methods, conditions, index);
         }
         self.routes.push(value);
         Ok(())
     }
 
-    /// Finds the route for a request. `host` is the Host header without port,
-    /// lower-case (see [`host_of`]); `path` is the normalised path.
+    /// Finds the route for a request without headers or query (routes with
+    /// conditions that need one do not match); see [`Router::find_matching`].
     pub fn find(&self, host: Option<&str>, method: &Method, path: &str) -> Option<&T> {
-        self.find_index(host, method, path).map(|i| &self.routes[i])
+        let headers = HeaderMap::new();
+        let input = MatchInput {
+            headers: &headers,
+            query: None,
+        };
+        self.find_matching(host, method, path, &input)
     }
 
-    fn find_index(&self, host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
+    /// Finds the route for a request. `host` is the Host header without port,
+    /// lower-case (see [`host_of`]); `path` is the normalised path; `input`
+    /// what routes' conditions look at.
+    pub fn find_matching(
+        &self,
+        host: Option<&str>,
+        method: &Method,
+        path: &str,
+        input: &MatchInput<'_>,
+    ) -> Option<&T> {
+        self.find_index(host, method, path, input)
+            .map(|i| &self.routes[i])
+    }
+
+    fn find_index(
+        &self,
+        host: Option<&str>,
+        method: &Method,
+        path: &str,
+        input: &MatchInput<'_>,
+    ) -> Option<usize> {
         if let Some(host) = host {
             if !self.exact.is_empty()
-                && let Some(i) = self.exact.get(host).and_then(|t| t.find(method, path))
+                && let Some(i) = self
+                    .exact
+                    .get(host)
+                    .and_then(|t| t.find(method, path, input))
             {
                 return Some(i);
             }
@@ -239,13 +379,17 @@ impl<T> Router<T> {
                 let mut rest = host;
                 while let Some(dot) = rest.find('.') {
                     rest = &rest[dot + 1..];
-                    if let Some(i) = self.wildcard.get(rest).and_then(|t| t.find(method, path)) {
+                    if let Some(i) = self
+                        .wildcard
+                        .get(rest)
+                        .and_then(|t| t.find(method, path, input))
+                    {
                         return Some(i);
                     }
                 }
             }
         }
-        self.any_host.find(method, path)
+        self.any_host.find(method, path, input)
     }
 }
 
@@ -299,6 +443,7 @@ pub fn rewrite_path(path: &str, prefix: &str, rewrite: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway_proto::v1::{MatchMode, Matcher, RouteMatch};
 
     fn m(s: &str) -> Method {
         Method::from_bytes(s.as_bytes()).unwrap()
@@ -465,6 +610,117 @@ mod tests {
         assert_eq!(r.len(), 3);
         assert_eq!(r.find(None, &m("GET"), "/b"), None);
         assert_eq!(r.find(None, &m("POST"), "/a"), Some(&1));
+    }
+
+    fn conditions(headers: &[(&str, &str, MatchMode)]) -> Option<Arc<RequestMatch>> {
+        Some(Arc::new(RequestMatch::new(&RouteMatch {
+            headers: headers
+                .iter()
+                .map(|(n, v, mode)| Matcher {
+                    name: (*n).into(),
+                    value: (*v).into(),
+                    mode: *mode as i32,
+                })
+                .collect(),
+            ..Default::default()
+        })))
+    }
+
+    fn find_with<'a>(
+        r: &'a Router<&'static str>,
+        path: &str,
+        h: &[(&str, &str)],
+    ) -> Option<&'a str> {
+        let mut headers = HeaderMap::new();
+        for (k, v) in h {
+            headers.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        let input = MatchInput {
+            headers: &headers,
+            query: None,
+        };
+        r.find_matching(None, &Method::GET, path, &input).copied()
+    }
+
+    #[test]
+    fn more_matchers_win_and_the_plain_route_takes_the_rest() {
+        use MatchMode::{Absent, Exact};
+        let mut r: Router<&'static str> = Router::new();
+        r.insert(&[], "/orders", &[], "v1").unwrap();
+        r.insert_matching(
+            &[],
+            "/orders",
+            &[],
+            conditions(&[("accept-version", "2", Exact)]),
+            "v2",
+        )
+        .unwrap();
+        r.insert_matching(
+            &[],
+            "/orders",
+            &[],
+            conditions(&[("accept-version", "2", Exact), ("x-tenant", "acme", Exact)]),
+            "v2-acme",
+        )
+        .unwrap();
+        r.insert_matching(
+            &[],
+            "/orders",
+            &[],
+            conditions(&[("accept-version", "3", Exact)]),
+            "v3",
+        )
+        .unwrap();
+        assert_eq!(find_with(&r, "/orders/1", &[]), Some("v1"));
+        assert_eq!(
+            find_with(&r, "/orders/1", &[("accept-version", "2")]),
+            Some("v2")
+        );
+        assert_eq!(
+            find_with(&r, "/orders/1", &[("accept-version", "3")]),
+            Some("v3")
+        );
+        assert_eq!(
+            find_with(
+                &r,
+                "/orders",
+                &[("accept-version", "2"), ("x-tenant", "acme")]
+            ),
+            Some("v2-acme")
+        );
+        assert_eq!(
+            find_with(&r, "/orders", &[("accept-version", "4")]),
+            Some("v1")
+        );
+        // A tie that one request could satisfy is refused, and leaves nothing behind.
+        let tie = r.insert_matching(
+            &[],
+            "/orders",
+            &[],
+            conditions(&[("x-beta", "", Absent)]),
+            "t",
+        );
+        assert!(matches!(tie, Err(RouterError::Conflict { .. })));
+        assert_eq!(r.len(), 4);
+    }
+
+    #[test]
+    fn a_slot_where_no_condition_holds_falls_through() {
+        let mut r: Router<&'static str> = Router::new();
+        r.insert(&[], "/", &[], "root").unwrap();
+        r.insert_matching(
+            &[],
+            "/api",
+            &[Method::GET],
+            conditions(&[("x-beta", "1", MatchMode::Exact)]),
+            "beta",
+        )
+        .unwrap();
+        assert_eq!(find_with(&r, "/api/x", &[("x-beta", "1")]), Some("beta"));
+        assert_eq!(find_with(&r, "/api/x", &[]), Some("root"));
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub static X_USER_ROLE: HeaderName = HeaderName::from_static("x-user-role");
 pub static X_API_KEY_NAME: HeaderName = HeaderName::from_static("x-api-key-name");
 /// The gateway's signature of the identity headers (see [`crate::policy::signature`]).
 pub static X_GATEWAY_SIGNATURE: HeaderName = HeaderName::from_static("x-gateway-signature");
+/// The marker of a mirrored copy (`composition/mirror.rs`); a client's is
+/// removed, so an upstream can trust it (e.g. to skip side effects).
+pub static X_GATEWAY_MIRROR: HeaderName = HeaderName::from_static("x-gateway-mirror");
 /// Request correlation id.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Client address chain.
@@ -52,8 +55,9 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 /// The headers removed at the trust boundary: the hop-by-hop ones (the first
 /// [`HOP_BY_HOP_COUNT`], removed both ways), the identity ones (requests
 /// only), then the forwarding ones (requests from a peer that is not a
-/// trusted proxy). A header's index is its bit in [`remove_hop_by_hop`]'s scan.
-static REMOVED: [&HeaderName; 15] = [
+/// trusted proxy), then the mirror marker (requests only). A header's index
+/// is its bit in [`remove_hop_by_hop`]'s scan.
+static REMOVED: [&HeaderName; 16] = [
     &header::CONNECTION,
     &PROXY_CONNECTION,
     &header::TE,
@@ -69,6 +73,7 @@ static REMOVED: [&HeaderName; 15] = [
     &X_GATEWAY_SIGNATURE,
     &FORWARDED,
     &X_REAL_IP,
+    &X_GATEWAY_MIRROR,
 ];
 /// How many of [`REMOVED`] are hop-by-hop (the rest are removed from requests only).
 const HOP_BY_HOP_COUNT: usize = 9;
@@ -78,6 +83,8 @@ const HOP_BITS: u32 = (1 << HOP_BY_HOP_COUNT) - 1;
 const IDENTITY_BITS: u32 = 0b1111 << HOP_BY_HOP_COUNT;
 /// The bits of `Forwarded` and `X-Real-IP`.
 const FORWARDING_BITS: u32 = 0b11 << (HOP_BY_HOP_COUNT + 4);
+/// The bit of `X-Gateway-Mirror`.
+const MIRROR_BIT: u32 = 1 << (HOP_BY_HOP_COUNT + 6);
 /// The bits of `Connection` and `Proxy-Connection`, whose values name more headers.
 const CONNECTION_BITS: u32 = 0b11;
 /// Not a field of [`REMOVED`]: a request field spelt with `_` for `-` whose
@@ -102,10 +109,12 @@ impl Strip {
     fn mask(self) -> u32 {
         match self {
             Self::Response => HOP_BITS,
-            Self::Request { trusted_peer: true } => HOP_BITS | IDENTITY_BITS | UNDERSCORE_BIT,
+            Self::Request { trusted_peer: true } => {
+                HOP_BITS | IDENTITY_BITS | MIRROR_BIT | UNDERSCORE_BIT
+            }
             Self::Request {
                 trusted_peer: false,
-            } => HOP_BITS | IDENTITY_BITS | FORWARDING_BITS | UNDERSCORE_BIT,
+            } => HOP_BITS | IDENTITY_BITS | FORWARDING_BITS | MIRROR_BIT | UNDERSCORE_BIT,
         }
     }
 }
@@ -133,6 +142,7 @@ fn removed_bit(name: &[u8], mask: u32) -> u32 {
         b"x-gateway-signature" => 12,
         b"forwarded" => 13,
         b"x-real-ip" => 14,
+        b"x-gateway-mirror" => 15,
         // Only names of a protected one's length are looked at for `_`.
         _ if mask & UNDERSCORE_BIT != 0 && is_spoof_spelling(name) => return UNDERSCORE_BIT,
         _ => return 0,
@@ -143,11 +153,12 @@ fn removed_bit(name: &[u8], mask: u32) -> u32 {
 /// The fields a backend may read with `_` and `-` taken as one (CGI, PHP,
 /// Django and others turn both into `_`): their underscored spellings never
 /// pass the gateway.
-const PROTECTED_SPELLINGS: [&[u8]; 9] = [
+const PROTECTED_SPELLINGS: [&[u8]; 10] = [
     b"x-user-id",
     b"x-user-role",
     b"x-api-key-name",
     b"x-gateway-signature",
+    b"x-gateway-mirror",
     b"x-forwarded-for",
     b"x-forwarded-proto",
     b"x-forwarded-host",

@@ -4,7 +4,7 @@
 //! counters (attempts, retries, errors by kind), the CLIENT span (its context
 //! goes upstream as `traceparent`), the instance's in-flight count and the
 //! breaker permit. It ends one of two ways: [`answered`](Attempt::answered)
-//! (the span records the status, a 5xx is a breaker failure, the in-flight
+//! (the span records the status, a 5xx is a breaker and outlier failure, the in-flight
 //! count is handed to the response body) or [`failed`](Attempt::failed) (the
 //! span and the counters record the [`UpstreamError`], the breaker counts a
 //! failure unless the client's side failed). Forwarding and its retries
@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 
 use super::balancer::Pick;
 use super::breaker::{Permit, Transition};
+use super::outlier;
 use super::{InstanceState, UpstreamEntry};
 
 /// The request's trace, for the attempts' CLIENT spans.
@@ -118,6 +119,7 @@ impl<'a> Attempt<'a> {
         } else {
             report(upstream, instance, permit.success());
         }
+        outlier::record(upstream, instance, status.is_server_error());
         in_flight
     }
 
@@ -140,6 +142,7 @@ impl<'a> Attempt<'a> {
         instance.metrics.failed(error);
         tracing::debug!(upstream = %upstream.name, instance = %instance.id, %error, "upstream attempt failed");
         report(upstream, instance, permit.failure());
+        outlier::record(upstream, instance, true);
     }
 }
 

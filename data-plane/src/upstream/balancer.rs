@@ -16,8 +16,17 @@
 //!   hashed once per request ([`Affinity`]). A request without the key (no
 //!   verified user, no such header) is balanced round-robin.
 //!
+//! Instance weights (`Instance.weight`, [`Weights`]) make round-robin walk a
+//! [`WeightLine`] instead of the list (three times the turns for weight 3,
+//! interleaved), least-request draw its two candidates by weight and compare
+//! in-flight counts per unit of weight, and rendezvous hashing use weighted
+//! scores (`weight / -ln(u)`, so an instance wins keys in proportion to its
+//! weight). Upstreams whose instances all have weight 1 take none of these
+//! paths.
+//!
 //! "Available" is the same for all three: not excluded (the instance a retry
-//! moves away from), healthy (active checks), and admitted by its breaker. The
+//! moves away from), healthy (active checks), not ejected as an outlier
+//! ([`super::outlier`]), and admitted by its breaker. The
 //! breaker is asked last, only for the candidate about to be chosen, so a
 //! half-open probe slot is taken only by the instance that really gets the
 //! request. A retry keeps the request's [`Affinity`], so a consistent-hash
@@ -33,7 +42,37 @@ use http::header::HeaderName;
 use rand::Rng as _;
 
 use crate::upstream::breaker::Permit;
+use crate::upstream::weights::WeightLine;
 use crate::upstream::{InstanceState, UpstreamEntry};
+
+/// The weights of an upstream's instances, when not all are 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Weights {
+    /// Each instance's weight, in instance order.
+    of: Box<[u32]>,
+    /// The instances laid out by weight.
+    line: WeightLine,
+}
+
+impl Weights {
+    /// The weights of instances in order; `None` when all are 1 (or 0, the
+    /// default), so equal instances take the unweighted paths.
+    pub fn new(weights: &[u32]) -> Option<Self> {
+        let weights: Box<[u32]> = weights.iter().map(|w| (*w).max(1)).collect();
+        if weights.iter().all(|&w| w == 1) {
+            return None;
+        }
+        Some(Self {
+            line: WeightLine::new(weights.iter().copied())?,
+            of: weights,
+        })
+    }
+
+    /// The weight of instance `index`.
+    pub fn of(&self, index: usize) -> u32 {
+        self.of.get(index).copied().unwrap_or(1)
+    }
+}
 
 /// How an upstream spreads requests (from `Upstream.lb_policy`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -106,6 +145,11 @@ impl Affinity {
     pub fn of(bytes: &[u8]) -> Self {
         Self(Some(hash(bytes)))
     }
+
+    /// The key's hash, if there is a key.
+    pub fn value(self) -> Option<u64> {
+        self.0
+    }
 }
 
 /// The key `policy` hashes, taken from the request: the verified `user`, the
@@ -120,6 +164,17 @@ pub fn affinity(
     let Policy::ConsistentHash(on) = policy else {
         return Affinity::NONE;
     };
+    affinity_on(on, user, headers, client)
+}
+
+/// The key `on` names, taken from the request (see [`affinity`]); also the
+/// key of a sticky route split.
+pub fn affinity_on(
+    on: &HashOn,
+    user: Option<&[u8]>,
+    headers: &HeaderMap,
+    client: impl FnOnce() -> IpAddr,
+) -> Affinity {
     match on {
         HashOn::User => user.map_or(Affinity::NONE, Affinity::of),
         HashOn::Ip => match client() {
@@ -177,9 +232,21 @@ pub fn pick_excluding<'u>(
     })
 }
 
-/// Healthy and not excluded: a candidate worth asking the breaker about.
+/// Whether some instance of `upstream` would take a request now: healthy
+/// and with a breaker that would admit it (nothing is taken: a route split
+/// asks this before choosing the upstream).
+pub fn any_available(upstream: &UpstreamEntry) -> bool {
+    upstream
+        .instances
+        .iter()
+        .enumerate()
+        .any(|(i, inst)| eligible(upstream, i, &[]) && inst.breaker.would_admit(&upstream.breaker))
+}
+
+/// Healthy, not ejected as an outlier and not excluded: a candidate worth asking the breaker about.
 fn eligible(upstream: &UpstreamEntry, index: usize, exclude: &[usize]) -> bool {
-    !exclude.contains(&index) && upstream.instances[index].is_healthy()
+    let instance = &upstream.instances[index];
+    !exclude.contains(&index) && instance.is_healthy() && !instance.outlier.is_ejected()
 }
 
 fn admit<'u>(
@@ -198,7 +265,11 @@ fn admit<'u>(
 
 fn round_robin<'u>(upstream: &'u UpstreamEntry, exclude: &[usize]) -> Option<(usize, Permit<'u>)> {
     let n = upstream.instances.len();
-    let start = upstream.cursor.fetch_add(1, Ordering::Relaxed);
+    let turn = upstream.cursor.fetch_add(1, Ordering::Relaxed);
+    let start = match &upstream.weights {
+        None => turn,
+        Some(w) => w.line.step(turn as u64),
+    };
     (0..n).find_map(|k| admit(upstream, (start + k) % n, exclude))
 }
 
@@ -209,10 +280,33 @@ fn least_request<'u>(
     let n = upstream.instances.len();
     if n >= 2 {
         let mut rng = rand::rng();
-        let a = rng.random_range(0..n);
-        let b = (a + rng.random_range(1..n)) % n;
+        let (a, b) = match &upstream.weights {
+            None => {
+                let a = rng.random_range(0..n);
+                (a, (a + rng.random_range(1..n)) % n)
+            }
+            Some(w) => {
+                // Both drawn by weight; a repeat falls back to any other instance.
+                let a = w.line.at(rng.random_range(0..w.line.total()));
+                let b = w.line.at(rng.random_range(0..w.line.total()));
+                (
+                    a,
+                    if b == a {
+                        (a + rng.random_range(1..n)) % n
+                    } else {
+                        b
+                    },
+                )
+            }
+        };
+        // In-flight requests per unit of weight: load(b)/w(b) < load(a)/w(a).
+        let weight = |i: usize| upstream.weights.as_ref().map_or(1, |w| u64::from(w.of(i)));
         let load = |i: usize| upstream.instances[i].in_flight();
-        let (first, second) = if load(b) < load(a) { (b, a) } else { (a, b) };
+        let (first, second) = if load(b) * weight(a) < load(a) * weight(b) {
+            (b, a)
+        } else {
+            (a, b)
+        };
         if let Some(p) =
             admit(upstream, first, exclude).or_else(|| admit(upstream, second, exclude))
         {
@@ -237,7 +331,7 @@ fn rendezvous<'u>(
             .iter()
             .enumerate()
             .filter(|(i, _)| eligible(upstream, *i, exclude))
-            .map(|(i, inst)| (weight(key, inst.hash_seed), i))
+            .map(|(i, inst)| (rank(upstream, key, i, inst.hash_seed), i))
             .filter(|w| below.is_none_or(|b| *w < b))
             .max()?;
         if let Some(permit) = upstream.instances[best.1]
@@ -282,6 +376,21 @@ pub(crate) fn instance_seed(id: &str) -> u64 {
 
 fn weight(key: u64, seed: u64) -> u64 {
     mix(key ^ seed)
+}
+
+/// An instance's rendezvous score for `key`: the hash itself, or with
+/// weights `w / -ln(u)` (u: the hash as a fraction in (0, 1)), which makes an
+/// instance win keys in proportion to its weight. Positive floats order like
+/// their bit patterns, so both are compared as `u64`.
+fn rank(upstream: &UpstreamEntry, key: u64, index: usize, seed: u64) -> u64 {
+    let h = weight(key, seed);
+    match &upstream.weights {
+        None => h,
+        Some(w) => {
+            let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            (f64::from(w.of(index)) / -u.ln()).to_bits()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -386,6 +495,84 @@ mod tests {
         let _ = p.permit.failure();
         assert!(pick(&u, Affinity::NONE, None).is_none());
         assert!(pick(&upstream(0), Affinity::NONE, None).is_none());
+    }
+
+    fn weighted(weights: &[u32], policy: Policy) -> UpstreamEntry {
+        upstream_with(weights.len(), policy).with_weights(Weights::new(weights))
+    }
+
+    fn shares(u: &UpstreamEntry, picks: impl Iterator<Item = Option<usize>>) -> Vec<usize> {
+        let mut c = vec![0; u.instances.len()];
+        for i in picks.flatten() {
+            c[i] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn weights_of_one_take_the_unweighted_paths() {
+        assert!(Weights::new(&[1, 1, 0]).is_none());
+        assert!(Weights::new(&[1, 2]).is_some());
+    }
+
+    #[test]
+    fn round_robin_follows_the_weights_interleaved() {
+        let u = weighted(&[3, 1], Policy::RoundRobin);
+        let c = shares(
+            &u,
+            (0..400).map(|_| pick(&u, Affinity::NONE, None).map(|p| p.index)),
+        );
+        assert_eq!(c, [300, 100]);
+        // Never the light instance twice in a row.
+        let order = ids(&u, 8);
+        assert!(
+            order.windows(2).all(|w| !(w[0] == "i1" && w[1] == "i1")),
+            "{order:?}"
+        );
+    }
+
+    #[test]
+    fn least_request_draws_by_weight() {
+        let u = weighted(&[4, 1], Policy::LeastRequest);
+        let c = shares(
+            &u,
+            (0..5000).map(|_| pick(&u, Affinity::NONE, None).map(|p| p.index)),
+        );
+        // Both idle: the first draw wins ties, drawn 4:1 (0.8 ± a few %).
+        let heavy = c[0] as f64 / 5000.0;
+        assert!((0.74..0.86).contains(&heavy), "{c:?}");
+    }
+
+    #[test]
+    fn consistent_hash_shares_keys_by_weight() {
+        let u = weighted(&[1, 3], Policy::ConsistentHash(HashOn::User));
+        let c = shares(
+            &u,
+            users(8000)
+                .iter()
+                .map(|user| pick(&u, Affinity::of(user.as_bytes()), None).map(|p| p.index)),
+        );
+        let heavy = c[1] as f64 / 8000.0;
+        assert!((0.72..0.78).contains(&heavy), "{c:?}");
+        // Still sticky.
+        let again = owners(&u, &users(100));
+        assert_eq!(again, owners(&u, &users(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn any_available_takes_no_permit() {
+        let u = upstream(1);
+        assert!(any_available(&u));
+        let p = pick(&u, Affinity::NONE, None).unwrap();
+        let _ = p.permit.failure();
+        assert!(!any_available(&u));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // Due for a probe: available, and asking took nothing (the probe is still there to take).
+        assert!(any_available(&u));
+        assert!(any_available(&u));
+        assert!(pick(&u, Affinity::NONE, None).is_some());
+        u.instances[0].set_healthy(false);
+        assert!(!any_available(&u));
     }
 
     #[test]
@@ -588,6 +775,7 @@ mod tests {
             instances: vec![Instance {
                 id: "a".into(),
                 url: "http://127.0.0.1:1".into(),
+                ..Default::default()
             }],
             lb_policy: policy as i32,
             hash_on: on as i32,

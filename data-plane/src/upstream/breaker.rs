@@ -175,6 +175,21 @@ impl Breaker {
         }
     }
 
+    /// Whether [`Breaker::try_acquire`] would admit a request now, taking
+    /// nothing: CLOSED, OPEN past its reset timeout, or HALF_OPEN with a
+    /// probe slot free.
+    pub fn would_admit(&self, settings: &BreakerSettings) -> bool {
+        if self.state.load(Ordering::Acquire) == BreakerState::Closed.to_u8() {
+            return true;
+        }
+        let inner = self.lock();
+        match inner.state {
+            BreakerState::Closed => true,
+            BreakerState::Open => Instant::now() >= inner.opened_at + settings.reset_timeout,
+            BreakerState::HalfOpen => inner.probes < settings.half_open_max_requests,
+        }
+    }
+
     /// The state as seen now. An OPEN breaker whose timeout has passed still
     /// reports OPEN until a request arrives to probe it.
     pub fn state(&self) -> BreakerState {

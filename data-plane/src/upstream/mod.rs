@@ -5,7 +5,7 @@
 //! carried over between versions by [`InstanceKey`]. Around it, one concern a
 //! file: [`balancer`] (round-robin, least-request, consistent hashing over
 //! healthy instances whose breaker admits), [`breaker`], [`health`] (active
-//! checks), [`dns`] (members found in DNS), [`retry`] (route retry policies and
+//! checks), [`outlier`] (ejection by failure rate), [`dns`] (members found in DNS), [`retry`] (route retry policies and
 //! the per-upstream budget), [`attempt`] (one attempt: its span, in-flight
 //! count, breaker report and counters) and [`proxy`] (forwarding, with retries).
 
@@ -14,8 +14,11 @@ pub mod balancer;
 pub mod breaker;
 pub mod dns;
 pub mod health;
+pub mod outlier;
 pub mod proxy;
 pub mod retry;
+pub mod split;
+pub mod weights;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,7 +28,7 @@ use gateway_transport::pool::{InstanceTls, Pool, PoolSettings, Protocol};
 
 use crate::metrics::InstanceMetrics;
 use crate::policy::signature::Signer;
-use balancer::Policy;
+use balancer::{Policy, Weights};
 use breaker::{Breaker, BreakerSettings};
 use health::HealthSettings;
 use retry::RetryBudget;
@@ -52,10 +55,14 @@ pub struct UpstreamEntry {
     pub health: Option<HealthSettings>,
     /// Signs the identity of every request forwarded to it (`identity_signing_secret`).
     pub signer: Option<Signer>,
+    /// The instances' weights (`None`: all 1).
+    pub weights: Option<Weights>,
     /// Round-robin cursor.
     pub(crate) cursor: AtomicUsize,
     /// Retry budget and retry counters, carried over while the name stays.
     pub retry: Arc<RetryBudget>,
+    /// Outlier detection by failure rate (`outlier_detection`; `None`: off, nothing counted).
+    pub outlier: Option<outlier::Outlier>,
 }
 
 impl UpstreamEntry {
@@ -74,9 +81,17 @@ impl UpstreamEntry {
             breaker,
             health,
             signer: None,
+            weights: None,
             cursor: AtomicUsize::new(0),
             retry: Arc::default(),
+            outlier: None,
         }
+    }
+
+    /// The same entry with outlier detection.
+    pub fn with_outlier(mut self, outlier: Option<outlier::Outlier>) -> Self {
+        self.outlier = outlier;
+        self
     }
 
     /// The same entry, sharing `budget` (the previous version's, for an
@@ -95,6 +110,12 @@ impl UpstreamEntry {
     /// The same entry with balancing `policy` (the default is round-robin).
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// The same entry with instance weights (`None`: all 1).
+    pub fn with_weights(mut self, weights: Option<Weights>) -> Self {
+        self.weights = weights;
         self
     }
 
@@ -133,6 +154,8 @@ pub struct InstanceState {
     pub pool: Pool,
     /// Its circuit breaker.
     pub breaker: Breaker,
+    /// Its failure-rate window and ejection ([`outlier`]; idle without `outlier_detection`).
+    pub outlier: outlier::OutlierState,
     /// Result of active health checks; starts healthy so a new instance takes
     /// traffic at once (its breaker guards it until the first checks have run).
     healthy: AtomicBool,
@@ -158,6 +181,7 @@ impl InstanceState {
             key,
             pool: Pool::with_tls(authority, pool, tls, protocol),
             breaker: Breaker::new(),
+            outlier: outlier::OutlierState::default(),
             healthy: AtomicBool::new(true),
             in_flight: Arc::default(),
             metrics: InstanceMetrics::default(),

@@ -159,6 +159,7 @@ impl FakeControlPlane {
             api_keys: snapshot.api_keys.clone(),
             certificates: snapshot.certificates.clone(),
             jwt_issuers: snapshot.jwt_issuers.clone(),
+            purge: None,
         };
         *self.last.lock() = Some(resp.clone());
         let _ = self.pushes.send(resp);
@@ -405,6 +406,7 @@ pub fn upstream(name: &str, instances: &[(&str, String)]) -> Upstream {
             .map(|(id, url)| Instance {
                 id: id.to_string(),
                 url: url.clone(),
+                ..Default::default()
             })
             .collect(),
         circuit_breaker: Some(CircuitBreaker {

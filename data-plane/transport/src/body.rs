@@ -19,6 +19,7 @@ use crate::h1_server::PipedBody;
 use crate::h2_client::H2Stream;
 use crate::in_flight::InFlight;
 use crate::pool::Checkin;
+use crate::tee::Tee;
 use crate::upstream_error::{Failure, UpstreamError};
 
 /// Why the client's request body could not be forwarded.
@@ -172,6 +173,8 @@ pub struct RequestBody {
     stall: Option<Pin<Box<Sleep>>>,
     /// The timer runs for the wait now under way.
     waiting: bool,
+    /// A copy of the body taken as it streams (a mirrored request); `None` for others.
+    tee: Option<Box<Tee>>,
 }
 
 impl RequestBody {
@@ -187,6 +190,7 @@ impl RequestBody {
             read_timeout,
             stall: None,
             waiting: false,
+            tee: None,
         }
     }
 
@@ -201,6 +205,7 @@ impl RequestBody {
             read_timeout: Duration::MAX,
             stall: None,
             waiting: false,
+            tee: None,
         }
     }
 
@@ -235,6 +240,32 @@ impl RequestBody {
         Self {
             buffered: (!bytes.is_empty()).then_some(bytes),
             ..Self::empty()
+        }
+    }
+
+    /// The same body, copied into `tee` as it is read (every data frame, then
+    /// the end), without holding the reader back.
+    pub fn with_tee(mut self, tee: Tee) -> Self {
+        self.tee = Some(Box::new(tee));
+        self
+    }
+
+    /// Feeds the tee, if any, what was just read.
+    #[cold]
+    fn feed_tee(&mut self, frame: Option<&Frame<Bytes>>) {
+        let Some(tee) = self.tee.as_mut() else {
+            return;
+        };
+        if let Some(data) = frame.and_then(Frame::data_ref)
+            && !tee.data(data)
+        {
+            self.tee = None;
+            return;
+        }
+        if (frame.is_none() || self.inner.is_end_stream())
+            && let Some(tee) = self.tee.take()
+        {
+            tee.end();
         }
     }
 
@@ -279,10 +310,18 @@ impl Body for RequestBody {
                         })));
                     }
                 }
+                if this.tee.is_some() {
+                    this.feed_tee(Some(&frame));
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(RequestBodyError::Client(e)))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                if this.tee.is_some() {
+                    this.feed_tee(None);
+                }
+                Poll::Ready(None)
+            }
             Poll::Pending => this.stalled(cx),
         }
     }

@@ -35,6 +35,7 @@ pub mod response_head;
 pub mod rewind;
 pub mod send_progress;
 pub mod server;
+pub mod tee;
 pub mod tls;
 pub mod tunnels;
 pub mod upstream_error;

@@ -9,6 +9,7 @@ fn upstream(name: &str) -> Upstream {
         instances: vec![Instance {
             id: "i-1".into(),
             url: "http://127.0.0.1:8081".into(),
+            ..Default::default()
         }],
         ..Default::default()
     }

@@ -165,6 +165,7 @@ mod tests {
             instances: vec![Instance {
                 id: "i".into(),
                 url: "http://127.0.0.1:1".into(),
+                ..Default::default()
             }],
             identity_signing_secret: secret.into(),
             clear_identity_signing_secret: clear,

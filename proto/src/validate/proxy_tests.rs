@@ -10,6 +10,7 @@ fn upstream() -> Upstream {
         instances: vec![Instance {
             id: "o-1".into(),
             url: "http://127.0.0.1:8082".into(),
+            ..Default::default()
         }],
         ..Default::default()
     }

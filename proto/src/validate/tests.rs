@@ -10,6 +10,7 @@ fn upstream(name: &str) -> Upstream {
         instances: vec![Instance {
             id: "i-1".into(),
             url: "http://127.0.0.1:8081".into(),
+            ..Default::default()
         }],
         health_check: Some(HealthCheck {
             path: "/health".into(),
@@ -329,16 +330,19 @@ fn instances() {
         Instance {
             id: "a".into(),
             url: "http://a:1".into(),
+            ..Default::default()
         },
         Instance {
             id: "a".into(),
             url: "http://b:1".into(),
+            ..Default::default()
         },
     ];
     fails_with(check_upstream(u.clone()), "instance \"a\": duplicate id");
     u.instances = vec![Instance {
         id: "A".into(),
         url: "http://a:1".into(),
+        ..Default::default()
     }];
     fails_with(check_upstream(u), "id must match");
 }

@@ -572,6 +572,7 @@ impl Mock {
                 instances: vec![gateway_proto::v1::Instance {
                     id: "orders-1".into(),
                     url: self.url(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }),

@@ -65,7 +65,18 @@ fn route_row(r: &Route) -> Vec<String> {
             html::escape(&r.path_prefix),
             list(&r.methods, "any method")
         ),
-        if r.upstream.is_empty() {
+        if !r.split.is_empty() {
+            r.split
+                .iter()
+                .map(|t| {
+                    format!(
+                        "<div>{} <span class=\"muted\">×{}</span></div>",
+                        html::escape(&t.upstream),
+                        t.weight
+                    )
+                })
+                .collect()
+        } else if r.upstream.is_empty() {
             "<span class=\"muted\">aggregation</span>".to_owned()
         } else {
             html::escape(&r.upstream)

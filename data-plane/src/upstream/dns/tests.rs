@@ -333,6 +333,7 @@ async fn refreshing_stops_when_the_upstream_leaves_the_configuration() {
         instances: vec![Instance {
             id: "users-1".into(),
             url: "http://127.0.0.1:7001".into(),
+            ..Default::default()
         }],
         ..Default::default()
     }];

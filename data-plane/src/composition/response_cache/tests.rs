@@ -1,0 +1,96 @@
+use super::*;
+
+fn entry(auth: Auth, shared: bool, vary: &[&str]) -> RouteCacheEntry {
+    let c = RouteCache {
+        ttl_seconds: 60,
+        max_body_bytes: 0,
+        vary: vary.iter().map(|v| (*v).to_owned()).collect(),
+        shared,
+    };
+    RouteCacheEntry::compile("orders", auth, &c)
+}
+
+fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
+    let mut b = http::Request::get(uri);
+    for (n, v) in headers {
+        b = b.header(*n, *v);
+    }
+    b.body(()).unwrap().into_parts().0
+}
+
+#[test]
+fn the_key_holds_host_path_query_and_the_listed_headers() {
+    let e = entry(Auth::None, false, &["accept-language"]);
+    let key = |uri: &str, h: &[(&str, &str)]| e.key(&parts(uri, h), uri.split('?').next().unwrap());
+    let base = key("/orders/1", &[("host", "a")]);
+    assert_eq!(base, key("/orders/1", &[("host", "a"), ("accept", "x")]));
+    assert_ne!(base, key("/orders/1", &[("host", "b")]));
+    assert_ne!(base, key("/orders/2", &[("host", "a")]));
+    assert_ne!(
+        base,
+        key("/orders/1?", &[("host", "a")]),
+        "empty query is a query"
+    );
+    assert_ne!(base, key("/orders/1?a=1", &[("host", "a")]));
+    assert_ne!(
+        base,
+        key("/orders/1", &[("host", "a"), ("accept-language", "fr")])
+    );
+    // Identity is not part of the key of an unauthenticated route.
+    assert_eq!(
+        base,
+        key("/orders/1", &[("host", "a"), ("x-user-id", "u1")])
+    );
+}
+
+#[test]
+fn authenticated_routes_key_by_identity_unless_shared() {
+    let private = entry(Auth::Jwt, false, &[]);
+    let shared = entry(Auth::Jwt, true, &[]);
+    let alice = parts("/o", &[("x-user-id", "alice"), ("x-user-role", "user")]);
+    let bob = parts("/o", &[("x-user-id", "bob"), ("x-user-role", "user")]);
+    assert_ne!(private.key(&alice, "/o"), private.key(&bob, "/o"));
+    assert_eq!(shared.key(&alice, "/o"), shared.key(&bob, "/o"));
+}
+
+#[test]
+fn a_matching_if_none_match_turns_an_answer_into_304() {
+    let mut fields = HeaderMap::new();
+    fields.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+    fields.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("max-age=60"),
+    );
+    fields.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    let answer = || {
+        Response::from_parts(
+            StatusCode::OK,
+            Fields::from(fields.clone()),
+            ResponseBody::full(Bytes::from_static(b"hello")),
+        )
+    };
+    let inm = HeaderValue::from_static("\"v0\", W/\"v1\"");
+    let resp = conditional(answer(), Some(&inm));
+    assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(resp.fields().get("etag"), Some(&b"\"v1\""[..]));
+    assert_eq!(resp.fields().get("cache-control"), Some(&b"max-age=60"[..]));
+    assert!(!resp.fields().contains("content-type"));
+    let other = HeaderValue::from_static("\"v2\"");
+    assert_eq!(conditional(answer(), Some(&other)).status(), StatusCode::OK);
+    assert_eq!(conditional(answer(), None).status(), StatusCode::OK);
+}
+
+#[test]
+fn vary_star_is_not_stored_and_names_are_collected() {
+    let mut h = HeaderMap::new();
+    h.append(
+        header::VARY,
+        HeaderValue::from_static("Accept-Language, accept"),
+    );
+    h.append(header::VARY, HeaderValue::from_static("accept"));
+    let names = vary_names(&Fields::from(h)).unwrap();
+    assert_eq!(&*names, &[header::ACCEPT_LANGUAGE, header::ACCEPT]);
+    let mut h = HeaderMap::new();
+    h.insert(header::VARY, HeaderValue::from_static("*"));
+    assert!(vary_names(&Fields::from(h)).is_none());
+}

@@ -1,0 +1,307 @@
+//! A route's `match`: conditions on the request's headers, query parameters
+//! and cookies (docs/data-plane.md, "Route"), compiled once per snapshot and
+//! checked by the router at the slot (host, prefix, method) a request reaches.
+//!
+//! Each name has one value to compare, so that conditions which exclude each
+//! other really do (validation relies on it, `gateway_proto::validate::can_both_match`):
+//! a header sent several times is compared on its values joined with ",";
+//! a repeated query parameter or cookie on its first occurrence. Query names
+//! and values are percent-decoded (`+` is a space) before comparing; cookies
+//! are compared as sent. Nothing is allocated unless a query parameter is
+//! escaped or a matched header is repeated.
+
+use std::borrow::Cow;
+
+use gateway_hex::nibble as hex_value;
+use gateway_proto::v1::{MatchMode, Matcher, RouteMatch};
+use http::HeaderMap;
+use http::header::{COOKIE, HeaderName};
+
+/// What the conditions look at: the request's headers and raw query.
+#[derive(Debug, Clone, Copy)]
+pub struct MatchInput<'r> {
+    /// Request headers (after sanitising: hop-by-hop and identity headers gone).
+    pub headers: &'r HeaderMap,
+    /// The query string, without `?`.
+    pub query: Option<&'r str>,
+}
+
+/// A route's compiled conditions, all of which must hold.
+#[derive(Debug, Clone)]
+pub struct RequestMatch {
+    headers: Box<[(HeaderName, Test)]>,
+    query: Box<[(Box<str>, Test)]>,
+    cookies: Box<[(Box<str>, Test)]>,
+    /// The configuration's form, for the router's conflict check.
+    proto: RouteMatch,
+}
+
+/// One comparison.
+#[derive(Debug, Clone)]
+enum Test {
+    Exact(Box<str>),
+    Prefix(Box<str>),
+    Present,
+    Absent,
+}
+
+impl Test {
+    fn new(m: &Matcher) -> Self {
+        match MatchMode::try_from(m.mode) {
+            Ok(MatchMode::Prefix) => Test::Prefix(m.value.as_str().into()),
+            Ok(MatchMode::Present) => Test::Present,
+            Ok(MatchMode::Absent) => Test::Absent,
+            // Validation refuses unknown modes.
+            Ok(MatchMode::Exact) | Err(_) => Test::Exact(m.value.as_str().into()),
+        }
+    }
+
+    /// Whether the name's value (`None`: the name is absent) passes.
+    fn passes(&self, value: Option<&[u8]>) -> bool {
+        match (self, value) {
+            (Test::Absent, v) => v.is_none(),
+            (_, None) => false,
+            (Test::Present, Some(_)) => true,
+            (Test::Exact(want), Some(v)) => v == want.as_bytes(),
+            (Test::Prefix(want), Some(v)) => v.starts_with(want.as_bytes()),
+        }
+    }
+}
+
+impl RequestMatch {
+    /// Compiles a validated `match`.
+    pub fn new(m: &RouteMatch) -> Self {
+        Self {
+            headers: m
+                .headers
+                .iter()
+                .filter_map(|h| {
+                    // Validation refuses names that are not header names.
+                    let name = HeaderName::from_bytes(h.name.to_ascii_lowercase().as_bytes());
+                    name.ok().map(|n| (n, Test::new(h)))
+                })
+                .collect(),
+            query: m
+                .query
+                .iter()
+                .map(|q| (q.name.as_str().into(), Test::new(q)))
+                .collect(),
+            cookies: m
+                .cookies
+                .iter()
+                .map(|c| (c.name.as_str().into(), Test::new(c)))
+                .collect(),
+            proto: m.clone(),
+        }
+    }
+
+    /// Number of conditions: among routes at one slot, more wins.
+    pub fn len(&self) -> usize {
+        self.headers.len() + self.query.len() + self.cookies.len()
+    }
+
+    /// True when there is no condition (validation refuses an empty `match`).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configuration's form.
+    pub fn proto(&self) -> &RouteMatch {
+        &self.proto
+    }
+
+    /// Whether every condition holds for the request.
+    pub fn holds(&self, input: &MatchInput<'_>) -> bool {
+        self.headers
+            .iter()
+            .all(|(name, test)| header_passes(input.headers, name, test))
+            && self.query.iter().all(|(name, test)| {
+                match input.query.and_then(|q| query_value(q, name)) {
+                    Some(v) => test.passes(Some(v.as_bytes())),
+                    None => test.passes(None),
+                }
+            })
+            && self
+                .cookies
+                .iter()
+                .all(|(name, test)| test.passes(cookie_value(input.headers, name)))
+    }
+}
+
+fn header_passes(headers: &HeaderMap, name: &HeaderName, test: &Test) -> bool {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return test.passes(None);
+    };
+    let Some(second) = values.next() else {
+        return test.passes(Some(first.as_bytes()));
+    };
+    // Repeated: compared on the values joined with "," (RFC 9110, 5.3).
+    let mut joined = Vec::with_capacity(first.len() + second.len() + 1);
+    joined.extend_from_slice(first.as_bytes());
+    for v in std::iter::once(second).chain(values) {
+        joined.push(b',');
+        joined.extend_from_slice(v.as_bytes());
+    }
+    test.passes(Some(&joined))
+}
+
+/// The first value of query parameter `name`, percent-decoded; a parameter
+/// without `=` has the empty value.
+fn query_value<'q>(query: &'q str, name: &str) -> Option<Cow<'q, str>> {
+    query.split('&').find_map(|pair| {
+        if pair.is_empty() {
+            return None;
+        }
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (decode(k) == name).then(|| decode(v))
+    })
+}
+
+/// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a
+/// byte; a malformed escape is kept as it is; bytes that are not UTF-8 are
+/// replaced (and then match nothing a matcher's ASCII value asks for).
+fn decode(s: &str) -> Cow<'_, str> {
+    if !s.bytes().any(|b| b == b'%' || b == b'+') {
+        return Cow::Borrowed(s);
+    }
+    let raw = s.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match raw[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                match (
+                    raw.get(i + 1).copied().and_then(hex_value),
+                    raw.get(i + 2).copied().and_then(hex_value),
+                ) {
+                    (Some(h), Some(l)) => {
+                        out.push(h << 4 | l);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The first value of cookie `name` among every `Cookie` header's
+/// `name=value` pairs (separated by `;`, spaces around them ignored).
+fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+    headers.get_all(COOKIE).iter().find_map(|h| {
+        h.as_bytes().split(|&b| b == b';').find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matcher(name: &str, value: &str, mode: MatchMode) -> Matcher {
+        Matcher {
+            name: name.into(),
+            value: value.into(),
+            mode: mode as i32,
+        }
+    }
+
+    fn input<'r>(headers: &'r HeaderMap, query: Option<&'r str>) -> MatchInput<'r> {
+        MatchInput { headers, query }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn header_modes() {
+        let m = RequestMatch::new(&RouteMatch {
+            headers: vec![
+                matcher("Accept-Version", "2", MatchMode::Exact),
+                matcher("x-tenant", "acme-", MatchMode::Prefix),
+                matcher("x-debug", "", MatchMode::Absent),
+            ],
+            ..Default::default()
+        });
+        assert_eq!(m.len(), 3);
+        let ok = headers(&[("accept-version", "2"), ("x-tenant", "acme-eu")]);
+        assert!(m.holds(&input(&ok, None)));
+        let debug = headers(&[
+            ("accept-version", "2"),
+            ("x-tenant", "acme-eu"),
+            ("x-debug", "1"),
+        ]);
+        assert!(!m.holds(&input(&debug, None)));
+        let other = headers(&[("accept-version", "3"), ("x-tenant", "acme-eu")]);
+        assert!(!m.holds(&input(&other, None)));
+        let missing = headers(&[("x-tenant", "acme-eu")]);
+        assert!(!m.holds(&input(&missing, None)));
+    }
+
+    #[test]
+    fn a_repeated_header_is_compared_joined() {
+        let m = RequestMatch::new(&RouteMatch {
+            headers: vec![matcher("accept-version", "2", MatchMode::Exact)],
+            ..Default::default()
+        });
+        let twice = headers(&[("accept-version", "2"), ("accept-version", "3")]);
+        assert!(!m.holds(&input(&twice, None)));
+        let joined = RequestMatch::new(&RouteMatch {
+            headers: vec![matcher("accept-version", "2,3", MatchMode::Exact)],
+            ..Default::default()
+        });
+        assert!(joined.holds(&input(&twice, None)));
+    }
+
+    #[test]
+    fn query_parameters_are_decoded_and_the_first_counts() {
+        let m = RequestMatch::new(&RouteMatch {
+            query: vec![
+                matcher("tenant id", "a b/c", MatchMode::Exact),
+                matcher("beta", "", MatchMode::Present),
+            ],
+            ..Default::default()
+        });
+        let h = HeaderMap::new();
+        assert!(m.holds(&input(&h, Some("x=1&tenant+id=a%20b%2Fc&beta"))));
+        assert!(!m.holds(&input(&h, Some("tenant+id=a%20b%2Fc"))));
+        assert!(!m.holds(&input(&h, Some("tenant+id=other&tenant+id=a+b/c&beta="))));
+        assert!(!m.holds(&input(&h, None)));
+        assert_eq!(decode("100%"), "100%");
+        assert_eq!(decode("%zz%4"), "%zz%4");
+        assert_eq!(decode("%41%42"), "AB");
+    }
+
+    #[test]
+    fn cookies_from_every_cookie_header() {
+        let m = RequestMatch::new(&RouteMatch {
+            cookies: vec![
+                matcher("canary", "always", MatchMode::Exact),
+                matcher("session", "", MatchMode::Present),
+            ],
+            ..Default::default()
+        });
+        let h = headers(&[("cookie", "a=1; canary=always"), ("cookie", "session=xyz")]);
+        assert!(m.holds(&input(&h, None)));
+        let h = headers(&[("cookie", "canary=never; canary=always; session=1")]);
+        assert!(!m.holds(&input(&h, None)));
+        let h = headers(&[("cookie", "xcanary=always; session=1")]);
+        assert!(!m.holds(&input(&h, None)));
+    }
+}
