@@ -267,6 +267,19 @@ mod tests {
             ..Default::default()
         });
         assert!(joined.holds(&input(&twice, None)));
+        // The same beside another matcher.
+        let two = RequestMatch::new(&RouteMatch {
+            headers: vec![
+                matcher("accept-version", "2,3", MatchMode::Exact),
+                matcher("x-tenant", "acme", MatchMode::Exact),
+            ],
+            ..Default::default()
+        });
+        let mut with_tenant = twice.clone();
+        with_tenant.insert("x-tenant", "acme".parse().unwrap());
+        assert!(two.holds(&input(&with_tenant, None)));
+        with_tenant.append("x-tenant", "other".parse().unwrap());
+        assert!(!two.holds(&input(&with_tenant, None)));
     }
 
     #[test]
