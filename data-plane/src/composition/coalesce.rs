@@ -447,6 +447,52 @@ async fn lead_call<'a>(
     result
 }
 
+/// The upstream call of a flight's leader (a coalesced call, or a cached
+/// route's fetch): balanced and forwarded like any request, in the task that
+/// owns it.
+pub(crate) struct LeaderCall<'a> {
+    pub upstream: &'a Arc<UpstreamEntry>,
+    pub affinity: Affinity,
+    pub timeout: Duration,
+    pub retry: Option<&'a RetryPolicy>,
+    pub span: &'a SpanParent,
+    pub tracestate: Option<&'a http::HeaderValue>,
+    pub worker: Worker,
+}
+
+impl LeaderCall<'_> {
+    /// The answer (or error), and the index of the instance that answered.
+    pub(crate) async fn forward(
+        self,
+        req: Box<http::Request<RequestBody>>,
+    ) -> (Result<Response<ResponseBody>, ProxyError>, Option<usize>) {
+        let mut served_by = None;
+        let result = match balancer::pick(self.upstream, self.affinity, None) {
+            None => Err(ProxyError::NoInstance),
+            Some(pick) => {
+                let trace = Trace {
+                    span: self.span,
+                    tracestate: self.tracestate,
+                    served_by: &mut served_by,
+                };
+                proxy::forward(
+                    self.upstream,
+                    pick,
+                    req,
+                    self.timeout,
+                    self.retry,
+                    trace,
+                    self.worker,
+                )
+                .await
+            }
+        };
+        let served =
+            served_by.and_then(|id| self.upstream.instances.iter().position(|i| *i.id == *id));
+        (result, served)
+    }
+}
+
 /// An upstream call owned by a spawned task.
 struct Call {
     upstream: Arc<UpstreamEntry>,
@@ -475,29 +521,17 @@ impl Call {
         Option<usize>,
     ) {
         let deadline = Instant::now() + self.timeout;
-        let mut served_by = None;
-        let result = match balancer::pick(&self.upstream, self.affinity, None) {
-            None => Err(ProxyError::NoInstance),
-            Some(pick) => {
-                let trace = Trace {
-                    span: &self.span,
-                    tracestate: self.tracestate.as_ref(),
-                    served_by: &mut served_by,
-                };
-                proxy::forward(
-                    &self.upstream,
-                    pick,
-                    req,
-                    self.timeout,
-                    self.retry.as_ref(),
-                    trace,
-                    self.worker,
-                )
-                .await
-            }
-        };
-        let served =
-            served_by.and_then(|id| self.upstream.instances.iter().position(|i| *i.id == *id));
+        let (result, served) = LeaderCall {
+            upstream: &self.upstream,
+            affinity: self.affinity,
+            timeout: self.timeout,
+            retry: self.retry.as_ref(),
+            span: &self.span,
+            tracestate: self.tracestate.as_ref(),
+            worker: self.worker,
+        }
+        .forward(req)
+        .await;
         let resp = match result {
             Ok(resp) => resp,
             Err(e) => {

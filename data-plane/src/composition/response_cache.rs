@@ -43,14 +43,14 @@ use http_body::Body as _;
 use tokio::time::Instant;
 
 use crate::composition::coalesce::{
-    self, CoalesceLimits, Coalescer, Join, Outcome, Read, Snapshot,
+    self, CoalesceLimits, Coalescer, Join, LeaderCall, Outcome, Read, Snapshot,
 };
 use crate::error::ProxyError;
 use crate::policy::sanitize::{X_USER_ID, X_USER_ROLE};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
-use crate::upstream::balancer::{self, Affinity};
-use crate::upstream::proxy::{self, RouteView, upstream_request};
+use crate::upstream::balancer::Affinity;
+use crate::upstream::proxy::{RouteView, upstream_request};
 use crate::upstream::retry::RetryPolicy;
 use control::Directives;
 pub use store::ResponseCache;
@@ -389,29 +389,17 @@ impl Fetch {
     /// the instance that answered.
     async fn run(self, req: Box<http::Request<RequestBody>>) -> Fetched {
         let deadline = Instant::now() + self.timeout;
-        let mut served_by = None;
-        let result = match balancer::pick(&self.upstream, self.affinity, None) {
-            None => Err(ProxyError::NoInstance),
-            Some(pick) => {
-                let trace = Trace {
-                    span: &self.span,
-                    tracestate: self.tracestate.as_ref(),
-                    served_by: &mut served_by,
-                };
-                proxy::forward(
-                    &self.upstream,
-                    pick,
-                    req,
-                    self.timeout,
-                    self.retry.as_ref(),
-                    trace,
-                    self.worker,
-                )
-                .await
-            }
-        };
-        let served =
-            served_by.and_then(|id| self.upstream.instances.iter().position(|i| *i.id == *id));
+        let (result, served) = LeaderCall {
+            upstream: &self.upstream,
+            affinity: self.affinity,
+            timeout: self.timeout,
+            retry: self.retry.as_ref(),
+            span: &self.span,
+            tracestate: self.tracestate.as_ref(),
+            worker: self.worker,
+        }
+        .forward(req)
+        .await;
         let resp = match result {
             Ok(resp) => resp,
             Err(e) => {
