@@ -27,11 +27,9 @@ use gateway_tests::{
 /// Deadline for anything that should happen "soon".
 const SOON: Duration = Duration::from_secs(30);
 
-/// The demo's `orders` instances (orders-1, orders-2) as two upstreams of
-/// one instance each, `stable` and `canary`, so the answering mock's
-/// `X-Instance-Id` tells the side.
-async fn stable_and_canary(stack: &Stack) {
-    let orders = stack
+/// The demo configuration's `orders` upstream (instances orders-1 and orders-2).
+async fn demo_orders(stack: &Stack) -> Upstream {
+    stack
         .admin_client()
         .await
         .get_upstream(GetUpstreamRequest {
@@ -39,7 +37,14 @@ async fn stable_and_canary(stack: &Stack) {
         })
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+}
+
+/// The demo's `orders` instances (orders-1, orders-2) as two upstreams of
+/// one instance each, `stable` and `canary`, so the answering mock's
+/// `X-Instance-Id` tells the side.
+async fn stable_and_canary(stack: &Stack) {
+    let orders = demo_orders(stack).await;
     for (name, instance) in [
         ("stable", &orders.instances[0]),
         ("canary", &orders.instances[1]),
@@ -264,15 +269,7 @@ async fn a_canary_with_every_breaker_open_hands_its_share_to_the_stable_side() {
 #[tokio::test(flavor = "multi_thread")]
 async fn instance_weights_share_an_upstream_unevenly() {
     let stack = data_planes_without_auth(1).await;
-    let mut orders = stack
-        .admin_client()
-        .await
-        .get_upstream(GetUpstreamRequest {
-            name: "orders".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut orders = demo_orders(&stack).await;
     orders.instances[0].weight = 3;
     orders.instances[1].weight = 1;
     upsert_upstream_synced(&stack, orders).await.unwrap();
