@@ -9,6 +9,14 @@
 //! and values are percent-decoded (`+` is a space) before comparing; cookies
 //! are compared as sent. Nothing is allocated unless a query parameter is
 //! escaped or a matched header is repeated.
+//!
+//! Header conditions read the request's fields in one pass when there are
+//! few of them for the matchers ([`SCAN_FIELDS_PER_MATCHER`]): a field's name
+//! is compared only with the matchers' names of its length, and by its length
+//! and first and last 8 bytes (`memcmp` only past 16 bytes). A `HeaderMap`
+//! lookup per matcher hashes the name byte by byte and probes the map, about
+//! 260 instructions under callgrind (BENCHMARKS.md, twenty-second session);
+//! the pass costs a few dozen per field.
 
 use std::borrow::Cow;
 
@@ -30,6 +38,12 @@ pub struct MatchInput<'r> {
 #[derive(Debug, Clone)]
 pub struct RequestMatch {
     headers: Box<[(HeaderName, Test)]>,
+    /// The header matchers' names in the form the pass compares, in order.
+    header_keys: Box<[NameKey]>,
+    /// The header matchers are sorted by the length of their name; those whose
+    /// name is `n` bytes long are `headers[by_length[n]..by_length[n + 1]]`
+    /// (`n` of [`LONG_NAME`] or more: the last bucket).
+    by_length: [u16; LONG_NAME + 2],
     query: Box<[(Box<str>, Test)]>,
     cookies: Box<[(Box<str>, Test)]>,
     /// The configuration's form, for the router's conflict check.
@@ -71,16 +85,33 @@ impl Test {
 impl RequestMatch {
     /// Compiles a validated `match`.
     pub fn new(m: &RouteMatch) -> Self {
+        let mut headers: Vec<(HeaderName, Test)> = m
+            .headers
+            .iter()
+            .filter_map(|h| {
+                // Validation refuses names that are not header names.
+                let name = HeaderName::from_bytes(h.name.to_ascii_lowercase().as_bytes());
+                name.ok().map(|n| (n, Test::new(h)))
+            })
+            .collect();
+        // Sorted by name length (stable): the order of conditions does not change
+        // whether all hold.
+        headers.sort_by_key(|(name, _)| bucket(name.as_str().len()));
+        let mut by_length = [0u16; LONG_NAME + 2];
+        for (name, _) in &headers {
+            by_length[bucket(name.as_str().len()) + 1] += 1;
+        }
+        for n in 1..by_length.len() {
+            by_length[n] += by_length[n - 1];
+        }
+        let header_keys = headers
+            .iter()
+            .map(|(name, _)| NameKey::of(name.as_str().as_bytes()))
+            .collect();
         Self {
-            headers: m
-                .headers
-                .iter()
-                .filter_map(|h| {
-                    // Validation refuses names that are not header names.
-                    let name = HeaderName::from_bytes(h.name.to_ascii_lowercase().as_bytes());
-                    name.ok().map(|n| (n, Test::new(h)))
-                })
-                .collect(),
+            headers: headers.into_boxed_slice(),
+            header_keys,
+            by_length,
             query: m
                 .query
                 .iter()
@@ -112,9 +143,7 @@ impl RequestMatch {
 
     /// Whether every condition holds for the request.
     pub fn holds(&self, input: &MatchInput<'_>) -> bool {
-        self.headers
-            .iter()
-            .all(|(name, test)| header_passes(input.headers, name, test))
+        self.headers_hold(input.headers)
             && self.query.iter().all(|(name, test)| {
                 match input.query.and_then(|q| query_value(q, name)) {
                     Some(v) => test.passes(Some(v.as_bytes())),
@@ -127,6 +156,101 @@ impl RequestMatch {
                 .all(|(name, test)| test.passes(cookie_value(input.headers, name)))
     }
 }
+
+/// A pass over the request's fields is used while they number at most this
+/// many per header matcher; with more, a lookup per matcher costs less.
+pub const SCAN_FIELDS_PER_MATCHER: usize = 8;
+
+/// Names this long or longer share one bucket of [`RequestMatch::by_length`].
+const LONG_NAME: usize = 64;
+
+/// The bucket of a name `len` bytes long in [`RequestMatch::by_length`].
+fn bucket(len: usize) -> usize {
+    len.min(LONG_NAME)
+}
+
+/// A header name's length and its first and last 8 bytes: equal keys are
+/// equal names up to 16 bytes long, so most names are compared without
+/// `memcmp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NameKey {
+    len: usize,
+    head: u64,
+    tail: u64,
+}
+
+impl NameKey {
+    fn of(name: &[u8]) -> Self {
+        let len = name.len();
+        let (head, tail) = match (name.first_chunk::<8>(), name.last_chunk::<8>()) {
+            (Some(head), Some(tail)) => (u64::from_le_bytes(*head), u64::from_le_bytes(*tail)),
+            _ => {
+                let head = name
+                    .iter()
+                    .rev()
+                    .fold(0u64, |word, &b| word << 8 | u64::from(b));
+                (head, 0)
+            }
+        };
+        Self { len, head, tail }
+    }
+
+    /// Whether `name`, whose key this is, is the name keyed by `want`.
+    fn names(self, want: NameKey, name: &[u8], wanted: &HeaderName) -> bool {
+        self == want && (self.len <= 16 || name == wanted.as_str().as_bytes())
+    }
+}
+
+impl RequestMatch {
+    /// Whether every header condition holds.
+    fn headers_hold(&self, headers: &HeaderMap) -> bool {
+        let wanted = &self.headers;
+        if wanted.len() < 2
+            || wanted.len() > MAX_SCANNED
+            || headers.len() > SCAN_FIELDS_PER_MATCHER * wanted.len()
+        {
+            return wanted
+                .iter()
+                .all(|(name, test)| header_passes(headers, name, test));
+        }
+        // Each matcher's first value, and which names came more than once.
+        let mut found: [Option<&[u8]>; MAX_SCANNED] = [None; MAX_SCANNED];
+        let mut repeated = 0u16;
+        for (name, value) in headers {
+            let name = name.as_str().as_bytes();
+            let b = bucket(name.len());
+            let (from, to) = (self.by_length[b] as usize, self.by_length[b + 1] as usize);
+            if from == to {
+                continue;
+            }
+            let key = NameKey::of(name);
+            let candidates = self.header_keys[from..to].iter().zip(&wanted[from..to]);
+            for (i, (&want, (wanted_name, _))) in (from..to).zip(candidates) {
+                if key.names(want, name, wanted_name) {
+                    match &mut found[i] {
+                        Some(_) => repeated |= 1 << i,
+                        slot => *slot = Some(value.as_bytes()),
+                    }
+                }
+            }
+        }
+        wanted
+            .iter()
+            .zip(&found)
+            .enumerate()
+            .all(|(i, ((name, test), value))| {
+                if repeated & (1 << i) != 0 {
+                    // Joined with ",": the lookup does it.
+                    header_passes(headers, name, test)
+                } else {
+                    test.passes(*value)
+                }
+            })
+    }
+}
+
+/// Most header matchers the pass handles (validation allows 16 in all).
+const MAX_SCANNED: usize = 16;
 
 fn header_passes(headers: &HeaderMap, name: &HeaderName, test: &Test) -> bool {
     let mut values = headers.get_all(name).iter();
@@ -280,6 +404,89 @@ mod tests {
         assert!(two.holds(&input(&with_tenant, None)));
         with_tenant.append("x-tenant", "other".parse().unwrap());
         assert!(!two.holds(&input(&with_tenant, None)));
+    }
+
+    #[test]
+    fn the_pass_and_the_lookups_agree() {
+        let long = "x-".to_string() + &"l".repeat(70);
+        let m = RequestMatch::new(&RouteMatch {
+            headers: vec![
+                matcher("Accept-Version", "2", MatchMode::Exact),
+                matcher("x-tenant", "acme", MatchMode::Prefix),
+                matcher("x-region", "", MatchMode::Absent),
+                matcher(&long, "", MatchMode::Present),
+            ],
+            ..Default::default()
+        });
+        let few = headers(&[
+            ("host", "gw"),
+            ("accept-version", "2"),
+            ("x-tenant", "acme-eu"),
+            (&long, "1"),
+        ]);
+        let mut many = few.clone();
+        // More fields than the pass takes for 4 matchers: each is looked up.
+        for i in 0..(SCAN_FIELDS_PER_MATCHER * 4) {
+            many.insert(
+                HeaderName::from_bytes(format!("x-filler-{i}").as_bytes()).unwrap(),
+                "v".parse().unwrap(),
+            );
+        }
+        for h in [&few, &many] {
+            assert!(m.holds(&input(h, None)));
+            let mut region = h.clone();
+            region.insert("x-region", "eu".parse().unwrap());
+            assert!(!m.holds(&input(&region, None)));
+            let mut no_long = h.clone();
+            no_long.remove(long.as_str());
+            assert!(!m.holds(&input(&no_long, None)));
+            // Another name of the same length as a matcher's is not it.
+            let mut other = h.clone();
+            other.remove("x-tenant");
+            other.insert("y-tenant", "acme".parse().unwrap());
+            assert!(!m.holds(&input(&other, None)));
+            // A repeated matched name is compared joined, in both ways.
+            let mut twice = h.clone();
+            twice.append("accept-version", "3".parse().unwrap());
+            assert!(!m.holds(&input(&twice, None)));
+        }
+    }
+
+    #[test]
+    fn name_keys_tell_names_apart() {
+        let names = [
+            "a",
+            "b",
+            "ab",
+            "ba",
+            "x-plan",
+            "x-tenant",
+            "x-region",
+            "accept-version",
+            "x-sixteen-bytes!",
+            "x-sixteen-bytes#",
+            "x-seventeen-bytes",
+            "x-seventeen-bytez",
+            "x-seventeen-cytes",
+            "x-seventaen-bytes",
+            "y-seventeen-bytes",
+        ];
+        for a in names {
+            for b in names {
+                let wanted = HeaderName::from_bytes(b.as_bytes()).unwrap();
+                let same = NameKey::of(a.as_bytes()).names(
+                    NameKey::of(b.as_bytes()),
+                    a.as_bytes(),
+                    &wanted,
+                );
+                assert_eq!(same, a == b, "{a} against {b}");
+            }
+        }
+        // Longer than 16 bytes, the same first and last 8: only memcmp tells.
+        assert_eq!(
+            NameKey::of(b"x-seventeen-bytes"),
+            NameKey::of(b"x-seventaen-bytes")
+        );
     }
 
     #[test]
