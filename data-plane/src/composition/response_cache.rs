@@ -25,11 +25,12 @@
 pub mod control;
 pub mod store;
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use bytes::{BufMut as _, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use gateway_proto::spec::Auth;
 use gateway_proto::v1::RouteCache;
 use gateway_telemetry::SpanParent;
@@ -123,36 +124,74 @@ impl RouteCacheEntry {
     /// path, query, the listed headers and (when keyed by it) the identity,
     /// each length-prefixed so no two requests collide.
     pub fn key(&self, parts: &Parts, path: &str) -> Bytes {
+        let mut k = Vec::new();
+        self.key_into(parts, path, &mut k);
+        k.into()
+    }
+
+    /// [`key`](Self::key), written at the end of `k`.
+    pub fn key_into(&self, parts: &Parts, path: &str, k: &mut Vec<u8>) {
         let query = parts.uri.query().unwrap_or_default();
-        let mut k = BytesMut::with_capacity(64 + self.route.len() + path.len() + query.len());
-        field(&mut k, self.route.as_bytes());
+        k.reserve(64 + self.route.len() + path.len() + query.len());
+        field(k, self.route.as_bytes());
         let host = parts
             .uri
             .authority()
             .map(|a| a.as_str().as_bytes())
             .or_else(|| parts.headers.get(header::HOST).map(HeaderValue::as_bytes))
             .unwrap_or_default();
-        field(&mut k, host);
-        field(&mut k, path.as_bytes());
+        field(k, host);
+        field(k, path.as_bytes());
         k.put_u8(u8::from(parts.uri.query().is_some()));
-        field(&mut k, query.as_bytes());
+        field(k, query.as_bytes());
         for name in &self.vary {
-            values(&mut k, &parts.headers, name);
+            values(k, &parts.headers, name);
         }
         if self.by_identity {
-            values(&mut k, &parts.headers, &X_USER_ID);
-            values(&mut k, &parts.headers, &X_USER_ROLE);
+            values(k, &parts.headers, &X_USER_ID);
+            values(k, &parts.headers, &X_USER_ROLE);
         }
-        k.freeze()
     }
 }
 
-fn field(k: &mut BytesMut, bytes: &[u8]) {
+thread_local! {
+    /// The worker's buffer for the key of a lookup: a HIT allocates nothing for it.
+    static KEY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Largest key buffer a worker keeps between requests.
+const KEY_BUFFER_KEPT: usize = 4096;
+
+/// The key of a request (as [`RouteCacheEntry::key`]) and what `store` holds
+/// under it; the key is copied out only when the lookup does not answer.
+fn look_up(
+    cache: &RouteCacheEntry,
+    store: &ResponseCache,
+    parts: &Parts,
+    path: &str,
+    answers: impl FnOnce(&Arc<Stored>) -> bool,
+) -> Result<Arc<Stored>, (Bytes, Option<Arc<Stored>>)> {
+    KEY.with_borrow_mut(|k| {
+        k.clear();
+        cache.key_into(parts, path, k);
+        let found = store.get(k, &parts.headers);
+        let result = match found {
+            Some(stored) if answers(&stored) => Ok(stored),
+            other => Err((Bytes::copy_from_slice(k), other)),
+        };
+        if k.capacity() > KEY_BUFFER_KEPT {
+            *k = Vec::new();
+        }
+        result
+    })
+}
+
+fn field(k: &mut impl BufMut, bytes: &[u8]) {
     k.put_u32(bytes.len() as u32);
     k.put_slice(bytes);
 }
 
-fn values(k: &mut BytesMut, headers: &HeaderMap, name: &HeaderName) {
+fn values(k: &mut impl BufMut, headers: &HeaderMap, name: &HeaderName) {
     let values = headers.get_all(name);
     k.put_u32(values.iter().count() as u32);
     for v in values {
@@ -207,18 +246,19 @@ pub async fn stage<'s, 'a>(
         return Cached::Bypass(parts, body, trace);
     }
     let metrics = store.metrics();
-    let key = cache.key(&parts, path);
     let now = Instant::now();
-    let found = store.get(&key, &parts.headers);
+    let looked_up = look_up(cache, store, &parts, path, |stored| {
+        !asked.wants_upstream() && stored.is_fresh(now)
+    });
     let client_etags = parts.headers.remove(header::IF_NONE_MATCH);
-    if let Some(stored) = &found
-        && !asked.wants_upstream()
-        && stored.is_fresh(now)
-    {
-        metrics.hits.fetch_add(1, Ordering::Relaxed);
-        let answer = from_store(stored, now, HIT);
-        return Cached::Answered(Ok(conditional(answer, client_etags.as_ref())));
-    }
+    let (key, found) = match looked_up {
+        Ok(stored) => {
+            metrics.hits.fetch_add(1, Ordering::Relaxed);
+            let answer = from_store(&stored, now, HIT);
+            return Cached::Answered(Ok(conditional(answer, client_etags.as_ref())));
+        }
+        Err(missed) => missed,
+    };
     // The flight: one upstream call per key (and per representation asked for).
     let mut flight = BytesMut::from(&key[..]);
     for name in FLIGHT_HEADERS {

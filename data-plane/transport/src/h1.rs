@@ -37,6 +37,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf as _, Bytes, BytesMut};
@@ -398,7 +399,7 @@ pub(crate) struct Head {
     pub(crate) status: StatusCode,
     pub(crate) version: Version,
     pub(crate) headers: HeaderMap,
-    pub(crate) fields: Option<Box<RawFields>>,
+    pub(crate) fields: Option<Arc<RawFields>>,
     pub(crate) framing: RespFraming,
     pub(crate) keep_alive: bool,
 }

@@ -11,6 +11,8 @@
 //! [`Fields::map_mut`], for whatever edits fields otherwise, turns them all
 //! into one `HeaderMap` first. No stage can see half of a response's fields.
 
+use std::sync::Arc;
+
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{StatusCode, Version};
 
@@ -114,7 +116,7 @@ pub struct Fields {
     /// The gateway's own fields, or every field when `raw` is `None`.
     map: HeaderMap,
     /// An upstream's forwarded fields as bytes, hop-by-hop ones left out.
-    raw: Option<Box<RawFields>>,
+    raw: Option<Arc<RawFields>>,
 }
 
 impl From<HeaderMap> for Fields {
@@ -125,7 +127,7 @@ impl From<HeaderMap> for Fields {
 
 impl Fields {
     /// An upstream's fields: `raw` kept as bytes, when they were, and `map`.
-    pub(crate) fn upstream(map: HeaderMap, raw: Option<Box<RawFields>>) -> Self {
+    pub(crate) fn upstream(map: HeaderMap, raw: Option<Arc<RawFields>>) -> Self {
         Self { map, raw }
     }
 

@@ -24,6 +24,8 @@
 //! [`MAX_FIELDS`] forwarded fields, or when its `Connection` names fields to
 //! drop other than the hop-by-hop ones.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::HeaderMap;
 
@@ -99,10 +101,11 @@ impl Kept {
         Some(kept)
     }
 
-    /// The fields, in `head` (the scanned buffer's bytes, frozen); boxed, to
-    /// keep the response that carries them small to move.
-    pub(crate) fn into_fields(self, head: Bytes) -> Box<RawFields> {
-        Box::new(RawFields { head, kept: self })
+    /// The fields, in `head` (the scanned buffer's bytes, frozen); behind an
+    /// `Arc`, to keep the response that carries them small to move and cheap
+    /// to copy (a cached answer is copied for every caller).
+    pub(crate) fn into_fields(self, head: Bytes) -> Arc<RawFields> {
+        Arc::new(RawFields { head, kept: self })
     }
 }
 
@@ -147,7 +150,7 @@ impl RawFields {
 
 /// The fields of a whole response head, kept (its length not overridden).
 #[cfg(test)]
-pub(crate) fn from_head(head: &'static [u8]) -> Box<RawFields> {
+pub(crate) fn from_head(head: &'static [u8]) -> Arc<RawFields> {
     let mut fields = [httparse::EMPTY_HEADER; 32];
     let mut res = httparse::Response::new(&mut fields);
     assert!(res.parse(head).expect("a valid head").is_complete());

@@ -3,8 +3,9 @@
 //!
 //! Every proxy worker (one thread each) reads and writes the same store, so it
 //! is split into shards, each a `parking_lot::Mutex` over a `LinkedHashMap`
-//! kept in use order; a lookup locks one shard for one map operation. A key's
-//! shard is chosen by its hash, and each shard gets an equal part of the
+//! kept in use order; a lookup locks one shard for one map operation. A key is
+//! hashed once: its hash's high bits choose the shard, and the shard's map
+//! (hashing with the same seeds) finds it by that hash. Each shard gets an equal part of the
 //! budget: up to [`MAX_SHARDS`] shards of at least [`MIN_SHARD_BYTES`] each
 //! (a small budget is one shard: exact LRU).
 //!
@@ -21,6 +22,7 @@ use bytes::Bytes;
 use gateway_transport::body::ResponseBody;
 use gateway_transport::response::{Fields, Response};
 use hashlink::LinkedHashMap;
+use hashlink::linked_hash_map::RawEntryMut;
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use parking_lot::Mutex;
@@ -101,10 +103,13 @@ struct Record {
     bytes: usize,
 }
 
-#[derive(Debug, Default)]
+/// The seeded hasher of keys: the store's and every shard map's.
+type KeyHasher = foldhash::fast::RandomState;
+
+#[derive(Debug)]
 struct Shard {
     /// In use order: least recently used first.
-    map: LinkedHashMap<Bytes, Record>,
+    map: LinkedHashMap<Bytes, Record, KeyHasher>,
     bytes: u64,
 }
 
@@ -113,7 +118,7 @@ struct Shard {
 pub struct ResponseCache {
     shards: Box<[Mutex<Shard>]>,
     shard_budget: u64,
-    hasher: foldhash::fast::RandomState,
+    hasher: KeyHasher,
     metrics: Arc<ResponseCacheMetrics>,
 }
 
@@ -136,10 +141,18 @@ impl ResponseCache {
     pub fn new(max_bytes: u64, metrics: Arc<ResponseCacheMetrics>) -> Self {
         let shards = (max_bytes / MIN_SHARD_BYTES).clamp(1, MAX_SHARDS as u64) as usize;
         metrics.capacity_bytes.store(max_bytes, Ordering::Relaxed);
+        let hasher = KeyHasher::default();
         Self {
-            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: LinkedHashMap::with_hasher(hasher.clone()),
+                        bytes: 0,
+                    })
+                })
+                .collect(),
             shard_budget: max_bytes / shards as u64,
-            hasher: foldhash::fast::RandomState::default(),
+            hasher,
             metrics,
         }
     }
@@ -150,15 +163,28 @@ impl ResponseCache {
     }
 
     fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        let i = self.hasher.hash_one(key) as usize % self.shards.len();
-        &self.shards[i]
+        self.shard_of(self.hasher.hash_one(key))
+    }
+
+    /// The shard of a key hashed to `hash`: by its high bits, as the shard's
+    /// map places keys by the low ones.
+    fn shard_of(&self, hash: u64) -> &Mutex<Shard> {
+        &self.shards[(hash >> 48) as usize % self.shards.len()]
     }
 
     /// The answer stored under `key` for a request with `headers`, fresh or
     /// not; marks the key used.
-    pub fn get(&self, key: &Bytes, headers: &HeaderMap) -> Option<Arc<Stored>> {
-        let mut shard = self.shard(key).lock();
-        let record = shard.map.to_back(key)?;
+    pub fn get(&self, key: &[u8], headers: &HeaderMap) -> Option<Arc<Stored>> {
+        // `[u8]` and `Bytes` hash alike: one hash finds the shard and the entry.
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard_of(hash).lock();
+        let record = match shard.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(mut entry) => {
+                entry.to_back();
+                entry.into_mut()
+            }
+            RawEntryMut::Vacant(_) => return None,
+        };
         let values = vary_values(&record.vary, headers);
         record
             .variants
@@ -356,6 +382,24 @@ mod tests {
         assert_eq!(cache.purge("other", ""), 0);
         assert_eq!(cache.purge("r", "/b"), 0);
         assert_eq!(cache.purge("r", ""), 1);
+    }
+
+    #[test]
+    fn keys_are_found_by_the_hash_that_chose_their_shard() {
+        // 16 shards: the lookup's one hash must agree with each shard map's own.
+        let cache = ResponseCache::new(64 << 20, Arc::default());
+        let keys: Vec<String> = (0..2000).map(|i| format!("key-{i}")).collect();
+        for k in &keys {
+            put(&cache, k, 10);
+        }
+        assert!(keys.iter().all(|k| has(&cache, k)));
+        assert!(!has(&cache, "key-2000"));
+        let used = cache
+            .shards
+            .iter()
+            .filter(|s| !s.lock().map.is_empty())
+            .count();
+        assert_eq!(used, MAX_SHARDS, "keys spread over every shard");
     }
 
     #[test]

@@ -3,7 +3,7 @@ use http::header::{HeaderName, HeaderValue};
 use super::*;
 
 /// The fields httparse finds in `head`, kept as [`crate::h1`] keeps them.
-fn kept(head: &'static [u8], drop_length: bool) -> Option<Box<RawFields>> {
+fn kept(head: &'static [u8], drop_length: bool) -> Option<Arc<RawFields>> {
     let mut fields = [httparse::EMPTY_HEADER; 32];
     let mut res = httparse::Response::new(&mut fields);
     assert!(res.parse(head).unwrap().is_complete());
