@@ -1,7 +1,8 @@
 # Sourced by scripts/bench when BENCH_CALLGRIND=1: instructions and cache misses per request,
-# counted by valgrind's callgrind, for the plain and the full route, and the /matched route (4 header
+# counted by valgrind's callgrind, for the plain and the full route, and the /match route (4 header
 # matchers) beside the plain route called with the same 4 headers ("plain4h"), which isolates the
-# matchers' cost from that of reading 4 more headers. Uses the stack scripts/bench
+# matchers' cost from that of reading 4 more headers, and the /cached route (each request a HIT).
+# Uses the stack scripts/bench
 # started (control plane, auth service, Redis, nginx upstream) and its variables and functions
 # (BIN, WORK, P_CP, AUTH, P_REDIS, AUTHZ, start, wait_for, log, die).
 #
@@ -13,6 +14,8 @@
 # unlike requests per second: this is the figure to compare across commits.
 #
 # Env: CALLGRIND_SECONDS=6  CALLGRIND_CONNECTIONS=16
+#      CALLGRIND_OPTS   more valgrind options, e.g. --dump-instr=yes (costs per instruction, for
+#                       callgrind_annotate or objdump; with BENCH_KEEP=1 the dumps stay in the work directory)
 
 callgrind_measure() {
   command -v callgrind_control >/dev/null 2>&1 || die "valgrind is missing: apt-get install -y valgrind"
@@ -27,7 +30,8 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
   strip -g "$WORK/data-plane-cg"
   mkdir -p "$WORK/cg-cache"
   log "starting a data plane under callgrind :$cg_port (ops :$cg_ops); slow to start"
-  start data-plane-cg env RUST_LOG="${DP_RUST_LOG:-info,access=off}" valgrind --tool=callgrind --cache-sim=yes \
+  # shellcheck disable=SC2086 # CALLGRIND_OPTS is a list of options, split on purpose
+  start data-plane-cg env RUST_LOG="${DP_RUST_LOG:-info,access=off}" valgrind --tool=callgrind --cache-sim=yes ${CALLGRIND_OPTS:-} \
     --callgrind-out-file="$WORK/callgrind.out.%p" "$WORK/data-plane-cg" \
     --listen "127.0.0.1:$cg_port" --admin-listen "127.0.0.1:$cg_ops" \
     --control-plane "http://127.0.0.1:$P_CP" --node-id callgrind --cache-dir "$WORK/cg-cache" \
@@ -37,12 +41,12 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
   local pid=$PID_data_plane_cg
   local route url header out requests dump summary
   printf '\n%-7s %12s %10s %10s %10s %10s %10s\n' route requests instr I1miss D1rmiss D1wmiss "LLmiss" >&2
-  for route in plain full plain4h matched; do
+  for route in plain full plain4h matched cached; do
     url="http://127.0.0.1:$cg_port/$route"
     header=()
     [ "$route" = full ] && header=(-H "$AUTHZ")
     [ "$route" = plain4h ] && url="http://127.0.0.1:$cg_port/plain" && header=("${MATCH_HEADERS[@]}")
-    [ "$route" = matched ] && header=("${MATCH_HEADERS[@]}")
+    [ "$route" = matched ] && url="http://127.0.0.1:$cg_port/match" && header=("${MATCH_HEADERS[@]}")
     if [ "$route" = full ] && [ -z "${FULL_OK:-}" ]; then
       log "the full route is not measured (it did not answer 200 with a token)"
       continue
