@@ -216,6 +216,14 @@ impl RequestMatch {
         // Each matcher's first value, and which names came more than once.
         let mut found: [Option<&[u8]>; MAX_SCANNED] = [None; MAX_SCANNED];
         let mut repeated = 0u16;
+        // Without a repeated name in the request, the pass ends once every
+        // matcher's name is found: the client's fields come first, the
+        // gateway's (`X-Request-Id`, `X-Forwarded-*`) after them.
+        let mut missing = if headers.len() == headers.keys_len() {
+            wanted.len()
+        } else {
+            usize::MAX
+        };
         for (name, value) in headers {
             let name = name.as_str().as_bytes();
             let b = bucket(name.len());
@@ -224,14 +232,19 @@ impl RequestMatch {
                 continue;
             }
             let key = NameKey::of(name);
-            let candidates = self.header_keys[from..to].iter().zip(&wanted[from..to]);
-            for (i, (&want, (wanted_name, _))) in (from..to).zip(candidates) {
-                if key.names(want, name, wanted_name) {
+            for i in from..to {
+                if key.names(self.header_keys[i], name, &wanted[i].0) {
                     match &mut found[i] {
                         Some(_) => repeated |= 1 << i,
-                        slot => *slot = Some(value.as_bytes()),
+                        slot => {
+                            *slot = Some(value.as_bytes());
+                            missing = missing.wrapping_sub(1);
+                        }
                     }
                 }
+            }
+            if missing == 0 {
+                break;
             }
         }
         wanted
@@ -450,6 +463,32 @@ mod tests {
             twice.append("accept-version", "3".parse().unwrap());
             assert!(!m.holds(&input(&twice, None)));
         }
+    }
+
+    #[test]
+    fn the_pass_ends_early_only_without_repeated_names() {
+        let m = RequestMatch::new(&RouteMatch {
+            headers: vec![
+                matcher("x-tenant", "acme", MatchMode::Exact),
+                matcher("x-plan", "gold", MatchMode::Exact),
+            ],
+            ..Default::default()
+        });
+        let mut h = headers(&[
+            ("x-tenant", "acme"),
+            ("x-plan", "gold"),
+            ("x-request-id", "1"),
+            ("x-forwarded-for", "10.0.0.1"),
+        ]);
+        assert!(m.holds(&input(&h, None)));
+        // A second x-plan after the others: compared joined ("gold,silver").
+        h.append("x-plan", "silver".parse().unwrap());
+        assert!(!m.holds(&input(&h, None)));
+        // A repeated name elsewhere does not change the answer.
+        let mut other = headers(&[("x-tenant", "acme"), ("x-plan", "gold")]);
+        other.append("accept", "a".parse().unwrap());
+        other.append("accept", "b".parse().unwrap());
+        assert!(m.holds(&input(&other, None)));
     }
 
     #[test]
