@@ -351,9 +351,30 @@ fn bypass<'s, 'a>(
 fn from_store(stored: &Stored, now: Instant, tag: HeaderValue) -> Response<ResponseBody> {
     let mut resp = stored.response();
     let fields = resp.fields_mut();
-    fields.insert(header::AGE, HeaderValue::from(stored.age(now).as_secs()));
+    fields.insert(header::AGE, age_value(stored.age(now).as_secs()));
     fields.insert(X_CACHE.clone(), tag);
     resp
+}
+
+/// Slots of the worker's `Age` values, by age modulo their number.
+const AGE_SLOTS: usize = 64;
+
+thread_local! {
+    /// The worker's last `Age` values: under load, hot answers ask for the
+    /// same few ages in a row, each otherwise formatted into a new allocation.
+    static AGES: RefCell<[Option<(u64, HeaderValue)>; AGE_SLOTS]> =
+        const { RefCell::new([const { None }; AGE_SLOTS]) };
+}
+
+/// The `Age` value of `secs` seconds.
+fn age_value(secs: u64) -> HeaderValue {
+    AGES.with_borrow_mut(|ages| {
+        let slot = &mut ages[(secs % AGE_SLOTS as u64) as usize];
+        match slot {
+            Some((at, value)) if *at == secs => value.clone(),
+            _ => slot.insert((secs, HeaderValue::from(secs))).1.clone(),
+        }
+    })
 }
 
 /// `resp`, or a 304 when the client's `If-None-Match` matches its `ETag`.

@@ -178,12 +178,19 @@ impl ResponseCache {
         // `[u8]` and `Bytes` hash alike: one hash finds the shard and the entry.
         let hash = self.hasher.hash_one(key);
         let mut shard = self.shard_of(hash).lock();
-        let record = match shard.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
-            RawEntryMut::Occupied(mut entry) => {
-                entry.to_back();
-                entry.into_mut()
+        // The most recently used key (a hot one, under load) is read without
+        // relinking: nothing in the shard is written but its lock.
+        let most_recent = shard.map.back().is_some_and(|(k, _)| k[..] == *key);
+        let record = if most_recent {
+            shard.map.back()?.1
+        } else {
+            match shard.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+                RawEntryMut::Occupied(mut entry) => {
+                    entry.to_back();
+                    &*entry.into_mut()
+                }
+                RawEntryMut::Vacant(_) => return None,
             }
-            RawEntryMut::Vacant(_) => return None,
         };
         let values = vary_values(&record.vary, headers);
         record

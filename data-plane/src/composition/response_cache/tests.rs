@@ -94,3 +94,10 @@ fn vary_star_is_not_stored_and_names_are_collected() {
     h.insert(header::VARY, HeaderValue::from_static("*"));
     assert!(vary_names(&Fields::from(h)).is_none());
 }
+
+#[test]
+fn age_values_are_the_ages_asked_for() {
+    for secs in [0, 5, 69, 5, 64, 0, 3600, 1 << 40] {
+        assert_eq!(age_value(secs), HeaderValue::from(secs), "{secs}");
+    }
+}
