@@ -244,6 +244,7 @@ where
                 BodyState::Feeding(feeder)
             }
         };
+        let busy = crate::workers::Busy::enter();
         let mut answer = pin!(handler(req, peer));
         // While the request is in flight, its body is read as the pipeline
         // asks for it; after that, the client closing its side cancels it.
@@ -276,6 +277,7 @@ where
                 },
             }
         };
+        drop(busy);
         // A body not read to its end: what is buffered may finish it;
         // otherwise the connection closes after the answer.
         let unread = match body {

@@ -587,9 +587,14 @@ where
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     service_fn(move |req: Request<hyper::body::Incoming>| {
+        let busy = crate::workers::Busy::enter();
         let fut = handler(Box::new(req.map(ClientBody::hyper)), peer);
         // hyper writes the answer from one map of its fields.
-        async move { Ok::<_, Infallible>(fut.await.into_http()) }
+        async move {
+            let answer = fut.await.into_http();
+            drop(busy);
+            Ok::<_, Infallible>(answer)
+        }
     })
 }
 

@@ -12,13 +12,18 @@
 //! the configuration snapshot, breakers, health, counters — is the same for
 //! every worker. BENCHMARKS.md has the measured difference.
 //!
-//! A worker out of ready tasks sleeps in epoll at once. It used to yield its
-//! core first (eighth session), but under the kernel's EEVDF scheduler
-//! `sched_yield` moves the caller's deadline a slice later, and a worker that
-//! did so at every park lost its core to nearly every task TCP woke there:
-//! 0.32–0.55 preemptions per request against 0.26–0.39 without the yield
-//! (12 rounds side by side), and fewer requests served in 13 of 17 rounds
-//! (BENCHMARKS.md, tenth session).
+//! A worker out of ready tasks yields its core once before it sleeps in
+//! epoll, but only when none of its requests is waiting for an answer
+//! ([`Busy`]). A worker that answers without an upstream (a cache HIT, a
+//! redirect, a refusal) otherwise drains its ready connections faster than a
+//! client sharing its cores sends, sleeps, and is woken for each few
+//! requests; having yielded, it finds the next requests already there: 23 %
+//! more cache HITs per second on two cores shared with wrk, plain within
+//! noise (BENCHMARKS.md, twenty-second session). It yields only then: at
+//! every park (eighth session), under the kernel's EEVDF scheduler, where
+//! `sched_yield` moves the caller's deadline a slice later, a worker waiting
+//! for an upstream lost its core to nearly every task TCP woke there, and
+//! served fewer requests in 13 of 17 rounds (tenth session).
 //!
 //! Everything that is not request serving (the config stream, health checks,
 //! the ops listener, the Redis connection) stays on the process's main runtime.
@@ -39,6 +44,41 @@ use crate::conn_limit::Connections;
 use crate::response::Response;
 use crate::server::{self, HttpSettings, Scheme};
 use crate::tls::TlsAcceptor;
+
+thread_local! {
+    /// Requests this thread's connections are answering now (from the
+    /// handler's call to the answer), [`Busy`].
+    static BUSY: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// One request counted in [`BUSY`] until dropped: the servers hold one from
+/// calling the handler until they have its answer.
+#[derive(Debug)]
+pub(crate) struct Busy(());
+
+impl Busy {
+    pub(crate) fn enter() -> Self {
+        BUSY.set(BUSY.get().saturating_add(1));
+        Busy(())
+    }
+}
+
+impl Drop for Busy {
+    /// On a worker the guard drops on the thread that made it. On a
+    /// work-stealing runtime (tests) it may not: the counts are then only
+    /// wrong for the yield above, never below zero.
+    fn drop(&mut self) {
+        BUSY.set(BUSY.get().saturating_sub(1));
+    }
+}
+
+/// Runs before a worker sleeps in epoll: with no request being answered, it
+/// yields its core once first (module documentation).
+fn yield_when_idle() {
+    if BUSY.get() == 0 {
+        std::thread::yield_now();
+    }
+}
 
 /// A proxy worker's index: `1..=n` for the workers [`spawn`] starts; `0`
 /// stands for any other thread (the main runtime, tests). Passed down the
@@ -127,6 +167,7 @@ where
         let (finished, stopped) = oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .on_thread_park(yield_when_idle)
             .build()?;
         std::thread::Builder::new()
             .name(format!("dp-worker-{index}"))
@@ -166,6 +207,28 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_counts_the_requests_being_answered() {
+        assert_eq!(BUSY.get(), 0);
+        let a = Busy::enter();
+        let b = Busy::enter();
+        assert_eq!(BUSY.get(), 2);
+        drop(a);
+        assert_eq!(BUSY.get(), 1);
+        drop(b);
+        assert_eq!(BUSY.get(), 0);
+        yield_when_idle();
+        // Dropped on another thread: that thread's count stays at zero.
+        let c = Busy::enter();
+        std::thread::spawn(move || {
+            drop(c);
+            assert_eq!(BUSY.get(), 0);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(BUSY.get(), 1);
+    }
 
     #[test]
     fn sockets_share_one_port() {
