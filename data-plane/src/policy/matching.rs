@@ -98,11 +98,14 @@ impl RequestMatch {
         // whether all hold.
         headers.sort_by_key(|(name, _)| bucket(name.as_str().len()));
         let mut by_length = [0u16; LONG_NAME + 2];
+        // Counts, then where each length's matchers start (validation allows
+        // 16 matchers; more are never scanned, `headers_hold`).
         for (name, _) in &headers {
-            by_length[bucket(name.as_str().len()) + 1] += 1;
+            let count = &mut by_length[bucket(name.as_str().len()) + 1];
+            *count = count.saturating_add(1);
         }
         for n in 1..by_length.len() {
-            by_length[n] += by_length[n - 1];
+            by_length[n] = by_length[n].saturating_add(by_length[n - 1]);
         }
         let header_keys = headers
             .iter()

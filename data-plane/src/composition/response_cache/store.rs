@@ -5,9 +5,9 @@
 //! is split into shards, each a `parking_lot::Mutex` over a `LinkedHashMap`
 //! kept in use order; a lookup locks one shard for one map operation. A key is
 //! hashed once: its hash's high bits choose the shard, and the shard's map
-//! (hashing with the same seeds) finds it by that hash. Each shard gets an equal part of the
-//! budget: up to [`MAX_SHARDS`] shards of at least [`MIN_SHARD_BYTES`] each
-//! (a small budget is one shard: exact LRU).
+//! (hashing with the same seeds) finds it by that hash. Each shard gets an
+//! equal part of the budget: up to [`MAX_SHARDS`] shards of at least
+//! [`MIN_SHARD_BYTES`] each (a small budget is one shard: exact LRU).
 //!
 //! A key (route, Host, path, query, listed headers, identity) holds up to
 //! [`MAX_VARIANTS`] answers, one per combination of the values of the request
