@@ -2,9 +2,8 @@
 # counted by valgrind's callgrind, for the plain and the full route, and the /match route (4 header
 # matchers) beside the plain route called with the same 4 headers ("plain4h"), which isolates the
 # matchers' cost from that of reading 4 more headers, and the /cached route (each request a HIT).
-# Uses the stack scripts/bench
-# started (control plane, auth service, Redis, nginx upstream) and its variables and functions
-# (BIN, WORK, P_CP, AUTH, P_REDIS, AUTHZ, start, wait_for, log, die).
+# Uses the stack scripts/bench started (control plane, auth service, Redis, nginx upstream) and its
+# variables and functions (BIN, WORK, P_CP, AUTH, P_REDIS, AUTHZ, start, wait_for, log, die).
 #
 # Method (BENCHMARKS.md, "callgrind"): a second data plane, from a copy of the measured binary
 # passed through `strip -g` (valgrind 3.19 does not read this toolchain's DWARF), runs under

@@ -17,13 +17,14 @@
 //! ([`Busy`]). A worker that answers without an upstream (a cache HIT, a
 //! redirect, a refusal) otherwise drains its ready connections faster than a
 //! client sharing its cores sends, sleeps, and is woken for each few
-//! requests; having yielded, it finds the next requests already there: 23 %
-//! more cache HITs per second on two cores shared with wrk, plain within
-//! noise (BENCHMARKS.md, twenty-second session). It yields only then: at
-//! every park (eighth session), under the kernel's EEVDF scheduler, where
-//! `sched_yield` moves the caller's deadline a slice later, a worker waiting
-//! for an upstream lost its core to nearly every task TCP woke there, and
-//! served fewer requests in 13 of 17 rounds (tenth session).
+//! requests; having yielded, it finds the next requests already there. On two
+//! cores shared with wrk, 8 rounds side by side: cache HITs +26 % per second,
+//! plain +2 %, full −2 % (BENCHMARKS.md, twenty-second session). It yields
+//! only then: yielding at every park (eighth session), under the kernel's
+//! EEVDF scheduler, where `sched_yield` moves the caller's deadline a slice
+//! later, a worker waiting for an upstream lost its core to nearly every task
+//! TCP woke there, and served fewer requests in 13 of 17 rounds (tenth
+//! session).
 //!
 //! Everything that is not request serving (the config stream, health checks,
 //! the ops listener, the Redis connection) stays on the process's main runtime.
