@@ -265,8 +265,10 @@ impl RequestMatch {
     }
 }
 
-/// Most header matchers the pass handles (validation allows 16 in all).
-const MAX_SCANNED: usize = 16;
+/// Most header matchers the pass handles: as many as validation allows in all.
+const MAX_SCANNED: usize = gateway_proto::validate::MAX_MATCHERS;
+// `repeated` is a bit per scanned matcher.
+const _: () = assert!(MAX_SCANNED <= u16::BITS as usize);
 
 fn header_passes(headers: &HeaderMap, name: &HeaderName, test: &Test) -> bool {
     let mut values = headers.get_all(name).iter();
