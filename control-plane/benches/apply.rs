@@ -47,6 +47,7 @@ fn config(generation: u32) -> (Vec<Route>, Vec<Upstream>) {
                 failure_threshold: 5,
                 reset_timeout_ms: 10_000,
                 half_open_max_requests: 1,
+                ..Default::default()
             }),
             ..Default::default()
         })

@@ -52,6 +52,8 @@ fn upstream(outlier: bool) -> UpstreamEntry {
         failure_threshold: 5,
         reset_timeout: Duration::from_secs(10),
         half_open_max_requests: 1,
+        count_5xx: false,
+        max_open_percent: 50,
     };
     let settings = OutlierSettings::from_proto(&OutlierDetection {
         // Never reached here: the failure path sums the window without ejecting.
@@ -111,6 +113,8 @@ fn bench(c: &mut Criterion) {
     let mirror = Mirror {
         upstream: Arc::new(upstream(false)),
         percent: 50,
+        include_body: false,
+        deny: Box::default(),
     };
     c.bench_function("mirror/sample_50", |b| {
         b.iter(|| black_box(&mirror).sampled());

@@ -368,6 +368,7 @@ async fn connect_failure_502_then_open_breaker_503() {
         failure_threshold: 2,
         reset_timeout_ms: 60_000,
         half_open_max_requests: 1,
+        ..Default::default()
     });
     let cfg = snapshot(1, vec![route("all", "/", "svc")], vec![up]);
     let (dp, _cache) = data_plane_with(cfg, &[]).await;
@@ -719,6 +720,94 @@ async fn first_bytes_split_across_segments_pick_the_right_protocol() {
     assert_eq!(
         frame_head[3], 4,
         "not an HTTP/2 SETTINGS frame: {frame_head:?}"
+    );
+    dp.shutdown().await;
+}
+
+/// Issue 41, item 6: a client that makes the backend answer 500 cannot open
+/// its breakers (5xx count only with `count_5xx`), and even counted failures
+/// hold at most `max_open_percent` of the instances out.
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_asking_for_500s_open_no_breaker_and_counted_ones_stay_under_the_cap() {
+    let a = TestUpstream::start("a").await;
+    let b = TestUpstream::start("b").await;
+    let mut up = upstream("svc", &[("a", a.url()), ("b", b.url())]);
+    up.circuit_breaker = Some(CircuitBreaker {
+        failure_threshold: 2,
+        reset_timeout_ms: 60_000,
+        half_open_max_requests: 1,
+        ..Default::default()
+    });
+    let cfg = snapshot(1, vec![route("all", "/", "svc")], vec![up.clone()]);
+    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    let open_breakers = |text: &str| text.matches("\"state\":\"open\"").count();
+    // By default: 20 answers of 500 are answers, and the instances stay in.
+    for i in 0..20 {
+        let (status, _, body) = get(dp.proxy_addr(), "/status/500").await;
+        assert_eq!(
+            status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "request {i}: {body}"
+        );
+    }
+    let (_, breakers) = ops(&dp, "/health/circuit-breakers").await;
+    assert_eq!(open_breakers(&breakers), 0, "{breakers}");
+    let (status, _, _) = get(dp.proxy_addr(), "/ok").await;
+    assert_eq!(status, StatusCode::OK);
+    dp.shutdown().await;
+
+    // With count_5xx the 500s count, but max_open_percent (default 50) of two
+    // instances is one: the other keeps its share, so clients still get the
+    // upstream's answers, never a 503 from the gateway.
+    up.circuit_breaker.as_mut().unwrap().count_5xx = true;
+    let cfg = snapshot(1, vec![route("all", "/", "svc")], vec![up]);
+    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    for i in 0..20 {
+        let (status, _, body) = get(dp.proxy_addr(), "/status/500").await;
+        assert_eq!(
+            status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "request {i}: {body}"
+        );
+    }
+    let (_, breakers) = ops(&dp, "/health/circuit-breakers").await;
+    assert_eq!(open_breakers(&breakers), 1, "{breakers}");
+    let (status, headers, _) = get(dp.proxy_addr(), "/ok").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(["a", "b"].contains(&headers["x-instance-id"].to_str().unwrap()));
+    dp.shutdown().await;
+}
+
+/// Issue 41, item 6: with four dead instances and max_open_percent 50, two
+/// breakers open and two instances keep their share (502, never 503).
+#[tokio::test(flavor = "multi_thread")]
+async fn breakers_hold_at_most_max_open_percent_of_the_instances_out() {
+    let dead: Vec<(String, String)> = (0..4)
+        .map(|i| (format!("d{i}"), format!("http://{}", closed_port())))
+        .collect();
+    let refs: Vec<(&str, String)> = dead
+        .iter()
+        .map(|(id, u)| (id.as_str(), u.clone()))
+        .collect();
+    let mut up = upstream("svc", &refs);
+    up.circuit_breaker = Some(CircuitBreaker {
+        failure_threshold: 1,
+        reset_timeout_ms: 60_000,
+        half_open_max_requests: 1,
+        max_open_percent: 50,
+        ..Default::default()
+    });
+    let cfg = snapshot(1, vec![route("all", "/", "svc")], vec![up]);
+    let (dp, _cache) = data_plane_with(cfg, &[]).await;
+    for i in 0..20 {
+        let (status, _, body) = get(dp.proxy_addr(), "/x").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "request {i}: {body}");
+    }
+    let (_, breakers) = ops(&dp, "/health/circuit-breakers").await;
+    assert_eq!(
+        breakers.matches("\"state\":\"open\"").count(),
+        2,
+        "{breakers}"
     );
     dp.shutdown().await;
 }

@@ -16,3 +16,7 @@ pub const BREAKER_FAILURE_THRESHOLD: u32 = 5;
 pub const BREAKER_RESET_TIMEOUT_MS: u32 = 10_000;
 /// Probes that breaker admits at once while half-open.
 pub const BREAKER_HALF_OPEN_MAX_REQUESTS: u32 = 1;
+/// Most of an upstream's instances out of rotation at once (breaker not
+/// closed, or ejected), in percent, for `max_open_percent` 0 (and an upstream
+/// without `circuit_breaker`).
+pub const BREAKER_MAX_OPEN_PERCENT: u32 = 50;

@@ -222,6 +222,10 @@ pub struct BreakerSpec {
     pub reset_timeout: Duration,
     /// Probes admitted at once while half-open.
     pub half_open_max_requests: u32,
+    /// Whether a 5xx answer is a failure (`count_5xx`).
+    pub count_5xx: bool,
+    /// Most instances out of rotation at once, in percent (`max_open_percent`, defaulted).
+    pub max_open_percent: u32,
 }
 
 impl Default for BreakerSpec {
@@ -230,6 +234,8 @@ impl Default for BreakerSpec {
             failure_threshold: defaults::BREAKER_FAILURE_THRESHOLD,
             reset_timeout: ms(defaults::BREAKER_RESET_TIMEOUT_MS),
             half_open_max_requests: defaults::BREAKER_HALF_OPEN_MAX_REQUESTS,
+            count_5xx: false,
+            max_open_percent: defaults::BREAKER_MAX_OPEN_PERCENT,
         }
     }
 }
@@ -380,6 +386,12 @@ fn upstream<'a>(u: &'a Upstream) -> Result<UpstreamSpec<'a>, SpecError> {
             failure_threshold: cb.failure_threshold,
             reset_timeout: ms(cb.reset_timeout_ms),
             half_open_max_requests: cb.half_open_max_requests,
+            count_5xx: cb.count_5xx,
+            max_open_percent: if cb.max_open_percent == 0 {
+                defaults::BREAKER_MAX_OPEN_PERCENT
+            } else {
+                cb.max_open_percent
+            },
         });
     let who = || format!("upstream {:?}", u.name);
     let balancing = match LbPolicy::try_from(u.lb_policy) {
@@ -577,6 +589,8 @@ mod tests {
             failure_threshold: 2,
             reset_timeout_ms: 1_500,
             half_open_max_requests: 3,
+            count_5xx: true,
+            max_open_percent: 0,
         });
         let spec = crate::validate_config(&routes, &custom).unwrap();
         assert_eq!(
@@ -585,6 +599,8 @@ mod tests {
                 failure_threshold: 2,
                 reset_timeout: Duration::from_millis(1_500),
                 half_open_max_requests: 3,
+                count_5xx: true,
+                max_open_percent: 50,
             }
         );
     }

@@ -152,6 +152,16 @@ pub fn validate_config<'a>(
                 continue;
             }
             let (mine, theirs) = (r.r#match.as_ref(), other.r#match.as_ref());
+            if (mine.is_some() || theirs.is_some())
+                && !r.policy_differs_from_siblings
+                && !other.policy_differs_from_siblings
+                && let Some(what) = sibling_policy_difference(r, other)
+            {
+                v.push(format!(
+                    "route \"{}\": differs in {what} from route \"{}\" at the same hosts, path_prefix and methods, and one of them has a match: a client choosing the matched header would pick the weaker one; make them agree, or set policy_differs_from_siblings on one of them",
+                    r.name, other.name
+                ));
+            }
             if matcher_count(mine) != matcher_count(theirs) {
                 // The one with more matchers is tried first.
                 continue;
@@ -672,6 +682,15 @@ impl Validator {
             1,
             1000,
         );
+        if cb.max_open_percent != 0 {
+            self.range(
+                who,
+                "circuit_breaker.max_open_percent",
+                cb.max_open_percent,
+                1,
+                100,
+            );
+        }
     }
 }
 

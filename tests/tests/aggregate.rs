@@ -252,6 +252,7 @@ async fn a_part_whose_breaker_is_open_fails_at_once() -> Result<()> {
         failure_threshold: 1,
         reset_timeout_ms: 60_000,
         half_open_max_requests: 1,
+        ..Default::default()
     };
     upsert_upstream_synced(
         &stack,

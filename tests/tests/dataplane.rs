@@ -357,6 +357,7 @@ async fn fast_recovering_orders(stack: &Stack) -> u64 {
         failure_threshold: 3,
         reset_timeout_ms: 2000,
         half_open_max_requests: 1,
+        ..Default::default()
     });
     orders.health_check = Some(HealthCheck {
         path: "/health".into(),
@@ -391,20 +392,26 @@ async fn both_orders_instances_down_gives_fast_503_and_service_recovers_by_itsel
     stack.kill("orders-1").await.unwrap();
     stack.kill("orders-2").await.unwrap();
 
-    // Failures (502: connection refused) open both breakers within a few requests.
+    // Failures (502: connection refused) open one breaker within a few
+    // requests; the breakers may hold at most half of the two out
+    // (max_open_percent, default 50: issue 41), so the other instance keeps
+    // its share and answers 502 at once, until the health checks (every 1 s,
+    // 2 failures) mark both unhealthy: then 503 without a network call.
     let mut statuses = Vec::new();
-    for _ in 0..20 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
         let status = http.get(&url).send().await.unwrap().status().as_u16();
         statuses.push(status);
         if status == 503 {
             break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "never 503: {:?}",
+            &statuses[statuses.len().saturating_sub(20)..]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        statuses.last(),
-        Some(&503),
-        "breakers never opened: {statuses:?}"
-    );
     assert!(
         statuses.iter().all(|s| [502, 503].contains(s)),
         "only 502 then 503 expected: {statuses:?}"

@@ -355,6 +355,7 @@ async fn upstream_statuses_pass_through_and_gateway_failures_are_grpc_statuses()
             failure_threshold: 1,
             reset_timeout_ms: 60_000,
             half_open_max_requests: 1,
+            ..Default::default()
         }),
         ..echo_upstream(&stack, "echo-dead")
     };

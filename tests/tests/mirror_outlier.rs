@@ -95,6 +95,8 @@ fn mirrored(name: &str, percent: u32) -> Route {
         mirror: Some(Mirror {
             upstream: "shadow".into(),
             percent,
+            include_body: true,
+            ..Default::default()
         }),
         ..open_route(name, &format!("/{name}"), "orders", "/orders")
     }
@@ -122,6 +124,54 @@ async fn wait_mirror_count(ops: &str, route: &str, outcome: &str, want: f64) {
     )
     .await
     .unwrap();
+}
+
+/// Issue 41, item 4: by default a copy carries no credential and no body, and
+/// the route's deny list goes too; the primary gets everything.
+#[tokio::test(flavor = "multi_thread")]
+async fn copies_carry_no_credentials_no_body_by_default_and_no_denied_header() {
+    let stack = one_data_plane(&[]).await;
+    let ops = &stack.gateway_admins()[0];
+    let shadow = LocalMock::start("shadow-1", 0.0, Duration::ZERO).await;
+    upsert_upstream_synced(&stack, upstream("shadow", &[("shadow-1", shadow.url())]))
+        .await
+        .unwrap();
+    let mut route = mirrored("bare", 100);
+    let m = route.mirror.as_mut().unwrap();
+    m.include_body = false;
+    m.deny_headers = vec!["X-Trace-Secret".into()];
+    upsert_route_synced(&stack, route).await.unwrap();
+    let url = format!("{}/bare/7/notes", stack.gateways()[0]);
+    let posted = client()
+        .post(&url)
+        .header("authorization", "Bearer user-token")
+        .header("cookie", "session=s3cret")
+        .header("x-api-key", "k3y")
+        .header("x-trace-secret", "t0p")
+        .header("x-kept", "yes")
+        .body(vec![b'x'; 1000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 200);
+    let primary: Value = posted.json().await.unwrap();
+    assert_eq!(primary["received_bytes"], 1000, "{primary}");
+    assert_eq!(primary["headers"]["cookie"], "session=s3cret", "{primary}");
+    wait_mirror_count(ops, "bare", "sent", 1.0).await;
+    let seen = stats(shadow.port).await;
+    let copy = &seen["recent"][0];
+    assert_eq!(copy["method"], "POST", "{copy}");
+    assert_eq!(
+        copy["body_bytes"], 0,
+        "no body without include_body: {copy}"
+    );
+    let h = &copy["headers"];
+    for gone in ["authorization", "cookie", "x-api-key", "x-trace-secret"] {
+        assert!(h.get(gone).is_none(), "{gone} reached the shadow: {copy}");
+    }
+    assert_eq!(h["x-kept"], "yes", "{copy}");
+    assert_eq!(h["x-gateway-mirror"], "1", "{copy}");
+    stack.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -360,9 +410,18 @@ async fn a_failing_mirror_never_opens_the_primarys_breakers() {
     let stack = one_data_plane(&[]).await;
     let ops = &stack.gateway_admins()[0];
     let shadow = LocalMock::start("shadow-1", 1.0, Duration::ZERO).await;
-    upsert_upstream_synced(&stack, upstream("shadow", &[("shadow-1", shadow.url())]))
-        .await
-        .unwrap();
+    // Its 500s count as breaker failures only with count_5xx (issue 41).
+    let shadow_upstream = Upstream {
+        circuit_breaker: Some(CircuitBreaker {
+            failure_threshold: 5,
+            reset_timeout_ms: 10_000,
+            half_open_max_requests: 1,
+            count_5xx: true,
+            ..Default::default()
+        }),
+        ..upstream("shadow", &[("shadow-1", shadow.url())])
+    };
+    upsert_upstream_synced(&stack, shadow_upstream).await.unwrap();
     upsert_route_synced(&stack, mirrored("broken", 100))
         .await
         .unwrap();
@@ -438,6 +497,7 @@ fn flaky(name: &str, instances: &[(&str, String)], ejection_ms: u32) -> Upstream
             failure_threshold: 1000,
             reset_timeout_ms: 1000,
             half_open_max_requests: 1,
+            ..Default::default()
         }),
         outlier_detection: Some(OutlierDetection {
             failure_rate_percent: 30,

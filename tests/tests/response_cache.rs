@@ -35,6 +35,7 @@ fn cached_route(name: &str, prefix: &str, auth: AuthMode, shared: bool) -> Route
             max_body_bytes: 2048,
             vary: vec!["accept-language".into()],
             shared,
+            ..Default::default()
         }),
         ..open_route(name, prefix, "users", "/users")
     }
@@ -243,6 +244,71 @@ async fn answers_are_stored_kept_fresh_revalidated_and_purged_on_every_replica()
     ensure!(metric_sample(ops, "gateway_cache_stale_total").await? >= 1.0);
     ensure!(metric_sample(ops, "gateway_cache_purged_total").await? >= 1.0);
     ensure!(metric_sample(ops, "gateway_cache_bytes").await? > 0.0);
+    stack.shutdown().await;
+    Ok(())
+}
+
+/// Issue 41, items 2 and 3: a request with credentials the key does not hold
+/// bypasses the cache (never stored, never served to others), and forwarding
+/// fields from a client never reach a stored answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_bypass_the_cache_and_client_forwarding_fields_never_poison_it() -> Result<()> {
+    let stack = data_planes_without_auth(1).await;
+    upsert_route_synced(
+        &stack,
+        cached_route("creds", "/creds/users", AuthMode::AuthNone, false),
+    )
+    .await?;
+    let gw = stack.gateways()[0].clone();
+    let mock = stack.ports().users_1;
+    for (name, value) in [
+        ("cookie", "session=alice-secret"),
+        ("x-api-key", "alice-key"),
+    ] {
+        let url = format!("{gw}/creds/users/1?t={name}");
+        let before = mock_requests(mock).await?;
+        for _ in 0..2 {
+            let seen = get(&url, &[(name, value)]).await?;
+            ensure!(
+                seen.status == 200 && seen.cache.is_empty(),
+                "{name}: {seen:?}"
+            );
+        }
+        ensure!(
+            mock_requests(mock).await? - before == 2,
+            "{name}: each credentialed request went upstream"
+        );
+        // Nothing was stored: the next caller's answer is fetched for it, without the credential.
+        let next = get(&url, &[]).await?;
+        ensure!(next.cache == "MISS", "{name}: {next:?}");
+        ensure!(!next.body.contains(value), "{name}: {}", next.body);
+        let hit = get(&url, &[]).await?;
+        ensure!(hit.cache == "HIT", "{name}: {hit:?}");
+    }
+    // A client's forwarding fields are stripped (or replaced) before the
+    // upstream and the cache: the stored answer never carries them.
+    let poisoned = format!("{gw}/creds/users/2?t=poison");
+    let first = get(
+        &poisoned,
+        &[
+            ("x-forwarded-host", "evil.example"),
+            ("x-forwarded-prefix", "/evil"),
+            ("x-original-url", "/admin"),
+            ("x-forwarded-proto", "https"),
+        ],
+    )
+    .await?;
+    ensure!(first.cache == "MISS", "{first:?}");
+    for poison in ["evil.example", "/evil", "/admin"] {
+        ensure!(
+            !first.body.contains(poison),
+            "{poison} reached the upstream: {}",
+            first.body
+        );
+    }
+    let next = get(&poisoned, &[]).await?;
+    ensure!(next.cache == "HIT", "same key as a clean request: {next:?}");
+    ensure!(next.body == first.body);
     stack.shutdown().await;
     Ok(())
 }

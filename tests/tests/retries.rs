@@ -41,6 +41,7 @@ fn orders(stack: &Stack) -> Upstream {
             failure_threshold: 1000,
             reset_timeout_ms: 100,
             half_open_max_requests: 1,
+            ..Default::default()
         }),
         ..Upstream::default()
     }

@@ -219,6 +219,7 @@ async fn a_canary_with_every_breaker_open_hands_its_share_to_the_stable_side() {
             failure_threshold: 1,
             reset_timeout_ms: 600_000,
             half_open_max_requests: 1,
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -182,6 +182,8 @@ pub(crate) enum Source {
         uri: Uri,
         /// The discovery document's `issuer` must be exactly this (OpenID Connect Discovery §4.3).
         issuer: String,
+        /// Hosts besides `uri`'s that its `jwks_uri` may name.
+        jwks_hosts: Vec<String>,
     },
 }
 
@@ -239,7 +241,11 @@ impl JwksClient {
     async fn fetch_inner(&self) -> Result<(KeySet, Option<Duration>), String> {
         let jwks_uri = match &self.source {
             Source::Jwks(uri) => uri.clone(),
-            Source::Discovery { uri, issuer } => {
+            Source::Discovery {
+                uri,
+                issuer,
+                jwks_hosts,
+            } => {
                 let (body, _) = self.get(uri, "application/json").await?;
                 let doc: DiscoveryDocument = serde_json::from_slice(&body)
                     .map_err(|e| format!("{uri}: not an OpenID Connect discovery document: {e}"))?;
@@ -257,6 +263,14 @@ impl JwksClient {
                 if jwks.scheme() != uri.scheme() || jwks.host().is_none() {
                     return Err(format!(
                         "{uri}: jwks_uri {:?} must be absolute and use the discovery URL's scheme",
+                        doc.jwks_uri
+                    ));
+                }
+                let host = jwks.host().unwrap_or_default();
+                let same = |h: &str| h.eq_ignore_ascii_case(host);
+                if !same(uri.host().unwrap_or_default()) && !jwks_hosts.iter().any(|h| same(h)) {
+                    return Err(format!(
+                        "{uri}: jwks_uri {:?} is on host {host:?}, neither the discovery URL's nor one of the issuer's jwks_hosts",
                         doc.jwks_uri
                     ));
                 }

@@ -43,6 +43,10 @@ pub struct JwtConfig {
     /// is the document's `jwks_uri` (same scheme), read again at every JWKS fetch, and the
     /// document's `issuer` must equal `issuer`. Empty: `jwks_url` is used.
     pub discovery_url: String,
+    /// Hosts, besides the discovery URL's own, that the discovery document's `jwks_uri` may
+    /// name (compared without case). Any other `jwks_uri` host is refused, so a tampered or
+    /// careless discovery document cannot point the gateway at someone else's keys.
+    pub jwks_hosts: Vec<String>,
     /// PEM CA certificate(s) an `https://` JWKS server's certificate must
     /// chain to (default: the system's roots). Read when the verifier is
     /// built; refused with an `http://` URL.
@@ -85,6 +89,7 @@ impl Default for JwtConfig {
             jwks_url: "http://127.0.0.1:4000/.well-known/jwks.json".to_owned(),
             jwks_ca: None,
             discovery_url: String::new(),
+            jwks_hosts: Vec::new(),
             issuer: "gateway-auth".to_owned(),
             audiences: vec!["gateway".to_owned()],
             algorithms: vec![Algorithm::EdDSA],
@@ -311,6 +316,7 @@ impl JwtVerifier {
             Source::Discovery {
                 uri,
                 issuer: config.issuer.clone(),
+                jwks_hosts: config.jwks_hosts.clone(),
             }
         };
         let inner = Arc::new(Inner {

@@ -160,6 +160,8 @@ pub fn circuit_breakers(cfg: &Compiled) -> Value {
                     "failure_threshold": u.breaker.failure_threshold,
                     "reset_timeout_ms": u.breaker.reset_timeout.as_millis() as u64,
                     "half_open_max_requests": u.breaker.half_open_max_requests,
+                    "count_5xx": u.breaker.count_5xx,
+                    "max_open_percent": u.breaker.max_open_percent,
                 },
                 "instances": instances,
             })

@@ -147,6 +147,10 @@ struct PathTemplate {
     after: Option<Box<str>>,
     /// The fixed query, without "?".
     query: Option<Box<str>>,
+    /// The parameter names of the fixed query, percent-decoded: a caller's
+    /// parameter of one of these names is dropped, never appended after the
+    /// fixed one (a backend reading the last value would take the caller's).
+    fixed_names: Box<[Box<[u8]>]>,
 }
 
 impl PathTemplate {
@@ -159,17 +163,49 @@ impl PathTemplate {
             Some((b, a)) => (b.into(), Some(a.into())),
             None => (path.into(), None),
         };
+        let fixed_names = query
+            .as_deref()
+            .map(|q| {
+                query_names(q)
+                    .map(|n| n.into_boxed_slice())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+            .into_boxed_slice();
         Self {
             before,
             after,
             query,
+            fixed_names,
         }
+    }
+
+    /// The caller's query without the parameters the fixed query names (each
+    /// `&`-separated parameter, or `;`-separated piece of one, whose decoded
+    /// name is a fixed one goes); `None` when nothing is left.
+    fn callers_query_kept<'q>(&self, caller_query: &'q str) -> Option<std::borrow::Cow<'q, str>> {
+        if self.fixed_names.is_empty() {
+            return Some(caller_query.into());
+        }
+        let fixed =
+            |param: &str| query_names(param).any(|n| self.fixed_names.iter().any(|f| **f == *n));
+        if !caller_query.split('&').any(fixed) {
+            return Some(caller_query.into());
+        }
+        let kept: Vec<&str> = caller_query
+            .split('&')
+            .filter(|p| !p.is_empty() && !fixed(p))
+            .collect();
+        (!kept.is_empty()).then(|| kept.join("&").into())
     }
 
     /// The origin-form URI for one request: `{rest}` replaced, the caller's
     /// query appended after the fixed one. `None` if that is not a valid URI.
     fn uri(&self, rest: &str, caller_query: Option<&str>) -> Option<Uri> {
-        let caller_query = caller_query.filter(|q| !q.is_empty());
+        let caller_query = caller_query
+            .filter(|q| !q.is_empty())
+            .and_then(|q| self.callers_query_kept(q));
+        let caller_query = caller_query.as_deref();
         let len = self.before.len()
             + self.after.as_ref().map_or(0, |a| rest.len() + a.len())
             + self.query.as_ref().map_or(0, |q| q.len() + 1)
@@ -190,6 +226,35 @@ impl PathTemplate {
             .ok()
             .map(Uri::from)
     }
+}
+
+/// The percent-decoded names of a query's parameters (`&`- or `;`-separated;
+/// `+` stays `+`, as in a path).
+fn query_names(query: &str) -> impl Iterator<Item = Vec<u8>> + '_ {
+    query
+        .split(['&', ';'])
+        .filter(|p| !p.is_empty())
+        .map(|p| percent_decoded(p.split('=').next().unwrap_or(p).as_bytes()))
+}
+
+/// `%XX` escapes decoded; a malformed escape is kept as it is.
+fn percent_decoded(raw: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%'
+            && i + 2 < raw.len()
+            && let (Some(h), Some(l)) = (hex(raw[i + 1]), hex(raw[i + 2]))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(raw[i]);
+        i += 1;
+    }
+    out
 }
 
 /// What a part's consistent-hash balancing may key on: the caller's verified

@@ -4,8 +4,10 @@
 //!
 //! The copy is made from the request as it is forwarded (after
 //! authentication and the route's request headers, so with the identity
-//! headers), plus `X-Gateway-Mirror: 1`, signed with the shadow upstream's own
-//! secret. It runs in a task of its own on the request's worker: its answer is
+//! headers), without any credential ([`NEVER_COPIED`]) or header of the
+//! route's `deny_headers`, plus `X-Gateway-Mirror: 1`, signed with the shadow
+//! upstream's own secret. The body is copied only with `include_body`;
+//! otherwise the copy has none. It runs in a task of its own on the request's worker: its answer is
 //! read and dropped, its latency never reaches the caller, and its outcome
 //! only touches the shadow upstream's breakers and counters, never the
 //! primary's. A body of at most [`MAX_MIRROR_BODY_BYTES`] is copied with a
@@ -24,13 +26,14 @@ use gateway_telemetry::SpanParent;
 use gateway_transport::body::{RequestBody, ResponseBody};
 use gateway_transport::tee::{Tee, TeeReceiver};
 use gateway_transport::workers::Worker;
-use http::header::HeaderValue;
+use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
 use http_body_util::BodyExt as _;
 use rand::Rng as _;
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, MirrorOutcome, RouteMetrics};
+use crate::policy::api_key::X_API_KEY;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::{self, Affinity};
@@ -41,6 +44,15 @@ pub use gateway_proto::validate::MAX_MIRROR_BODY_BYTES;
 /// The marker every copy carries (a client's own is removed when sanitising).
 pub use crate::policy::sanitize::X_GATEWAY_MIRROR;
 
+/// Credentials a copy never carries, whatever the route says: the shadow is
+/// a test bed, and a user's token, cookie or key must not reach it.
+pub static NEVER_COPIED: [&HeaderName; 4] = [
+    &header::AUTHORIZATION,
+    &header::COOKIE,
+    &X_API_KEY,
+    &header::PROXY_AUTHORIZATION,
+];
+
 /// A route's `mirror`, compiled.
 #[derive(Debug)]
 pub struct Mirror {
@@ -48,6 +60,10 @@ pub struct Mirror {
     pub upstream: Arc<UpstreamEntry>,
     /// Share of requests copied, 1 to 100.
     pub percent: u32,
+    /// Whether the body is copied (`include_body`).
+    pub include_body: bool,
+    /// More header names never copied (`deny_headers`).
+    pub deny: Box<[HeaderName]>,
 }
 
 impl Mirror {
@@ -83,7 +99,8 @@ pub struct MirrorRequest<'r> {
 /// not made (shed, body too large, a head that cannot be copied).
 pub fn start(copy: MirrorRequest<'_>, bodiless: bool, body_size: Option<u64>) -> Option<Tee> {
     let metrics = &copy.route.metrics.mirror;
-    if body_size.is_some_and(|n| n > MAX_MIRROR_BODY_BYTES) {
+    let with_body = copy.mirror.include_body && !bodiless;
+    if with_body && body_size.is_some_and(|n| n > MAX_MIRROR_BODY_BYTES) {
         metrics.record(MirrorOutcome::BodyTooLarge);
         return None;
     }
@@ -100,6 +117,14 @@ pub fn start(copy: MirrorRequest<'_>, bodiless: bool, body_size: Option<u64>) ->
         .into_parts()
         .0;
     head.headers = copy.parts.headers.clone();
+    for name in NEVER_COPIED.into_iter().chain(copy.mirror.deny.iter()) {
+        head.headers.remove(name);
+    }
+    if !with_body {
+        // The transport frames the empty body itself.
+        head.headers.remove(header::CONTENT_LENGTH);
+        head.headers.remove(header::TRANSFER_ENCODING);
+    }
     head.headers
         .insert(X_GATEWAY_MIRROR.clone(), HeaderValue::from_static("1"));
     let view = RouteView {
@@ -111,7 +136,7 @@ pub fn start(copy: MirrorRequest<'_>, bodiless: bool, body_size: Option<u64>) ->
         metrics.record(MirrorOutcome::Failed);
         return None;
     };
-    let (tee, body) = if bodiless {
+    let (tee, body) = if !with_body {
         (None, None)
     } else {
         let (tee, rx) = Tee::new(MAX_MIRROR_BODY_BYTES as usize);

@@ -2,14 +2,18 @@
 //! a route's GET answers kept in the replica's memory and served without
 //! touching the upstream while they are fresh.
 //!
-//! * **Key**: the route, `Host` (or `:authority`), normalised path, query, the
+//! * **Key**: the route, `Host` (or `:authority`), the scheme and the
+//!   forwarding fields ([`KEYED_FORWARDING`]), normalised path, query, the
 //!   route's `vary` headers, and on an authenticated route (unless `shared`)
 //!   the caller's identity (`X-User-Id` / `X-User-Role` set by authentication).
 //!   Under one key the answer's own `Vary` keeps one answer per combination of
 //!   the request fields it names ([`store`]).
 //! * **Bypassed** (proxied as if the route had no cache): methods other than
-//!   GET (HEAD included), requests with a body, `Range`, `Authorization`
-//!   still present after authentication, or `Cache-Control: no-store`.
+//!   GET (HEAD included), requests with a body, `Range`, or `Cache-Control:
+//!   no-store`, and requests with credentials the key does not hold
+//!   (`Cookie`, `Authorization` or `X-API-Key` still present after
+//!   authentication and not in `vary`) unless the route's
+//!   `shared_with_credentials` says its answers do not depend on them.
 //! * **Lookup**: a fresh answer is a HIT (with `Age`). A request with
 //!   `Cache-Control: no-cache` or `max-age=0` goes upstream. Otherwise the
 //!   request joins the key's **flight** ([`Coalescer`]): the first makes one
@@ -47,7 +51,11 @@ use crate::composition::coalesce::{
     self, CoalesceLimits, Coalescer, Join, LeaderCall, Outcome, Read, Snapshot,
 };
 use crate::error::ProxyError;
-use crate::policy::sanitize::{X_USER_ID, X_USER_ROLE};
+use crate::policy::api_key::X_API_KEY;
+use crate::policy::sanitize::{
+    FORWARDED, X_FORWARDED_HOST, X_FORWARDED_PORT, X_FORWARDED_PREFIX, X_FORWARDED_PROTO,
+    X_FORWARDED_SCHEME, X_ORIGINAL_URL, X_REWRITE_URL, X_USER_ID, X_USER_ROLE,
+};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::Affinity;
@@ -72,6 +80,74 @@ static FLIGHT_HEADERS: [&HeaderName; 4] = [
     &header::COOKIE,
 ];
 
+/// Credential fields: a request that still carries one at the cache (not
+/// consumed by authentication) bypasses it unless the key holds it (`vary`) or
+/// the route's `shared_with_credentials` says answers do not depend on it.
+static CREDENTIALS: [&HeaderName; 3] = [&header::COOKIE, &header::AUTHORIZATION, &X_API_KEY];
+
+/// The scheme and the forwarding fields an upstream may build links, redirects
+/// or access decisions from, beyond `Host`, path and query: all in the key, so
+/// that an answer built for cleartext is never served to HTTPS, nor one built
+/// for a poisoned field to the next caller. Sanitising sets the first two from
+/// the connection for any client that is not a trusted proxy and strips the
+/// rest from it (`policy/sanitize.rs`): what is keyed is what the gateway believes.
+pub static KEYED_FORWARDING: [&HeaderName; 8] = [
+    &X_FORWARDED_PROTO,
+    &X_FORWARDED_HOST,
+    &X_FORWARDED_PREFIX,
+    &X_FORWARDED_PORT,
+    &X_FORWARDED_SCHEME,
+    &X_ORIGINAL_URL,
+    &X_REWRITE_URL,
+    &FORWARDED,
+];
+
+/// `name`'s index in [`KEYED_FORWARDING`] (a `match` on the lower-case name).
+fn keyed_forwarding_index(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b"x-forwarded-proto" => 0,
+        b"x-forwarded-host" => 1,
+        b"x-forwarded-prefix" => 2,
+        b"x-forwarded-port" => 3,
+        b"x-forwarded-scheme" => 4,
+        b"x-original-url" => 5,
+        b"x-rewrite-url" => 6,
+        b"forwarded" => 7,
+        _ => return None,
+    })
+}
+
+/// Writes the values of [`KEYED_FORWARDING`] into `k` in its order, with one
+/// pass over the request's fields (a lookup each would cost ~8 hashes of the
+/// name on every HIT); a request that repeats one of them takes the lookups,
+/// under another leading byte, so the two encodings never meet.
+fn forwarding_into(k: &mut impl BufMut, headers: &HeaderMap) {
+    let mut found: [Option<&HeaderValue>; KEYED_FORWARDING.len()] = [None; KEYED_FORWARDING.len()];
+    let mut repeated = false;
+    for (name, value) in headers {
+        if let Some(i) = keyed_forwarding_index(name.as_str().as_bytes()) {
+            repeated |= found[i].replace(value).is_some();
+        }
+    }
+    if repeated {
+        k.put_u8(1);
+        for name in KEYED_FORWARDING {
+            values(k, headers, name);
+        }
+        return;
+    }
+    k.put_u8(0);
+    for value in found {
+        match value {
+            Some(v) => {
+                k.put_u8(1);
+                field(k, v.as_bytes());
+            }
+            None => k.put_u8(0),
+        }
+    }
+}
+
 /// Fields a 304 carries over from the answer it stands for (RFC 9110 §15.4.5).
 static NOT_MODIFIED_FIELDS: [&HeaderName; 6] = [
     &header::CACHE_CONTROL,
@@ -95,6 +171,9 @@ pub struct RouteCacheEntry {
     vary: Box<[HeaderName]>,
     /// Whether the caller's identity is in the key (an authenticated route, not `shared`).
     by_identity: bool,
+    /// Which of [`CREDENTIALS`] a request may carry and still be cached: those
+    /// in `vary`, or all with `shared_with_credentials` (bit `i` for `CREDENTIALS[i]`).
+    credentials_allowed: u8,
     /// The route's upstream calls in flight, by key.
     flights: Arc<Coalescer>,
 }
@@ -113,6 +192,17 @@ impl RouteCacheEntry {
                 .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
                 .collect(),
             by_identity: auth != Auth::None && !c.shared,
+            credentials_allowed: if c.shared_with_credentials {
+                u8::MAX
+            } else {
+                CREDENTIALS
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, name)| {
+                        c.vary.iter().any(|v| v.eq_ignore_ascii_case(name.as_str()))
+                    })
+                    .fold(0, |bits, (i, _)| bits | 1 << i)
+            },
             flights: Arc::new(Coalescer::new(CoalesceLimits {
                 max_body,
                 ..CoalesceLimits::default()
@@ -141,6 +231,7 @@ impl RouteCacheEntry {
             .or_else(|| parts.headers.get(header::HOST).map(HeaderValue::as_bytes))
             .unwrap_or_default();
         field(k, host);
+        forwarding_into(k, &parts.headers);
         field(k, path.as_bytes());
         k.put_u8(u8::from(parts.uri.query().is_some()));
         field(k, query.as_bytes());
@@ -151,6 +242,17 @@ impl RouteCacheEntry {
             values(k, &parts.headers, &X_USER_ID);
             values(k, &parts.headers, &X_USER_ROLE);
         }
+    }
+}
+
+impl RouteCacheEntry {
+    /// Which of [`CREDENTIALS`] `headers` carry, as bits.
+    fn credentials_of(headers: &HeaderMap) -> u8 {
+        CREDENTIALS
+            .iter()
+            .enumerate()
+            .filter(|(_, name)| headers.contains_key(**name))
+            .fold(0, |bits, (i, _)| bits | 1 << i)
     }
 }
 
@@ -237,11 +339,12 @@ pub async fn stage<'s, 'a>(
             .iter()
             .map(HeaderValue::as_bytes),
     );
+    let credentials = RouteCacheEntry::credentials_of(&parts.headers);
     let not_for_cache = parts.method != Method::GET
         || !body.is_end_stream()
         || asked.no_store
         || parts.headers.contains_key(header::RANGE)
-        || parts.headers.contains_key(header::AUTHORIZATION);
+        || credentials & !cache.credentials_allowed != 0;
     if not_for_cache {
         return Cached::Bypass(parts, body, trace);
     }
@@ -302,6 +405,7 @@ pub async fn stage<'s, 'a>(
                     request_fields,
                     ttl: cache.ttl,
                     max_body: cache.max_body,
+                    credentialed: credentials != 0,
                 },
                 validator,
             };
@@ -421,6 +525,10 @@ struct Place {
     request_fields: HeaderMap,
     ttl: Duration,
     max_body: usize,
+    /// The request carried credentials (admitted by `vary` or
+    /// `shared_with_credentials`): the answer is stored only if it allows
+    /// shared caching explicitly, and the route's TTL applies only with `public`.
+    credentialed: bool,
 }
 
 /// A flight's upstream call, owned by a spawned task.
@@ -525,6 +633,17 @@ impl Fetch {
         (mine, theirs, served)
     }
 
+    /// The route's heuristic freshness (its `ttl_seconds`), for an answer with
+    /// directives `d` that gives none of its own: only where the answer allows
+    /// shared caching (a credentialed request's answer needs `public`).
+    fn heuristic_ttl(&self, d: &Directives) -> Duration {
+        if self.slot.credentialed && !d.public {
+            Duration::ZERO
+        } else {
+            self.slot.ttl
+        }
+    }
+
     /// The answer as it will be stored, or `None` when it must not be.
     fn storable(&self, status: StatusCode, fields: &Fields, body: &Bytes) -> Option<Stored> {
         if !control::cacheable_status(status) || fields.contains("set-cookie") {
@@ -534,13 +653,16 @@ impl Fetch {
         if d.no_store || d.private {
             return None;
         }
+        if self.slot.credentialed && !d.allows_shared_with_credentials() {
+            return None;
+        }
         let vary = vary_names(fields)?;
         let lifetime = control::freshness_lifetime(
             &d,
             fields.get("date"),
             fields.get("expires"),
             SystemTime::now(),
-            self.slot.ttl,
+            self.heuristic_ttl(&d),
         );
         let etag = fields
             .get("etag")
@@ -583,7 +705,7 @@ impl Fetch {
             fields.get("date"),
             fields.get("expires"),
             SystemTime::now(),
-            self.slot.ttl,
+            self.heuristic_ttl(&d),
         );
         Stored {
             status: old.status,

@@ -275,6 +275,13 @@ pub fn compile_with_members(
                 Some(m) => Some(Mirror {
                     upstream: upstream(&m.upstream)?,
                     percent: m.percent,
+                    include_body: m.include_body,
+                    // Validated header names.
+                    deny: m
+                        .deny_headers
+                        .iter()
+                        .filter_map(|n| http::HeaderName::from_bytes(n.as_bytes()).ok())
+                        .collect(),
                 }),
                 None => None,
             },
@@ -609,6 +616,7 @@ mod tests {
             failure_threshold: 2,
             reset_timeout_ms: 500,
             half_open_max_requests: 3,
+            ..Default::default()
         });
         let v2 = compile(&s2, &v1, PoolSettings::default()).unwrap();
         let (a, b) = (&v1.upstreams[0], &v2.upstreams[0]);

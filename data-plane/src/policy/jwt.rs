@@ -37,6 +37,7 @@ fn config_of(i: &JwtIssuer) -> JwtConfig {
     JwtConfig {
         jwks_url: i.jwks_url.clone(),
         discovery_url: i.discovery_url.clone(),
+        jwks_hosts: i.jwks_hosts.clone(),
         issuer: i.issuer.clone(),
         audiences: i.audiences.clone(),
         // Validation admitted only names jsonwebtoken parses.

@@ -51,13 +51,24 @@ pub static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// Host the client asked for, as the gateway saw it (or a trusted proxy did).
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// Path prefix a proxy removed (Spring, ASP.NET): believed only from a trusted proxy.
+pub static X_FORWARDED_PREFIX: HeaderName = HeaderName::from_static("x-forwarded-prefix");
+/// Port the client used: believed only from a trusted proxy.
+pub static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+/// Scheme the client used (a non-standard spelling): believed only from a trusted proxy.
+pub static X_FORWARDED_SCHEME: HeaderName = HeaderName::from_static("x-forwarded-scheme");
+/// The URL before a proxy's rewrite (IIS, Symfony, Zend read it for routing
+/// and access rules): believed only from a trusted proxy.
+pub static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
+/// As `X-Original-URL`: believed only from a trusted proxy.
+pub static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
 
 /// The headers removed at the trust boundary: the hop-by-hop ones (the first
 /// [`HOP_BY_HOP_COUNT`], removed both ways), the identity ones (requests
 /// only), then the forwarding ones (requests from a peer that is not a
 /// trusted proxy), then the mirror marker (requests only). A header's index
 /// is its bit in [`remove_hop_by_hop`]'s scan.
-static REMOVED: [&HeaderName; 16] = [
+static REMOVED: [&HeaderName; 21] = [
     &header::CONNECTION,
     &PROXY_CONNECTION,
     &header::TE,
@@ -74,6 +85,11 @@ static REMOVED: [&HeaderName; 16] = [
     &FORWARDED,
     &X_REAL_IP,
     &X_GATEWAY_MIRROR,
+    &X_FORWARDED_PREFIX,
+    &X_FORWARDED_PORT,
+    &X_FORWARDED_SCHEME,
+    &X_ORIGINAL_URL,
+    &X_REWRITE_URL,
 ];
 /// How many of [`REMOVED`] are hop-by-hop (the rest are removed from requests only).
 const HOP_BY_HOP_COUNT: usize = 9;
@@ -81,8 +97,9 @@ const HOP_BY_HOP_COUNT: usize = 9;
 const HOP_BITS: u32 = (1 << HOP_BY_HOP_COUNT) - 1;
 /// The bits of the identity fields.
 const IDENTITY_BITS: u32 = 0b1111 << HOP_BY_HOP_COUNT;
-/// The bits of `Forwarded` and `X-Real-IP`.
-const FORWARDING_BITS: u32 = 0b11 << (HOP_BY_HOP_COUNT + 4);
+/// The bits of `Forwarded`, `X-Real-IP` and the five after the mirror marker
+/// (`X-Forwarded-Prefix`, `-Port`, `-Scheme`, `X-Original-URL`, `X-Rewrite-URL`).
+const FORWARDING_BITS: u32 = (0b11 << (HOP_BY_HOP_COUNT + 4)) | (0b11111 << (HOP_BY_HOP_COUNT + 7));
 /// The bit of `X-Gateway-Mirror`.
 const MIRROR_BIT: u32 = 1 << (HOP_BY_HOP_COUNT + 6);
 /// The bits of `Connection` and `Proxy-Connection`, whose values name more headers.
@@ -98,7 +115,9 @@ pub enum Strip {
     Response,
     /// A client's request: also the identity fields (any spelling with `_`
     /// for `-` too, as nginx drops underscored names), and, unless the peer is
-    /// a trusted proxy, `Forwarded` and `X-Real-IP`.
+    /// a trusted proxy, `Forwarded`, `X-Real-IP`, `X-Forwarded-Prefix`,
+    /// `-Port`, `-Scheme`, `X-Original-URL` and `X-Rewrite-URL` (issue 41:
+    /// an upstream or a cache must never build on a client's word for them).
     Request {
         /// The peer is one of `--trusted-proxies`.
         trusted_peer: bool,
@@ -143,6 +162,11 @@ fn removed_bit(name: &[u8], mask: u32) -> u32 {
         b"forwarded" => 13,
         b"x-real-ip" => 14,
         b"x-gateway-mirror" => 15,
+        b"x-forwarded-prefix" => 16,
+        b"x-forwarded-port" => 17,
+        b"x-forwarded-scheme" => 18,
+        b"x-original-url" => 19,
+        b"x-rewrite-url" => 20,
         // Only names of a protected one's length are looked at for `_`.
         _ if mask & UNDERSCORE_BIT != 0 && is_spoof_spelling(name) => return UNDERSCORE_BIT,
         _ => return 0,
@@ -153,7 +177,7 @@ fn removed_bit(name: &[u8], mask: u32) -> u32 {
 /// The fields a backend may read with `_` and `-` taken as one (CGI, PHP,
 /// Django and others turn both into `_`): their underscored spellings never
 /// pass the gateway.
-const PROTECTED_SPELLINGS: [&[u8]; 10] = [
+const PROTECTED_SPELLINGS: [&[u8]; 15] = [
     b"x-user-id",
     b"x-user-role",
     b"x-api-key-name",
@@ -164,12 +188,17 @@ const PROTECTED_SPELLINGS: [&[u8]; 10] = [
     b"x-forwarded-host",
     b"x-real-ip",
     b"x-request-id",
+    b"x-forwarded-prefix",
+    b"x-forwarded-port",
+    b"x-forwarded-scheme",
+    b"x-original-url",
+    b"x-rewrite-url",
 ];
 
 /// Whether `name` (lower case) has a `_` and reads as one of
 /// [`PROTECTED_SPELLINGS`] with `_` taken as `-`.
 fn is_spoof_spelling(name: &[u8]) -> bool {
-    if !matches!(name.len(), 9 | 11 | 12 | 14 | 15 | 16 | 17 | 19) || !name.contains(&b'_') {
+    if !matches!(name.len(), 9 | 11..=19) || !name.contains(&b'_') {
         return false;
     }
     PROTECTED_SPELLINGS.iter().any(|p| {
@@ -539,6 +568,47 @@ mod tests {
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["accept", "authorization", "host"]);
+    }
+
+    /// Issue 41, item 3: the forwarding fields an upstream (or the cache) may
+    /// build URLs or access rules from come only from trusted proxies.
+    #[test]
+    fn forwarding_fields_from_untrusted_peers_are_dropped_in_any_spelling() {
+        let fields = [
+            ("host", "example.com"),
+            ("x-forwarded-prefix", "/evil"),
+            ("X-Forwarded-Port", "8443"),
+            ("x-forwarded-scheme", "https"),
+            ("x-original-url", "/admin"),
+            ("X-Rewrite-URL", "/admin"),
+            ("forwarded", "for=1.2.3.4;proto=https"),
+            ("x-real-ip", "1.2.3.4"),
+            ("x_original_url", "/admin"),
+            ("x_forwarded_prefix", "/evil"),
+            ("x_rewrite_url", "/admin"),
+        ];
+        let mut h = map(&fields);
+        remove_hop_by_hop(&mut h, UNTRUSTED);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["host"]);
+        // A trusted proxy's dashed fields are kept; underscored spellings never are.
+        let mut h = map(&fields);
+        remove_hop_by_hop(&mut h, Strip::Request { trusted_peer: true });
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            [
+                "forwarded",
+                "host",
+                "x-forwarded-port",
+                "x-forwarded-prefix",
+                "x-forwarded-scheme",
+                "x-original-url",
+                "x-real-ip",
+                "x-rewrite-url"
+            ]
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! counters (attempts, retries, errors by kind), the CLIENT span (its context
 //! goes upstream as `traceparent`), the instance's in-flight count and the
 //! breaker permit. It ends one of two ways: [`answered`](Attempt::answered)
-//! (the span records the status, a 5xx is a breaker and outlier failure, the in-flight
+//! (the span records the status, a 5xx is an outlier failure and, with the
+//! upstream's `count_5xx`, a breaker failure; the in-flight
 //! count is handed to the response body) or [`failed`](Attempt::failed) (the
 //! span and the counters record the [`UpstreamError`], the breaker counts a
 //! failure unless the client's side failed). Forwarding and its retries
@@ -100,8 +101,10 @@ impl<'a> Attempt<'a> {
         self.instance
     }
 
-    /// The instance answered `status`: the span records it; a 5xx is a
-    /// breaker failure (counted as `status_5xx`), anything else a success.
+    /// The instance answered `status`: the span records it; a 5xx is counted
+    /// as `status_5xx`, and is a breaker failure only where the upstream's
+    /// `count_5xx` says so (by default any answer is a success: the instance
+    /// is reachable, and clients cannot open breakers by asking for 500s).
     /// Returns the in-flight count, to hold until the response body ends.
     pub fn answered(self, status: StatusCode) -> InFlight {
         let Self {
@@ -115,7 +118,9 @@ impl<'a> Attempt<'a> {
         span.end();
         if status.is_server_error() {
             instance.metrics.status_5xx();
-            report(upstream, instance, permit.failure());
+        }
+        if status.is_server_error() && upstream.breaker.count_5xx {
+            report(upstream, instance, failure(upstream, permit));
         } else {
             report(upstream, instance, permit.success());
         }
@@ -141,9 +146,15 @@ impl<'a> Attempt<'a> {
         }
         instance.metrics.failed(error);
         tracing::debug!(upstream = %upstream.name, instance = %instance.id, %error, "upstream attempt failed");
-        report(upstream, instance, permit.failure());
+        report(upstream, instance, failure(upstream, permit));
         outlier::record(upstream, instance, true);
     }
+}
+
+/// Reports a failure through `permit`; the breaker opens only while the
+/// upstream's cap on instances out of rotation allows one more.
+fn failure(upstream: &UpstreamEntry, permit: Permit<'_>) -> Option<Transition> {
+    permit.failure_capped(|| upstream.may_take_out_one())
 }
 
 /// Logs and counts a breaker transition of `instance`.

@@ -423,6 +423,8 @@ mod tests {
             failure_threshold: 1,
             reset_timeout: Duration::from_secs(60),
             half_open_max_requests: 1,
+            count_5xx: true,
+            max_open_percent: 100,
         };
         UpstreamEntry::new("u", instances, breaker, None).with_policy(policy)
     }

@@ -6,7 +6,10 @@
 //!   HALF_OPEN --a probe succeeds--> CLOSED      HALF_OPEN --a probe fails--> OPEN (timer restarts)
 //! ```
 //!
-//! A failure is a connect error, a timeout or a 5xx answer. While OPEN the
+//! A failure is a connect error, a reset, a timeout, or a 5xx answer where the
+//! upstream's `count_5xx` says so. An upstream's share of instances out of
+//! rotation is capped (`max_open_percent`): [`Permit::failure_capped`] opens
+//! only when its caller's cap allows, and otherwise stays CLOSED. While OPEN the
 //! breaker refuses without any network call. Probe slots are handed out as a
 //! [`Permit`]; a permit dropped without an outcome (the request was cancelled or
 //! hung until the client gave up) returns its slot, so a lost probe can never
@@ -230,7 +233,17 @@ impl Breaker {
         }
     }
 
-    fn on_failure(&self, kind: Kind, settings: &BreakerSettings) -> Option<Transition> {
+    /// Whether the breaker is CLOSED (one atomic load).
+    pub fn is_closed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == BreakerState::Closed.to_u8()
+    }
+
+    fn on_failure<G>(
+        &self,
+        kind: Kind,
+        settings: &BreakerSettings,
+        may_open: impl FnOnce() -> Option<G>,
+    ) -> Option<Transition> {
         match kind {
             Kind::Normal => {
                 let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
@@ -241,6 +254,8 @@ impl Breaker {
                 if inner.state != BreakerState::Closed {
                     return None;
                 }
+                // Held until the state is OPEN, so the next one to count sees it.
+                let _cap = may_open()?;
                 inner.opened_at = Instant::now();
                 self.set(&mut inner, BreakerState::Open);
                 Some(Transition::Opened)
@@ -274,10 +289,19 @@ impl Permit<'_> {
         self.breaker.on_success(self.kind)
     }
 
-    /// The request failed (connect error, timeout, 5xx).
-    pub fn failure(mut self) -> Option<Transition> {
+    /// The request failed (connect error, reset, timeout, or a counted 5xx).
+    pub fn failure(self) -> Option<Transition> {
+        self.failure_capped(|| Some(()))
+    }
+
+    /// [`Permit::failure`], where a CLOSED breaker reaching its threshold opens
+    /// only if `may_open()` gives a guard (asked under the breaker's lock, only
+    /// then; the guard is held until the breaker is OPEN): the upstream's cap on
+    /// instances out of rotation. A half-open probe that fails reopens
+    /// regardless: its instance was out already.
+    pub fn failure_capped<G>(mut self, may_open: impl FnOnce() -> Option<G>) -> Option<Transition> {
         self.done = true;
-        self.breaker.on_failure(self.kind, self.settings)
+        self.breaker.on_failure(self.kind, self.settings, may_open)
     }
 
     /// True when this permit is a half-open probe.
@@ -303,6 +327,8 @@ mod tests {
             failure_threshold: 3,
             reset_timeout: Duration::from_millis(1000),
             half_open_max_requests: 2,
+            count_5xx: true,
+            max_open_percent: 100,
         }
     }
 

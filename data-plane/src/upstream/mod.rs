@@ -63,6 +63,9 @@ pub struct UpstreamEntry {
     pub retry: Arc<RetryBudget>,
     /// Outlier detection by failure rate (`outlier_detection`; `None`: off, nothing counted).
     pub outlier: Option<outlier::Outlier>,
+    /// Held while an instance is taken out of rotation (a breaker opens, an
+    /// outlier is ejected), so two at once cannot both pass the cap.
+    pub(crate) taking_out: parking_lot::Mutex<()>,
 }
 
 impl UpstreamEntry {
@@ -85,9 +88,43 @@ impl UpstreamEntry {
             cursor: AtomicUsize::new(0),
             retry: Arc::default(),
             outlier: None,
+            taking_out: parking_lot::Mutex::new(()),
         }
     }
 
+    /// Instances out of rotation now: breaker not CLOSED, or ejected as an outlier.
+    pub fn instances_out(&self) -> usize {
+        let now = outlier::now_ms();
+        self.instances
+            .iter()
+            .filter(|i| !i.breaker.is_closed() || i.outlier.ejected_now(now))
+            .count()
+    }
+
+    /// Whether one more instance may be taken out by its breaker: fewer than
+    /// [`max_out`] of `max_open_percent` are out now. `Some`: yes, and the
+    /// upstream's lock, to hold until the breaker is OPEN, so that the next
+    /// one to count sees it.
+    pub fn may_take_out_one(&self) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        let guard = self.taking_out.lock();
+        (self.instances_out() < max_out(self.instances.len(), self.breaker.max_open_percent))
+            .then_some(guard)
+    }
+}
+
+/// Most of `n` instances that breakers may hold out of rotation at once:
+/// `percent` of them rounded down, at least one, and never all of two or more
+/// (the rest keep their share: panic mode). One instance may always be out.
+pub fn max_out(n: usize, percent: u32) -> usize {
+    if n <= 1 {
+        return n;
+    }
+    ((n as u64 * u64::from(percent) / 100) as usize)
+        .max(1)
+        .min(n - 1)
+}
+
+impl UpstreamEntry {
     /// The same entry with outlier detection.
     pub fn with_outlier(mut self, outlier: Option<outlier::Outlier>) -> Self {
         self.outlier = outlier;

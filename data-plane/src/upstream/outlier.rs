@@ -28,7 +28,6 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use gateway_proto::v1::OutlierDetection;
-use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::{InstanceState, UpstreamEntry};
@@ -83,22 +82,18 @@ impl OutlierSettings {
     }
 }
 
-/// An upstream's outlier detection: its settings and the lock that makes
-/// the ejection cap exact (taken only to eject).
+/// An upstream's outlier detection: its settings. (The lock that makes the
+/// ejection cap exact is the upstream's, shared with its breakers.)
 #[derive(Debug)]
 pub struct Outlier {
     /// The settings.
     pub settings: OutlierSettings,
-    eject: Mutex<()>,
 }
 
 impl Outlier {
     /// Outlier detection with `settings`.
     pub fn new(settings: OutlierSettings) -> Self {
-        Self {
-            settings,
-            eject: Mutex::new(()),
-        }
+        Self { settings }
     }
 }
 
@@ -269,16 +264,20 @@ pub fn try_eject(
     instance: &InstanceState,
     now: u64,
 ) -> Option<u64> {
-    let _cap = o.eject.lock();
+    let _cap = upstream.taking_out.lock();
     if instance.outlier.ejected_now(now) {
         return None;
     }
+    // Out of rotation by an ejection or by an open breaker: one cap for both.
+    // An instance whose breaker holds it out already adds nothing by its ejection.
     let out = upstream
         .instances
         .iter()
-        .filter(|i| i.outlier.ejected_now(now))
+        .filter(|i| i.outlier.ejected_now(now) || !i.breaker.is_closed())
         .count();
-    if out >= max_ejected(upstream.instances.len(), o.settings.max_ejection_percent) {
+    if instance.breaker.is_closed()
+        && out >= max_ejected(upstream.instances.len(), o.settings.max_ejection_percent)
+    {
         return None;
     }
     Some(instance.outlier.eject(&o.settings, now))

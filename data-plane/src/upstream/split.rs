@@ -127,6 +127,8 @@ mod tests {
             failure_threshold: 1,
             reset_timeout: Duration::from_secs(60),
             half_open_max_requests: 1,
+            count_5xx: true,
+            max_open_percent: 100,
         };
         Arc::new(UpstreamEntry::new(name, vec![inst], breaker, None))
     }

@@ -413,6 +413,7 @@ pub fn upstream(name: &str, instances: &[(&str, String)]) -> Upstream {
             failure_threshold: 1000,
             reset_timeout_ms: 10_000,
             half_open_max_requests: 1,
+            ..Default::default()
         }),
         health_check: None,
         ..Default::default()

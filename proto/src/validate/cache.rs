@@ -112,6 +112,7 @@ mod tests {
             max_body_bytes: 4096,
             vary: vec!["Accept-Language".into(), "x-tenant".into()],
             shared: true,
+            shared_with_credentials: true,
         });
         valid(&routes, &upstreams).unwrap();
     }

@@ -34,6 +34,25 @@ fn visible_ascii(s: &str) -> bool {
     s.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// Most `jwks_hosts` of one issuer.
+pub const MAX_JWKS_HOSTS: usize = 16;
+
+/// Whether plain `http://` may reach `host`: `localhost`, or a loopback or
+/// private IP literal (127.0.0.0/8, ::1, 10/8, 172.16/12, 192.168/16,
+/// fc00::/7). A host name never: it could resolve to anything, and the keys
+/// that decide who is authenticated would cross the internet unauthenticated.
+pub fn cleartext_host_allowed(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) => ip.is_loopback() || ip.is_private(),
+        Ok(std::net::IpAddr::V6(ip)) => ip.is_loopback() || (ip.segments()[0] & 0xfe00) == 0xfc00,
+        Err(_) => false,
+    }
+}
+
 /// Why a JWKS or discovery URL is unusable, if it is.
 fn check_url(url: &str) -> Result<(), &'static str> {
     if url.len() > MAX_JWKS_URL_LEN {
@@ -43,10 +62,31 @@ fn check_url(url: &str) -> Result<(), &'static str> {
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err("must be an absolute http:// or https:// URL");
     }
-    if uri.host().is_none_or(str::is_empty) {
+    let Some(host) = uri.host().filter(|h| !h.is_empty()) else {
         return Err("has no host");
+    };
+    if uri.scheme_str() == Some("http") && !cleartext_host_allowed(host) {
+        return Err(
+            "uses http:// to a host that is not localhost or a loopback or private IP literal: use https:// (the keys that decide who is authenticated must not travel unauthenticated)",
+        );
     }
     Ok(())
+}
+
+/// Whether `h` is a host name or an IP literal (no scheme, port or path).
+fn is_host(h: &str) -> bool {
+    if h.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
 }
 
 fn check_claim_path(v: &mut Validator, who: &str, field: &str, path: &str) {
@@ -85,6 +125,23 @@ fn issuer(v: &mut Validator, i: &JwtIssuer) {
             if let Err(why) = check_url(&i.discovery_url) {
                 v.push(format!("{who}: discovery_url {:?} {why}", i.discovery_url));
             }
+        }
+    }
+    if !i.jwks_hosts.is_empty() && i.discovery_url.is_empty() {
+        v.push(format!(
+            "{who}: jwks_hosts is only allowed with discovery_url (it widens where a discovery document's jwks_uri may point)"
+        ));
+    }
+    if i.jwks_hosts.len() > MAX_JWKS_HOSTS {
+        v.push(format!(
+            "{who}: jwks_hosts may list at most {MAX_JWKS_HOSTS} hosts"
+        ));
+    }
+    for h in &i.jwks_hosts {
+        if !is_host(h) {
+            v.push(format!(
+                "{who}: jwks_hosts entry {h:?} must be a host name or an IP literal (no scheme, port or path)"
+            ));
         }
     }
     if i.audiences.is_empty() || i.audiences.len() > MAX_JWT_AUDIENCES {
@@ -286,6 +343,53 @@ mod tests {
                 },
                 "audiences must list 1 to 16",
             ),
+            // Issue 41, item 14: cleartext only to loopback and private literals.
+            (
+                JwtIssuer {
+                    discovery_url: "http://idp.example.com/.well-known/openid-configuration".into(),
+                    ..good()
+                },
+                "uses http:// to a host that is not localhost or a loopback or private IP literal",
+            ),
+            (
+                JwtIssuer {
+                    discovery_url: String::new(),
+                    jwks_url: "http://8.8.8.8/jwks".into(),
+                    ..good()
+                },
+                "jwks_url \"http://8.8.8.8/jwks\" uses http://",
+            ),
+            (
+                JwtIssuer {
+                    discovery_url: String::new(),
+                    jwks_url: "http://auth:4000/jwks".into(),
+                    ..good()
+                },
+                "uses http://",
+            ),
+            (
+                JwtIssuer {
+                    jwks_hosts: vec!["https://www.googleapis.com".into()],
+                    ..good()
+                },
+                "jwks_hosts entry \"https://www.googleapis.com\" must be a host name",
+            ),
+            (
+                JwtIssuer {
+                    jwks_hosts: (0..17).map(|i| format!("h{i}.example.com")).collect(),
+                    ..good()
+                },
+                "jwks_hosts may list at most 16",
+            ),
+            (
+                JwtIssuer {
+                    discovery_url: String::new(),
+                    jwks_url: "https://idp.example.com/jwks".into(),
+                    jwks_hosts: vec!["www.googleapis.com".into()],
+                    ..good()
+                },
+                "jwks_hosts is only allowed with discovery_url",
+            ),
             (
                 JwtIssuer {
                     audiences: vec!["a\nb".into()],
@@ -363,6 +467,47 @@ mod tests {
             assert!(got.contains(want), "want {want:?} in {got:?}");
         }
         assert!(refused(&[good(), good()], &[]).contains("name is used twice"));
+    }
+
+    #[test]
+    fn cleartext_urls_only_to_loopback_and_private_literals() {
+        for ok in [
+            "http://127.0.0.1:4000/jwks",
+            "http://localhost/jwks",
+            "http://[::1]:8/jwks",
+            "http://10.1.2.3/jwks",
+            "http://172.16.0.1/jwks",
+            "http://192.168.1.1/jwks",
+            "http://[fd00::1]/jwks",
+            "https://idp.example.com/jwks",
+            "https://8.8.8.8/jwks",
+        ] {
+            let i = JwtIssuer {
+                discovery_url: String::new(),
+                jwks_url: ok.into(),
+                ..good()
+            };
+            validate_jwt_issuers(&[i], &[]).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            "http://172.32.0.1/jwks",
+            "http://169.254.169.254/jwks",
+            "http://[2001:db8::1]/jwks",
+            "http://localhost.example.com/jwks",
+            "http://idp/jwks",
+        ] {
+            let i = JwtIssuer {
+                discovery_url: String::new(),
+                jwks_url: bad.into(),
+                ..good()
+            };
+            assert!(refused(&[i], &[]).contains("uses http://"), "{bad}");
+        }
+        let google = JwtIssuer {
+            jwks_hosts: vec!["www.googleapis.com".into(), "10.0.0.1".into()],
+            ..good()
+        };
+        validate_jwt_issuers(&[google], &[]).unwrap();
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! check refuses when they have as many matchers each (a tie nothing breaks).
 
 use super::{HOP_BY_HOP, MAX_HEADER_NAME_LEN, Validator, is_valid_header_name};
-use crate::v1::{MatchMode, Matcher, RouteMatch};
+use crate::v1::{MatchMode, Matcher, Route, RouteMatch};
 
 /// Most matchers (headers, query and cookies together) of one route.
 pub const MAX_MATCHERS: usize = 16;
@@ -16,6 +16,49 @@ pub const MAX_MATCHER_VALUE_LEN: usize = 1024;
 /// Headers the data plane removes or owns before routing, so a matcher on one
 /// would see the gateway's value rather than the client's (or none).
 const NOT_MATCHABLE_HEADERS: &[&str] = &["host", "x-user-id", "x-user-role"];
+
+/// The first policy in which two match siblings (routes at the same hosts,
+/// prefix and methods, one with a `match`) differ, among those a client could
+/// weaken by choosing a matched header: auth mode and issuers, IP rules,
+/// `https_only`, rate limits. `None`: they agree.
+pub fn sibling_policy_difference(a: &Route, b: &Route) -> Option<&'static str> {
+    fn sorted(v: &[String]) -> Vec<&str> {
+        let mut v: Vec<&str> = v.iter().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+    fn limits(r: &Route) -> Vec<(String, i32, i32, String, u64, u64)> {
+        let mut v: Vec<_> = super::route_limits(r)
+            .map(|(_, l)| {
+                (
+                    l.policy.clone(),
+                    l.algorithm,
+                    l.key,
+                    l.key_header.to_ascii_lowercase(),
+                    u64::from(l.limit),
+                    u64::from(l.window_seconds),
+                )
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+    if a.auth != b.auth {
+        Some("auth")
+    } else if sorted(&a.jwt_issuers) != sorted(&b.jwt_issuers) {
+        Some("jwt_issuers")
+    } else if sorted(&a.ip_allow) != sorted(&b.ip_allow) {
+        Some("ip_allow")
+    } else if sorted(&a.ip_deny) != sorted(&b.ip_deny) {
+        Some("ip_deny")
+    } else if a.https_only != b.https_only {
+        Some("https_only")
+    } else if limits(a) != limits(b) {
+        Some("rate limits")
+    } else {
+        None
+    }
+}
 
 /// The number of matchers of a route: among routes at the same hosts, prefix
 /// and methods, the one with more wins.

@@ -29,6 +29,7 @@ fn mirror(upstream: &str, percent: u32) -> Option<Mirror> {
     Some(Mirror {
         upstream: upstream.into(),
         percent,
+        ..Default::default()
     })
 }
 

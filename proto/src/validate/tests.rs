@@ -23,6 +23,7 @@ fn upstream(name: &str) -> Upstream {
             failure_threshold: 3,
             reset_timeout_ms: 10_000,
             half_open_max_requests: 1,
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -429,6 +430,21 @@ fn circuit_breaker_ranges() {
             ..cb
         })),
         "circuit_breaker.half_open_max_requests",
+    );
+    fails_with(
+        check_upstream(with(CircuitBreaker {
+            max_open_percent: 101,
+            ..cb
+        })),
+        "circuit_breaker.max_open_percent",
+    );
+    assert!(
+        check_upstream(with(CircuitBreaker {
+            max_open_percent: 0,
+            count_5xx: true,
+            ..cb
+        }))
+        .is_ok()
     );
 }
 

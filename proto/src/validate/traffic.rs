@@ -8,6 +8,8 @@ use crate::v1::{OutlierDetection, Route};
 
 /// Largest request body a mirror copies (bytes); larger bodies are not mirrored.
 pub const MAX_MIRROR_BODY_BYTES: u64 = 65_536;
+/// Most `mirror.deny_headers`.
+pub const MAX_MIRROR_DENY_HEADERS: usize = 32;
 /// Most attempts `outlier_detection.min_requests` may ask for.
 pub const MAX_OUTLIER_MIN_REQUESTS: u32 = 100_000;
 /// Shortest `outlier_detection.window_ms` (ten buckets of at least 100 ms).
@@ -50,6 +52,22 @@ impl Validator {
                 "{who}.percent must be 1 to 100 (got {}; remove mirror to stop mirroring)",
                 m.percent
             ));
+        }
+        if m.deny_headers.len() > MAX_MIRROR_DENY_HEADERS {
+            self.push(format!(
+                "{who}.deny_headers may list at most {MAX_MIRROR_DENY_HEADERS} names (got {})",
+                m.deny_headers.len()
+            ));
+        }
+        let mut seen = HashSet::new();
+        for name in &m.deny_headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                self.push(format!(
+                    "{who}.deny_headers: {name:?} is not a valid header name"
+                ));
+            } else if !seen.insert(name.to_ascii_lowercase()) {
+                self.push(format!("{who}.deny_headers: {name:?} is listed twice"));
+            }
         }
     }
 

@@ -91,6 +91,74 @@ fn header_versioning_routes_share_a_prefix() {
     fails_with(&[v1, v2, beta], "with as many matchers (1)");
 }
 
+/// Issue 41, item 13: match siblings must agree on the policies a client
+/// could weaken by choosing a matched header, unless a route says otherwise.
+#[test]
+fn match_siblings_must_agree_on_auth_ip_rules_https_only_and_limits() {
+    use crate::v1::{AuthMode, RateLimit, RateLimitAlgorithm, RateLimitKey};
+    let strict = Route {
+        auth: AuthMode::AuthJwt as i32,
+        ..route("strict")
+    };
+    let beta = || with_headers(route("beta"), vec![header("x-beta", "1", MatchMode::Exact)]);
+    let weaker: Vec<(Route, &str)> = vec![
+        (beta(), "differs in auth"),
+        (
+            Route {
+                auth: AuthMode::AuthJwt as i32,
+                ip_allow: vec!["10.0.0.0/8".into()],
+                ..beta()
+            },
+            "differs in ip_allow",
+        ),
+        (
+            Route {
+                auth: AuthMode::AuthJwt as i32,
+                https_only: true,
+                ..beta()
+            },
+            "differs in https_only",
+        ),
+        (
+            Route {
+                auth: AuthMode::AuthJwt as i32,
+                rate_limit: Some(RateLimit {
+                    policy: "p".into(),
+                    algorithm: RateLimitAlgorithm::FixedWindow as i32,
+                    key: RateLimitKey::KeyIp as i32,
+                    limit: 5,
+                    window_seconds: 60,
+                    ..Default::default()
+                }),
+                ..beta()
+            },
+            "differs in rate limits",
+        ),
+    ];
+    for (sibling, needle) in weaker {
+        let got = check(&[strict.clone(), sibling.clone()]).unwrap_err();
+        assert!(got.contains(needle), "{needle}: {got}");
+        assert!(got.contains("policy_differs_from_siblings"), "{got}");
+        // Said on purpose, on either route: accepted.
+        let on_purpose = Route {
+            policy_differs_from_siblings: true,
+            ..sibling
+        };
+        assert_eq!(check(&[strict.clone(), on_purpose]), Ok(()));
+    }
+    // Agreeing siblings, and routes without any match, are not concerned.
+    let agreeing = Route {
+        auth: AuthMode::AuthJwt as i32,
+        ..beta()
+    };
+    assert_eq!(check(&[strict.clone(), agreeing]), Ok(()));
+    let other_prefix = Route {
+        path_prefix: "/elsewhere".into(),
+        ..beta()
+    };
+    assert_eq!(check(&[strict, other_prefix]), Ok(()));
+}
+
 #[test]
 fn matcher_rules() {
     let cases = [

@@ -779,3 +779,63 @@ async fn futures_join<T: Send + 'static>(
     }
     out
 }
+
+/// Issue 41, item 14: a discovery document's `jwks_uri` must be on the discovery URL's host
+/// or on one of the issuer's `jwks_hosts`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_discovery_documents_jwks_uri_is_held_to_the_discovery_host_or_jwks_hosts() {
+    for (jwks_hosts, refused) in [(vec![], true), (vec!["LOCALHOST".to_owned()], false)] {
+        let server = JwksServer::start(&[]).await;
+        let port = server
+            .url
+            .split(':')
+            .nth(2)
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap();
+        // Every path answers this document: the discovery URL, and the JWKS when it is fetched
+        // (where it is no key set, so that fetch fails too, but only after the GET).
+        *server.state.body.lock() = json!({
+            "issuer": "gateway-auth",
+            "jwks_uri": format!("http://localhost:{port}/jwks"),
+        })
+        .to_string();
+        let v = JwtVerifier::new(JwtConfig {
+            jwks_url: String::new(),
+            discovery_url: server.url.clone(),
+            jwks_hosts,
+            ..config(&server.url)
+        })
+        .unwrap();
+        let err = v.refresh_now().await.unwrap_err().to_string();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        // The background fetch and refresh_now each failed once.
+        while v.stats().jwks_fetch_failures < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "fetches never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if refused {
+            assert!(
+                err.contains("neither the discovery URL's nor one of the issuer's jwks_hosts"),
+                "{err}"
+            );
+            assert_eq!(
+                server.fetches(),
+                2,
+                "only the discovery documents were fetched"
+            );
+        } else {
+            assert!(!err.contains("jwks_hosts"), "{err}");
+            assert_eq!(
+                server.fetches(),
+                4,
+                "each fetch read the JWKS at the allowed host"
+            );
+        }
+        server.stop().await;
+    }
+}

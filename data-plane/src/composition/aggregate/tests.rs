@@ -169,3 +169,50 @@ async fn a_part_without_an_available_instance_fails_at_once_without_a_network_ca
     assert_eq!(got, Err(PartFailure::Unavailable));
     assert_eq!(started.elapsed(), Duration::ZERO);
 }
+
+#[test]
+fn a_callers_query_never_overrides_a_parameter_the_fixed_query_names() {
+    // Issue 41, item 18: the caller's `status=200` would come last and win.
+    assert_eq!(
+        uri("/orders/{rest}?status=500", "7", Some("status=200&a=1")),
+        "/orders/7?status=500&a=1"
+    );
+    // Every spelling of the name goes: repeated, escaped, with `;`, without a value.
+    assert_eq!(
+        uri(
+            "/orders?status=500&limit=5",
+            "",
+            Some("st%61tus=200&a=1&status&b=2;limit=9&limit=1&c=3")
+        ),
+        "/orders?status=500&limit=5&a=1&c=3"
+    );
+    // Only the fixed query's names: others pass, and a caller left with nothing adds nothing.
+    assert_eq!(
+        uri("/orders?status=500", "", Some("status=1")),
+        "/orders?status=500"
+    );
+    assert_eq!(
+        uri("/orders?status=500", "", Some("statusx=1")),
+        "/orders?status=500&statusx=1"
+    );
+    // Without a fixed query the caller's query is kept whole.
+    assert_eq!(
+        uri("/orders", "", Some("status=1&status=2")),
+        "/orders?status=1&status=2"
+    );
+}
+
+#[test]
+fn query_names_are_percent_decoded() {
+    let names: Vec<Vec<u8>> = query_names("a=1&%62=2;c&%zz=3&%4").collect();
+    assert_eq!(
+        names,
+        [
+            b"a".to_vec(),
+            b"b".to_vec(),
+            b"c".to_vec(),
+            b"%zz".to_vec(),
+            b"%4".to_vec()
+        ]
+    );
+}

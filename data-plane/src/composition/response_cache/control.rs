@@ -29,6 +29,19 @@ pub struct Directives {
     pub max_age: Option<u64>,
     /// `s-maxage=N`, in seconds (shared caches: wins over max-age).
     pub s_maxage: Option<u64>,
+    /// `public`: an answer any cache may store, a credentialed request's included.
+    pub public: bool,
+    /// `must-revalidate`: stale answers must be revalidated (RFC 9111 §3.5: it
+    /// also lets a shared cache store an answer to a credentialed request).
+    pub must_revalidate: bool,
+}
+
+impl Directives {
+    /// Whether an answer to a request that carried credentials may be stored
+    /// by a shared cache (RFC 9111 §3.5).
+    pub fn allows_shared_with_credentials(&self) -> bool {
+        self.public || self.s_maxage.is_some() || self.must_revalidate
+    }
 }
 
 impl Directives {
@@ -58,6 +71,10 @@ impl Directives {
                     d.max_age = Some(seconds());
                 } else if name.eq_ignore_ascii_case("s-maxage") {
                     d.s_maxage = Some(seconds());
+                } else if name.eq_ignore_ascii_case("public") {
+                    d.public = true;
+                } else if name.eq_ignore_ascii_case("must-revalidate") {
+                    d.must_revalidate = true;
                 }
             }
         }

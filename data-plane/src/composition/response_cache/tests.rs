@@ -6,6 +6,7 @@ fn entry(auth: Auth, shared: bool, vary: &[&str]) -> RouteCacheEntry {
         max_body_bytes: 0,
         vary: vary.iter().map(|v| (*v).to_owned()).collect(),
         shared,
+        ..Default::default()
     };
     RouteCacheEntry::compile("orders", auth, &c)
 }
@@ -41,6 +42,74 @@ fn the_key_holds_host_path_query_and_the_listed_headers() {
         base,
         key("/orders/1", &[("host", "a"), ("x-user-id", "u1")])
     );
+}
+
+/// Issue 41, item 3: the scheme and every forwarding field are in the key,
+/// whatever order or repetition the request has them in.
+#[test]
+fn the_key_holds_the_scheme_and_the_forwarding_fields() {
+    let e = entry(Auth::None, false, &[]);
+    let key = |h: &[(&str, &str)]| e.key(&parts("/o", h), "/o");
+    let http = key(&[("host", "a"), ("x-forwarded-proto", "http")]);
+    let https = key(&[("host", "a"), ("x-forwarded-proto", "https")]);
+    assert_ne!(
+        http, https,
+        "an answer for cleartext is never served to HTTPS"
+    );
+    for (name, value) in [
+        ("x-forwarded-host", "evil.example"),
+        ("x-forwarded-prefix", "/evil"),
+        ("x-forwarded-port", "1"),
+        ("x-forwarded-scheme", "https"),
+        ("x-original-url", "/admin"),
+        ("x-rewrite-url", "/admin"),
+        ("forwarded", "host=evil.example"),
+    ] {
+        let poisoned = key(&[("host", "a"), ("x-forwarded-proto", "http"), (name, value)]);
+        assert_ne!(http, poisoned, "{name}");
+        // Order does not matter; a repeat gives its own key, never another's.
+        assert_eq!(
+            poisoned,
+            key(&[(name, value), ("host", "a"), ("x-forwarded-proto", "http")]),
+            "{name}"
+        );
+        let twice = key(&[
+            ("host", "a"),
+            ("x-forwarded-proto", "http"),
+            (name, value),
+            (name, value),
+        ]);
+        assert_ne!(twice, poisoned, "{name}");
+        assert_ne!(twice, http, "{name}");
+    }
+}
+
+/// Issue 41, item 2: requests with credentials the key does not hold bypass
+/// the cache unless the route says its answers do not depend on them.
+#[test]
+fn credentials_are_allowed_only_when_keyed_or_declared_shared() {
+    let plain = entry(Auth::None, false, &[]);
+    assert_eq!(plain.credentials_allowed, 0);
+    let keyed = entry(Auth::None, false, &["Cookie", "x-api-key"]);
+    assert_eq!(keyed.credentials_allowed, 0b101);
+    let declared = RouteCacheEntry::compile(
+        "orders",
+        Auth::None,
+        &RouteCache {
+            ttl_seconds: 60,
+            shared_with_credentials: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(declared.credentials_allowed, u8::MAX);
+    let creds = |h: &[(&str, &str)]| RouteCacheEntry::credentials_of(&parts("/o", h).headers);
+    assert_eq!(creds(&[("accept", "x")]), 0);
+    assert_eq!(creds(&[("cookie", "s=1")]), 0b001);
+    assert_eq!(creds(&[("authorization", "Basic x")]), 0b010);
+    assert_eq!(creds(&[("x-api-key", "k"), ("cookie", "s=1")]), 0b101);
+    // A cookie the key holds is fine; an API key it does not hold is not.
+    assert_eq!(0b001 & !keyed.credentials_allowed, 0);
+    assert_ne!(0b010 & !keyed.credentials_allowed, 0);
 }
 
 #[test]

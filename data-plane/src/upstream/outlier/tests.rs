@@ -40,6 +40,8 @@ fn upstream(n: usize, s: OutlierSettings) -> UpstreamEntry {
         failure_threshold: 1000,
         reset_timeout: Duration::from_secs(60),
         half_open_max_requests: 1,
+        count_5xx: true,
+        max_open_percent: 100,
     };
     let instances = (0..n).map(|i| instance(&format!("i{i}"))).collect();
     UpstreamEntry::new("u", instances, breaker, None).with_outlier(Some(Outlier::new(s)))
@@ -216,6 +218,8 @@ fn an_upstream_without_outlier_detection_counts_nothing() {
             failure_threshold: 5,
             reset_timeout: Duration::from_secs(1),
             half_open_max_requests: 1,
+            count_5xx: true,
+            max_open_percent: 100,
         },
         None,
     );
@@ -224,4 +228,69 @@ fn an_upstream_without_outlier_detection_counts_nothing() {
     }
     assert_eq!(u.instances[0].outlier.window(&settings(), now_ms()), (0, 0));
     assert!(!u.instances[0].outlier.is_ejected());
+}
+
+/// Issue 41, item 6: one cap for instances out of rotation, whether by an
+/// ejection or by an open breaker.
+#[test]
+fn open_breakers_and_ejections_share_one_cap() {
+    let u = upstream(3, settings());
+    let o = u.outlier.as_ref().unwrap();
+    let (a, b) = (&u.instances[0], &u.instances[1]);
+    // a's breaker opens (uncapped at 100 %): 1 of 3 is out.
+    let _ = a.breaker.try_acquire(&u.breaker).unwrap().failure();
+    let open = BreakerSettings {
+        failure_threshold: 1,
+        ..u.breaker
+    };
+    let _ = a.breaker.try_acquire(&open).unwrap().failure();
+    assert!(!a.breaker.is_closed());
+    assert_eq!(u.instances_out(), 1);
+    // The outlier cap (50 % of 3 = 1) is reached: b is not ejected.
+    assert_eq!(try_eject(o, &u, b, 0), None);
+    // a itself may be ejected: it adds nothing to what is out.
+    assert_eq!(try_eject(o, &u, a, 0), Some(1_000));
+    assert_eq!(u.instances_out(), 1);
+}
+
+#[test]
+fn breakers_may_take_out_max_open_percent_at_least_one_never_all() {
+    use crate::upstream::max_out;
+    assert_eq!(max_out(1, 50), 1, "one instance may always be out");
+    assert_eq!(max_out(2, 50), 1);
+    assert_eq!(max_out(2, 100), 1, "never all of two or more");
+    assert_eq!(max_out(3, 50), 1);
+    assert_eq!(max_out(4, 50), 2);
+    assert_eq!(max_out(10, 1), 1, "at least one");
+    assert_eq!(max_out(10, 100), 9);
+    let mut u = upstream(2, settings());
+    u.breaker.max_open_percent = 50;
+    u.breaker.failure_threshold = 1;
+    let (a, b) = (&u.instances[0], &u.instances[1]);
+    let cap = || u.may_take_out_one();
+    assert!(
+        a.breaker
+            .try_acquire(&u.breaker)
+            .unwrap()
+            .failure_capped(cap)
+            .is_some()
+    );
+    assert!(!a.breaker.is_closed());
+    // b reaches its threshold, but one of two is the cap: it stays closed.
+    assert!(
+        b.breaker
+            .try_acquire(&u.breaker)
+            .unwrap()
+            .failure_capped(cap)
+            .is_none()
+    );
+    assert!(b.breaker.is_closed());
+    assert!(
+        b.breaker
+            .try_acquire(&u.breaker)
+            .unwrap()
+            .failure_capped(cap)
+            .is_none()
+    );
+    assert!(b.breaker.is_closed());
 }
