@@ -24,6 +24,10 @@ pub const DEFAULT_LOGIN_USER_FAILURES: u32 = 10;
 /// Default failed logins per client address per window before 429 (higher than per name: many
 /// users can share one address behind a NAT).
 pub const DEFAULT_LOGIN_IP_FAILURES: u32 = 100;
+/// Default of `--login-name-failures`.
+pub const DEFAULT_LOGIN_NAME_FAILURES: u32 = 100;
+/// Default of `--login-slowdown-ms`.
+pub const DEFAULT_LOGIN_SLOWDOWN_MS: u64 = 1000;
 /// Default failed-login window: 15 minutes.
 pub const DEFAULT_LOGIN_FAILURE_WINDOW_SECS: u64 = 900;
 /// Longest failed-login window accepted: one day.
@@ -98,10 +102,25 @@ pub struct Cli {
     #[arg(long, env = "AUTH_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<Cidr>,
 
-    /// Failed logins per user name within `--login-failure-window-secs` after which that name
-    /// gets 429 until the window ends (counted in Redis, shared by replicas). 0: no limit.
+    /// Failed logins on one user name from one client address (IPv6: per /64) within
+    /// `--login-failure-window-secs` after which that address gets 429 for that name until the
+    /// window ends (counted in Redis, shared by replicas); other addresses may still log in as
+    /// that user. 0: no limit.
     #[arg(long, env = "AUTH_LOGIN_USER_FAILURES", default_value_t = DEFAULT_LOGIN_USER_FAILURES)]
     pub login_user_failures: u32,
+
+    /// Failed logins on one user name from every address together within
+    /// `--login-failure-window-secs` after which that name is slowed, never locked: one password
+    /// check on it per `--login-slowdown-ms` across replicas (an attempt waits up to 5 s for its
+    /// turn, else 429). The brute-force bound of one account. 0: no bound.
+    #[arg(long, env = "AUTH_LOGIN_NAME_FAILURES", default_value_t = DEFAULT_LOGIN_NAME_FAILURES)]
+    pub login_name_failures: u32,
+
+    /// While a user name is slowed (`--login-name-failures`): one password check on it per this
+    /// many milliseconds (1 to 60000).
+    #[arg(long, env = "AUTH_LOGIN_SLOWDOWN_MS", default_value_t = DEFAULT_LOGIN_SLOWDOWN_MS,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub login_slowdown_ms: u64,
 
     /// Failed logins per client address (IPv6: per /64) within `--login-failure-window-secs`
     /// after which that address gets 429 until the window ends. 0: no limit.
@@ -261,6 +280,8 @@ impl Cli {
             throttle: ThrottleConfig {
                 user_failures: self.login_user_failures,
                 ip_failures: self.login_ip_failures,
+                name_failures: self.login_name_failures,
+                slowdown: Duration::from_millis(self.login_slowdown_ms),
                 window: Duration::from_secs(self.login_failure_window_secs),
             },
             tracer: gateway_telemetry::Tracer::disabled(),
@@ -404,6 +425,8 @@ mod tests {
             ThrottleConfig {
                 user_failures: DEFAULT_LOGIN_USER_FAILURES,
                 ip_failures: DEFAULT_LOGIN_IP_FAILURES,
+                name_failures: DEFAULT_LOGIN_NAME_FAILURES,
+                slowdown: Duration::from_millis(DEFAULT_LOGIN_SLOWDOWN_MS),
                 window: Duration::from_secs(DEFAULT_LOGIN_FAILURE_WINDOW_SECS),
             }
         );

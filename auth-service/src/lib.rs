@@ -147,6 +147,8 @@ pub async fn run_with_listener(
     tracing::info!(
         user_failures = config.throttle.user_failures,
         ip_failures = config.throttle.ip_failures,
+        name_failures = config.throttle.name_failures,
+        slowdown_ms = config.throttle.slowdown.as_millis() as u64,
         window_secs = config.throttle.window.as_secs(),
         trusted_proxies = %config.trusted_proxies,
         "failed-login throttle (0: no limit)"

@@ -1,5 +1,15 @@
-//! The failed-login throttle: per user name and per client address, counted in Redis so every
-//! replica sees the same counts.
+//! The failed-login throttle, counted in Redis so every replica sees the same counts:
+//!
+//! * **per (user name, client address)** ([`ThrottleConfig::user_failures`]) and **per client
+//!   address** ([`ThrottleConfig::ip_failures`]): past either limit the attempt is refused with
+//!   429 before its password is checked. A name is never locked for everyone by someone else's
+//!   wrong passwords (issue 41): only the address that failed on it is.
+//! * **per user name, every address together** ([`ThrottleConfig::name_failures`]), the
+//!   brute-force bound of one account: past it the name is slowed, not locked. At most one
+//!   password check on it per [`ThrottleConfig::slowdown`] across every replica
+//!   (`lua/login_slow.lua`); an attempt waits for its turn up to [`MAX_SLOWDOWN_WAIT`], else 429.
+//!   So an attacker with any number of addresses gets at most `name_failures` guesses plus one
+//!   per slot per window, and the owner's right password still gets in.
 //!
 //! * **Counted before the password is checked.** `lua/login_attempt.lua` refuses an attempt
 //!   whose counters are at their limits and otherwise counts it, in one script run, so N
@@ -13,9 +23,10 @@
 //! * **Redis down**: the login fails with 503 (it could not finish anyway: the refresh family
 //!   needs Redis too), so the throttle never fails open.
 //!
-//! Keys: `auth:login:user:<name>` and `auth:login:ip:<address>`; IPv6 clients are counted per
-//! /64 (`auth:login:ip:2001:db8:1:2::/64`), the block one subscriber usually gets. Names that
-//! could never be a user (see [`crate::users::validate_username`]) get no per-name counter (a
+//! Keys: `auth:{login}:pair:<name>|<address>`, `auth:{login}:ip:<address>`,
+//! `auth:{login}:user:<name>` and its slot `auth:{login}:slot:<name>`; IPv6 clients are counted
+//! per /64 (`2001:db8:1:2::/64`), the block one subscriber usually gets. Names that could never
+//! be a user (see [`crate::users::validate_username`]) get no per-name or per-pair counter (a
 //! login with one can never succeed) but count against their address like any other.
 
 use std::net::{IpAddr, Ipv6Addr};
@@ -30,14 +41,24 @@ use crate::users::validate_username;
 // script, which on Redis Cluster must stay in one slot. Failed logins are few; one slot
 // (one master) holds them all.
 const USER_PREFIX: &str = "auth:{login}:user:";
+const SLOT_PREFIX: &str = "auth:{login}:slot:";
+const PAIR_PREFIX: &str = "auth:{login}:pair:";
 const IP_PREFIX: &str = "auth:{login}:ip:";
 
+/// Longest an attempt on a slowed name waits for its turn before 429 (`Retry-After: 1`).
+pub const MAX_SLOWDOWN_WAIT: Duration = Duration::from_secs(5);
+
 /// The throttle's limits (`--login-user-failures`, `--login-ip-failures`,
-/// `--login-failure-window-secs`; defaults in [`crate::args`]).
+/// `--login-name-failures`, `--login-slowdown-ms`, `--login-failure-window-secs`; defaults in
+/// [`crate::args`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThrottleConfig {
-    /// Failures per user name per window before 429; 0: no limit.
+    /// Failures per (user name, client address) per window before 429; 0: no limit.
     pub user_failures: u32,
+    /// Failures per user name from every address per window before the name is slowed; 0: never.
+    pub name_failures: u32,
+    /// While a name is slowed: one password check on it per this long.
+    pub slowdown: Duration,
     /// Failures per client address (IPv6: /64) per window before 429; 0: no limit.
     pub ip_failures: u32,
     /// How long a counter lives from its first failure.
@@ -68,7 +89,7 @@ pub enum Admission {
 }
 
 /// An admitted attempt: the counters it was counted on.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Attempt {
     keys: Vec<String>,
 }
@@ -80,6 +101,7 @@ pub struct LoginThrottle {
     config: ThrottleConfig,
     attempt: Script,
     succeeded: Script,
+    slow: Script,
 }
 
 impl std::fmt::Debug for LoginThrottle {
@@ -112,6 +134,7 @@ impl LoginThrottle {
             config,
             attempt: Script::new(include_str!("lua/login_attempt.lua")),
             succeeded: Script::new(include_str!("lua/login_succeeded.lua")),
+            slow: Script::new(include_str!("lua/login_slow.lua")),
         }
     }
 
@@ -120,17 +143,78 @@ impl LoginThrottle {
         self.config
     }
 
-    /// Counts a login attempt for `username` from `client`, or refuses it. With both limits
-    /// off, Redis is not asked.
+    /// Counts a login attempt for `username` from `client`, or refuses it: the hard limits
+    /// first (per pair, per address), then the name's bound, which may make the attempt wait
+    /// for its turn. With every limit off, Redis is not asked.
     pub async fn admit(&self, username: &str, client: IpAddr) -> Result<Admission, ThrottleError> {
+        let mut attempt = match self.admit_hard(username, client).await? {
+            Admission::Admitted(attempt) => attempt,
+            refused => return Ok(refused),
+        };
+        if self.config.name_failures == 0 || validate_username(username).is_err() {
+            return Ok(Admission::Admitted(attempt));
+        }
+        let counter = format!("{USER_PREFIX}{username}");
+        let slot = format!("{SLOT_PREFIX}{username}");
+        let window = u64::try_from(self.config.window.as_millis()).unwrap_or(u64::MAX);
+        let slowdown = u64::try_from(self.config.slowdown.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let give_up = tokio::time::Instant::now() + MAX_SLOWDOWN_WAIT;
+        let mut warned = false;
+        loop {
+            let reply: Vec<i64> = self
+                .slow
+                .key(&counter)
+                .key(&slot)
+                .arg(window)
+                .arg(self.config.name_failures)
+                .arg(slowdown)
+                .invoke_async(&mut self.conn.clone())
+                .await?;
+            match reply[..] {
+                [1, _] => {
+                    attempt.keys.push(counter);
+                    return Ok(Admission::Admitted(attempt));
+                }
+                [0, wait_ms] => {
+                    if !warned {
+                        warned = true;
+                        tracing::warn!(
+                            user = username,
+                            limit = self.config.name_failures,
+                            slowdown_ms = slowdown,
+                            "failed-login bound of a user name reached: its logins are slowed to one per slot"
+                        );
+                    }
+                    let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1).max(1));
+                    if tokio::time::Instant::now() + wait > give_up {
+                        // Not a failure: give back the units counted on the pair and address.
+                        self.not_a_failure(attempt).await?;
+                        return Ok(Admission::Refused {
+                            retry_after: Duration::from_secs(
+                                wait.as_millis().div_ceil(1000).max(1) as u64,
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+                _ => return Err(ThrottleError::UnexpectedReply(reply)),
+            }
+        }
+    }
+
+    /// The hard limits: per (name, address) and per address.
+    async fn admit_hard(&self, username: &str, client: IpAddr) -> Result<Admission, ThrottleError> {
         let mut keys = Vec::with_capacity(2);
         let mut limits = Vec::with_capacity(2);
+        let address = counted_address(client);
         if self.config.user_failures > 0 && validate_username(username).is_ok() {
-            keys.push(format!("{USER_PREFIX}{username}"));
+            keys.push(format!("{PAIR_PREFIX}{username}|{address}"));
             limits.push(self.config.user_failures);
         }
         if self.config.ip_failures > 0 {
-            keys.push(format!("{IP_PREFIX}{}", counted_address(client)));
+            keys.push(format!("{IP_PREFIX}{address}"));
             limits.push(self.config.ip_failures);
         }
         if keys.is_empty() {
@@ -193,6 +277,8 @@ mod tests {
         ThrottleConfig {
             user_failures: user,
             ip_failures: ip,
+            name_failures: 0,
+            slowdown: Duration::from_secs(1),
             window: Duration::from_millis(window_ms),
         }
     }
@@ -223,25 +309,25 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
-    async fn a_name_is_refused_after_its_limit_with_the_window_left() {
+    async fn a_name_is_refused_from_an_address_after_its_limit_with_the_window_left() {
         let redis = start_redis().await;
         let t = LoginThrottle::new(connection_manager(&redis), config(3, 0, 60_000));
         for i in 0..3 {
             assert!(
-                admitted(&t, "alice", &format!("192.0.2.{i}"))
-                    .await
-                    .is_some(),
+                admitted(&t, "alice", "192.0.2.1").await.is_some(),
                 "failure {i} is admitted"
             );
         }
-        match t.admit("alice", ip("198.51.100.1")).await.unwrap() {
+        // Issue 41: the name is refused from that address only, never locked for everyone.
+        assert!(admitted(&t, "alice", "198.51.100.1").await.is_some());
+        match t.admit("alice", ip("192.0.2.1")).await.unwrap() {
             Admission::Refused { retry_after } => {
                 assert!(
                     (Duration::from_secs(59)..=Duration::from_secs(60)).contains(&retry_after),
                     "{retry_after:?}"
                 );
             }
-            other => panic!("the 4th attempt on alice must be refused: {other:?}"),
+            other => panic!("the 4th attempt on alice from one address must be refused: {other:?}"),
         }
         // Another name is not affected; names that cannot exist are never counted per name.
         assert!(admitted(&t, "bob", "192.0.2.1").await.is_some());
@@ -266,6 +352,47 @@ mod tests {
         );
         // A different address is counted apart.
         assert!(admitted(&t, "u4", "192.0.2.10").await.is_some());
+    }
+
+    /// Issue 41: past the name's bound its attempts are slowed to one per slot across replicas,
+    /// never refused while their turn comes within the wait, and never locked.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn past_the_names_bound_attempts_are_slowed_to_one_per_slot_not_refused() {
+        let redis = start_redis().await;
+        let mut cfg = config(0, 0, 60_000);
+        cfg.name_failures = 2;
+        cfg.slowdown = Duration::from_millis(400);
+        let a = LoginThrottle::new(connection_manager(&redis), cfg);
+        let b = LoginThrottle::new(connection_manager(&redis), cfg);
+        // Under the bound: at once, from anywhere.
+        admitted(&a, "frank", "192.0.2.1").await.unwrap();
+        admitted(&b, "frank", "192.0.2.2").await.unwrap();
+        // Past it: four concurrent attempts on two replicas each get a turn, one per slot.
+        let started = tokio::time::Instant::now();
+        let tries = (0..4).map(|i| {
+            let t = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                let r = t
+                    .admit("frank", ip(&format!("198.51.100.{i}")))
+                    .await
+                    .unwrap();
+                (matches!(r, Admission::Admitted(_)), started.elapsed())
+            })
+        });
+        let mut times = Vec::new();
+        for t in tries {
+            let (ok, at) = t.await.unwrap();
+            assert!(ok, "a slowed attempt is admitted in its turn");
+            times.push(at);
+        }
+        times.sort_unstable();
+        // The slots are Redis's: the 4th turn comes at least three slots after the first.
+        assert!(
+            times[3] >= Duration::from_millis(3 * 400),
+            "one check per slot: {times:?}"
+        );
+        // Another name is not slowed (its counter is under the bound).
+        admitted(&a, "grace", "192.0.2.1").await.unwrap();
     }
 
     /// Two replicas share one Redis: their counts add up, and concurrent attempts never pass
