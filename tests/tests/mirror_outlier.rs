@@ -421,7 +421,9 @@ async fn a_failing_mirror_never_opens_the_primarys_breakers() {
         }),
         ..upstream("shadow", &[("shadow-1", shadow.url())])
     };
-    upsert_upstream_synced(&stack, shadow_upstream).await.unwrap();
+    upsert_upstream_synced(&stack, shadow_upstream)
+        .await
+        .unwrap();
     upsert_route_synced(&stack, mirrored("broken", 100))
         .await
         .unwrap();
