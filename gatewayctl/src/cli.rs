@@ -42,6 +42,28 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     }
 }
 
+/// What a command on `file` wrote to `buffer`, and its error, with every value
+/// substituted into the file (`${GATEWAY_VAR_...}`) replaced by `<secret>`: no
+/// output shows a secret, whatever a command prints.
+fn shown(
+    file: &file::ConfigFile,
+    buffer: &[u8],
+    result: Result<Outcome, CtlError>,
+    out: &mut dyn std::io::Write,
+) -> Result<Outcome, CtlError> {
+    let doc = &file.document;
+    let text = String::from_utf8_lossy(buffer);
+    out.write_all(doc.redact(&text).as_bytes())
+        .map_err(|e| CtlError::Read("standard output".into(), e))?;
+    if doc.substituted.is_empty() {
+        return result;
+    }
+    result.map_err(|e| match e {
+        CtlError::Usage(m) => CtlError::Usage(doc.redact(&m)),
+        other => CtlError::Invalid(vec![doc.redact(&other.to_string())]),
+    })
+}
+
 /// Runs the subcommand of `args`, writing what it shows to `out`.
 pub async fn run(args: Args, out: &mut dyn std::io::Write) -> Result<Outcome, CtlError> {
     // Every command but `validate` talks to the control plane.
@@ -54,20 +76,29 @@ pub async fn run(args: Args, out: &mut dyn std::io::Write) -> Result<Outcome, Ct
         connect::admin(&connection, token)
     };
     match args.command {
-        Command::Validate { file } => commands::validate(&file::load(&file.path)?, out),
+        Command::Validate { file } => {
+            let file = file::load(&file.path)?;
+            let mut buffer = Vec::new();
+            let result = commands::validate(&file, &mut buffer);
+            shown(&file, &buffer, result, out)
+        }
         Command::Dump { version, output } => {
             commands::dump(&mut admin()?, version, output, out).await
         }
         Command::Diff { file, exit_code } => {
             let file = file::load(&file.path)?;
-            commands::diff(&mut admin()?, &file, exit_code, out).await
+            let mut buffer = Vec::new();
+            let result = commands::diff(&mut admin()?, &file, exit_code, &mut buffer).await;
+            shown(&file, &buffer, result, out)
         }
         Command::Apply {
             file,
             expected_version,
         } => {
             let file = file::load(&file.path)?;
-            commands::apply(&mut admin()?, &file, expected_version, out).await
+            let mut buffer = Vec::new();
+            let result = commands::apply(&mut admin()?, &file, expected_version, &mut buffer).await;
+            shown(&file, &buffer, result, out)
         }
         Command::Rollback {
             version,

@@ -85,7 +85,7 @@ pub async fn dump(
             for name in &with_secret {
                 s.push_str(&format!(
                     "# upstream \"{name}\" has an identitySigningSecret (never returned): left out it stays as it is; \
-                     set identitySigningSecret: \"${{ENV_VAR}}\" to change it\n"
+                     set identitySigningSecret: \"${{GATEWAY_VAR_NAME}}\" to change it\n"
                 ));
             }
             s.push_str(&emit::yaml(&doc));

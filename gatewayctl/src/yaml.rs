@@ -1,8 +1,10 @@
 //! A YAML (or JSON) document read into a `serde_json::Value`, with the line
 //! of every node, so an error about `routes[2].rate_limits[0].policy` can
-//! point at its line. `${NAME}` in a string is replaced by the environment
-//! variable `NAME` (secrets stay out of files kept in git); `$${` is a
-//! literal `${`.
+//! point at its line. `${NAME}` in a secret field ([`SECRET_FIELDS`]) is
+//! replaced by the environment variable `NAME`, which must start with
+//! [`VAR_PREFIX`] (secrets stay out of files kept in git, and a file cannot
+//! pull any other variable, `GATEWAY_TOKEN` above all, into a field that is
+//! shown or sent upstream); `$${` is a literal `${` in any string.
 //!
 //! The YAML 1.2 core schema decides what a plain scalar is: `null`/`~`/empty
 //! → null, `true`/`false` → bool, decimal integers and floats → numbers,
@@ -25,9 +27,23 @@ pub struct Document {
     /// Each node's path (`routes[0].rate_limits[1].policy`, keys in
     /// snake_case) → its 1-based line.
     pub lines: BTreeMap<String, usize>,
+    /// The values substituted for `${GATEWAY_VAR_...}`: never shown ([`Document::redact`]).
+    pub substituted: Vec<String>,
 }
 
 impl Document {
+    /// `text` with every substituted value replaced by `<secret>`.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        // Longest first, so a value that holds another is replaced whole.
+        let mut values: Vec<&String> = self.substituted.iter().collect();
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        for v in values {
+            out = out.replace(v.as_str(), "<secret>");
+        }
+        out
+    }
+
     /// The line of `path`, or of the nearest enclosing node that has one.
     pub fn line_of(&self, path: &str) -> Option<usize> {
         let mut p = path;
@@ -51,8 +67,23 @@ pub struct ReadError {
     pub message: String,
 }
 
+/// The only variables substituted: `${GATEWAY_VAR_...}`.
+pub const VAR_PREFIX: &str = "GATEWAY_VAR_";
+
+/// The fields (their snake_case names) whose strings may hold `${NAME}`: the
+/// write-only secrets, which no output shows.
+pub const SECRET_FIELDS: [&str; 1] = ["identity_signing_secret"];
+
+/// Whether the node at `path` is a secret field.
+fn is_secret_path(path: &str) -> bool {
+    let field = path.rsplit('.').next().unwrap_or(path);
+    SECRET_FIELDS.contains(&field)
+}
+
 /// Reads `text`, one YAML document (JSON is YAML), replacing `${NAME}` in
-/// strings with the value `env` gives for `NAME`.
+/// secret fields with the value `env` gives for `NAME` (`GATEWAY_VAR_*` only).
+/// The values substituted are kept in [`Document::substituted`], so that every
+/// output can be scrubbed of them.
 pub fn read(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Document, ReadError> {
     let mut builder = Builder {
         env,
@@ -61,6 +92,7 @@ pub fn read(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Document
         lines: BTreeMap::new(),
         error: None,
         documents: 0,
+        substituted: Vec::new(),
     };
     let mut parser = Parser::new_from_str(text);
     parser.load(&mut builder, true).map_err(|e| ReadError {
@@ -79,6 +111,7 @@ pub fn read(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Document
     Ok(Document {
         value: builder.root.unwrap_or(Value::Null),
         lines: builder.lines,
+        substituted: builder.substituted,
     })
 }
 
@@ -102,6 +135,7 @@ struct Builder<'e> {
     lines: BTreeMap<String, usize>,
     error: Option<ReadError>,
     documents: usize,
+    substituted: Vec<String>,
 }
 
 impl Builder<'_> {
@@ -166,7 +200,12 @@ impl Builder<'_> {
             Value::String(text)
         };
         let value = match value {
-            Value::String(s) if !is_key => match substitute(&s, self.env) {
+            Value::String(s) if !is_key => match substitute(
+                &s,
+                self.env,
+                self.next_path().as_deref().unwrap_or(""),
+                &mut self.substituted,
+            ) {
                 Ok(s) => Value::String(s),
                 Err(message) => {
                     self.fail(line, message);
@@ -290,8 +329,15 @@ pub(crate) fn resolve_plain(text: &str) -> Value {
     Value::String(text.to_owned())
 }
 
-/// `text` with each `${NAME}` replaced by `env(NAME)`; `$${` stays a literal `${`.
-fn substitute(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+/// `text` (the string at `path`) with each `${NAME}` replaced by `env(NAME)`,
+/// each value pushed on `substituted`; `$${` stays a literal `${`. Refused in a
+/// field that is not a secret, and for a name without [`VAR_PREFIX`].
+fn substitute(
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    path: &str,
+    substituted: &mut Vec<String>,
+) -> Result<String, String> {
     if !text.contains("${") {
         return Ok(text.to_owned());
     }
@@ -318,11 +364,29 @@ fn substitute(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String
                 "\"${{{name}}}\": an environment variable name is letters, digits and _"
             ));
         }
+        if !is_secret_path(path) {
+            return Err(format!(
+                "${{{name}}} in {}: environment variables are substituted only in secret fields (identitySigningSecret); write $${{ for a literal ${{",
+                if path.is_empty() {
+                    "the document"
+                } else {
+                    path
+                }
+            ));
+        }
+        if !name.starts_with(VAR_PREFIX) || name.len() == VAR_PREFIX.len() {
+            return Err(format!(
+                "${{{name}}}: only variables named {VAR_PREFIX}* are substituted (so a file cannot read GATEWAY_TOKEN or any other variable of the shell that runs it)"
+            ));
+        }
         let Some(value) = env(name) else {
             return Err(format!(
                 "environment variable {name} is not set (the file says ${{{name}}})"
             ));
         };
+        if !value.is_empty() {
+            substituted.push(value.clone());
+        }
         out.push_str(&value);
         rest = &after[end + 1..];
     }

@@ -197,7 +197,8 @@ async fn secrets_come_from_the_environment_and_never_go_back_out() {
     let json = ok(&ctl(Some(&stack), &[], &["dump", "-o", "json"]).await).to_owned();
     let mut doc: Value = serde_json::from_str(&json).unwrap();
     let upstream = doc["upstreams"][0]["name"].as_str().unwrap().to_owned();
-    doc["upstreams"][0]["identitySigningSecret"] = Value::String("${SIGNING_SECRET}".into());
+    doc["upstreams"][0]["identitySigningSecret"] =
+        Value::String("${GATEWAY_VAR_SIGNING_SECRET}".into());
     let path = write(
         dir.path(),
         "secret.json",
@@ -209,12 +210,12 @@ async fn secrets_come_from_the_environment_and_never_go_back_out() {
     assert_eq!(run.code, 1, "{run:?}");
     assert!(
         run.stderr
-            .contains("environment variable SIGNING_SECRET is not set"),
+            .contains("environment variable GATEWAY_VAR_SIGNING_SECRET is not set"),
         "{run:?}"
     );
 
     let secret = "0123456789abcdef0123456789abcdef-signing";
-    let env = [("SIGNING_SECRET", secret)];
+    let env = [("GATEWAY_VAR_SIGNING_SECRET", secret)];
     let run = ctl(Some(&stack), &env, &["diff", "-f", &path]).await;
     assert!(
         ok(&run).contains(&format!(
@@ -236,6 +237,25 @@ async fn secrets_come_from_the_environment_and_never_go_back_out() {
             "# upstream \"{upstream}\" has an identitySigningSecret (never returned)"
         )),
         "{dumped}"
+    );
+    // Issue 41, item 11: a file cannot read GATEWAY_TOKEN (nor any variable) into
+    // another field, where diff would print it or the gateway send it upstream.
+    let mut leak = doc.clone();
+    leak["upstreams"][0]["identitySigningSecret"] = Value::String(String::new());
+    leak["routes"][0]["requestHeaders"] =
+        serde_json::json!({"set": {"x-leak": "${GATEWAY_TOKEN}"}});
+    let leak = write(
+        dir.path(),
+        "leak.json",
+        &serde_json::to_string(&leak).unwrap(),
+    );
+    let run = ctl(Some(&stack), &env, &["diff", "-f", &leak]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("only in secret fields"), "{run:?}");
+    let token = stack.admin_token();
+    assert!(
+        !run.stderr.contains(token) && !run.stdout.contains(token),
+        "{run:?}"
     );
     // The dump applied back keeps the secret (an empty one keeps it).
     let again = write(dir.path(), "again.yaml", &dumped);

@@ -176,9 +176,11 @@ fn what_is_not_a_configuration_is_said_so() {
 
 #[test]
 fn environment_variables_fill_secrets() {
-    let text = format!("{GOOD}    identitySigningSecret: ${{SIGNING}}\n");
+    let text = format!("{GOOD}    identitySigningSecret: ${{GATEWAY_VAR_SIGNING}}\n");
     let line = text.lines().count();
-    let env = |n: &str| (n == "SIGNING").then(|| "0123456789abcdef0123456789abcdef".to_owned());
+    let env = |n: &str| {
+        (n == "GATEWAY_VAR_SIGNING").then(|| "0123456789abcdef0123456789abcdef".to_owned())
+    };
     let file = parse("gw.yaml", &text, &env).unwrap();
     assert_eq!(
         file.upstreams[0].identity_signing_secret,
@@ -188,7 +190,7 @@ fn environment_variables_fill_secrets() {
     assert_eq!(
         e.to_string(),
         format!(
-            "gw.yaml:{line}: environment variable SIGNING is not set (the file says ${{SIGNING}})"
+            "gw.yaml:{line}: environment variable GATEWAY_VAR_SIGNING is not set (the file says ${{GATEWAY_VAR_SIGNING}})"
         )
     );
 }

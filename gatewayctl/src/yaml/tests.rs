@@ -69,16 +69,43 @@ fn quoted_scalars_stay_strings_and_plain_ones_follow_the_core_schema() {
 }
 
 #[test]
-fn environment_variables_fill_strings() {
-    let env = |name: &str| (name == "SECRET").then(|| "s3cr3t".to_owned());
-    let doc = read("a: ${SECRET}\nb: x-${SECRET}-y\nc: $${SECRET}\n", &env).unwrap();
+fn environment_variables_fill_secret_fields_only_from_gateway_var_names() {
+    let env = |name: &str| match name {
+        "GATEWAY_VAR_SECRET" => Some("s3cr3t".to_owned()),
+        "GATEWAY_TOKEN" => Some("admin-token".to_owned()),
+        _ => None,
+    };
+    let doc = read(
+        "a:\n  identitySigningSecret: ${GATEWAY_VAR_SECRET}\nb:\n  identity_signing_secret: x-${GATEWAY_VAR_SECRET}-y\nc: $${GATEWAY_TOKEN}\n",
+        &env,
+    )
+    .unwrap();
     assert_eq!(
         doc.value,
-        json!({"a": "s3cr3t", "b": "x-s3cr3t-y", "c": "${SECRET}"})
+        json!({"a": {"identitySigningSecret": "s3cr3t"},
+               "b": {"identity_signing_secret": "x-s3cr3t-y"}, "c": "${GATEWAY_TOKEN}"})
     );
-    let e = read("a: 1\nb: ${MISSING}\n", &env).unwrap_err();
+    assert_eq!(doc.substituted, ["s3cr3t", "s3cr3t"]);
+    assert_eq!(
+        doc.redact("got s3cr3t twice: s3cr3t"),
+        "got <secret> twice: <secret>"
+    );
+    // Issue 41, item 11: no other field, no other variable.
+    let e = read("a: 1\nb: ${GATEWAY_VAR_SECRET}\n", &env).unwrap_err();
     assert_eq!(e.line, 2);
-    assert!(e.message.contains("MISSING is not set"), "{e}");
+    assert!(e.message.contains("only in secret fields"), "{e}");
+    let e = read("a:\n  identitySigningSecret: ${GATEWAY_TOKEN}\n", &env).unwrap_err();
+    assert!(
+        e.message.contains("only variables named GATEWAY_VAR_*"),
+        "{e}"
+    );
+    assert!(!e.message.contains("admin-token"), "{e}");
+    let e = read(
+        "a:\n  identitySigningSecret: ${GATEWAY_VAR_MISSING}\n",
+        &env,
+    )
+    .unwrap_err();
+    assert!(e.message.contains("GATEWAY_VAR_MISSING is not set"), "{e}");
     let e = read("b: ${A-B}\n", &env).unwrap_err();
     assert!(e.message.contains("letters, digits and _"), "{e}");
     let e = read("b: ${OPEN\n", &env).unwrap_err();
