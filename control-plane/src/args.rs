@@ -54,6 +54,13 @@ pub struct Args {
     #[arg(long, env = "CONTROL_PLANE_CONSOLE_LISTEN")]
     pub console_listen: Option<SocketAddr>,
 
+    /// Serve the web console over plain HTTP on a non-loopback --console-listen (without
+    /// --tls-cert): only behind a proxy that terminates TLS on the same host or pod. Without
+    /// it such a console is refused at start, since its sign-in tokens and session cookies
+    /// would cross the network in clear.
+    #[arg(long, env = "CONTROL_PLANE_CONSOLE_ALLOW_CLEARTEXT", value_parser = BoolishValueParser::new())]
+    pub console_allow_cleartext: bool,
+
     /// Log line format on stderr. The level is set with RUST_LOG (default info).
     #[arg(
         long,

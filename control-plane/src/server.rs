@@ -55,6 +55,8 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     /// Web console address (needs `auth_tokens_file`); over TLS when `tls` is set.
     pub console_listen: Option<SocketAddr>,
+    /// Allow a console without TLS on a non-loopback address.
+    pub console_allow_cleartext: bool,
     /// Spans for every gRPC call (continuing the caller's `traceparent`); exported by OTLP when configured.
     pub tracer: gateway_telemetry::Tracer,
     /// `NAME ROLE TOKEN` file; `None` accepts unauthenticated calls (loopback only unless `insecure`).
@@ -89,6 +91,7 @@ impl Default for Settings {
             seed: None,
             metrics_listen: None,
             console_listen: None,
+            console_allow_cleartext: false,
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: None,
             insecure: false,
@@ -106,6 +109,7 @@ impl From<&Args> for Settings {
             seed: a.seed.clone(),
             metrics_listen: a.metrics_listen,
             console_listen: a.console_listen,
+            console_allow_cleartext: a.console_allow_cleartext,
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: a.auth_tokens_file.clone(),
             insecure: a.insecure,
@@ -183,6 +187,14 @@ pub enum StartError {
     /// The TLS certificate, key or client CA was refused.
     #[error("invalid TLS configuration: {0}")]
     Tls(String),
+    /// A non-loopback `--console-listen` without TLS and without `--console-allow-cleartext`.
+    #[error(
+        "--console-listen {0} is not a loopback address and the console has no TLS: its \
+         sign-in tokens and session cookies would cross the network in clear. Give \
+         --tls-cert and --tls-key, listen on 127.0.0.1, or pass --console-allow-cleartext \
+         behind a proxy that terminates TLS"
+    )]
+    ConsoleInCleartext(SocketAddr),
     /// `--console-listen` without `--auth-tokens-file`: nobody could sign in.
     #[error(
         "--console-listen needs --auth-tokens-file: the console signs people in with the \
@@ -241,6 +253,9 @@ impl ControlPlane {
         };
         let console_tls = match (&settings.console_listen, &settings.tls) {
             (Some(_), Some(files)) => Some(console::server::tls_acceptor(files)?),
+            (Some(addr), None) if !addr.ip().is_loopback() && !settings.console_allow_cleartext => {
+                return Err(StartError::ConsoleInCleartext(*addr));
+            }
             _ => None,
         };
         let secrets = match &settings.secrets_key_file {

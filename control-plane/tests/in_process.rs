@@ -273,4 +273,25 @@ async fn the_console_needs_a_tokens_file() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("Admin or viewer token"), "{answer}");
     cp.stop().await.unwrap();
+
+    // Issue 41, item 16: on a non-loopback address without TLS it is refused,
+    // unless --console-allow-cleartext says a proxy terminates TLS.
+    let tokens = dir.path().join("tokens");
+    let settings = || Settings {
+        database: dir.path().join("cp.db").into(),
+        console_listen: Some("0.0.0.0:0".parse().unwrap()),
+        auth_tokens_file: Some(tokens.clone()),
+        ..Settings::default()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused = ControlPlane::start_on(listener, settings())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, control_plane::StartError::ConsoleInCleartext(_)),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("--tls-cert"), "{refused}");
+    // (Accepted with console_allow_cleartext: not started here, since tests
+    // bind only loopback addresses.)
 }
