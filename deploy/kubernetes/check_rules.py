@@ -749,11 +749,15 @@ class Checker:
         other_ns = {"ns": "elsewhere", "labels": {}}
         operator = {"ns": "operators", "labels": {OPERATOR_LABEL: "true"}}
         scraper = {"ns": "monitoring", "labels": {SCRAPER_LABEL: "true"}}
+        # A pod labelled as a scraper in a namespace that is not the scraper's: anyone who may
+        # create pods somewhere in the cluster can set a label (issue 41, item 17).
+        rogue_scraper = {"ns": "elsewhere", "labels": {SCRAPER_LABEL: "true"}}
         outside = {"ns": None, "labels": {}}
         named = {"data planes": dp, "the auth service": auth, "the control plane": cp,
                  "Redis": redis, "an upstream": upstream, "any pod of the namespace": any_pod,
                  "a pod of another namespace": other_ns, "an operator pod": operator,
-                 "a metrics scraper": scraper, "outside the cluster": outside}
+                 "a metrics scraper": scraper, "outside the cluster": outside,
+                 "a scraper-labelled pod of another namespace": rogue_scraper}
 
         def expect(what, targets, ports, allowed, denied):
             for target in targets:
@@ -781,6 +785,8 @@ class Checker:
                ["data planes", "an operator pod"],
                [w for w in everyone if w not in ("data planes", "an operator pod")])
         expect("data plane ops listener", role_labels("data-plane", {NAME: "data-plane"}), [9901],
+               ["a metrics scraper"], [w for w in everyone if w != "a metrics scraper"])
+        expect("control plane metrics", role_labels("control-plane", {NAME: "control-plane"}), [9090],
                ["a metrics scraper"], [w for w in everyone if w != "a metrics scraper"])
         expect("data plane proxy", role_labels("data-plane", {NAME: "data-plane"}), [8080],
                ["outside the cluster", "any pod of the namespace"], [])

@@ -511,6 +511,17 @@ class CheckRulesTest(unittest.TestCase):
         m.get("NetworkPolicy", "control-plane")["spec"]["ingress"][0]["from"].pop()
         self.assertCaught(m, "network-policy", "an operator pod cannot connect")
 
+    def test_scrapers_of_any_namespace(self):
+        # Issue 41, item 17: the scraper's namespace is pinned, not only its label.
+        m = self.manifests()
+        m.get("NetworkPolicy", "data-plane")["spec"]["ingress"][1]["from"][0]["namespaceSelector"] = {}
+        self.assertCaught(m, "network-policy",
+                          "data plane ops listener port 9901: a scraper-labelled pod of another namespace can connect")
+        m = self.manifests()
+        m.get("NetworkPolicy", "control-plane")["spec"]["ingress"][1]["from"][0]["namespaceSelector"] = {}
+        self.assertCaught(m, "network-policy",
+                          "control plane metrics port 9090: a scraper-labelled pod of another namespace can connect")
+
     def test_ops_port_open(self):
         m = self.manifests()
         del m.get("NetworkPolicy", "data-plane")["spec"]["ingress"][0]["ports"]
