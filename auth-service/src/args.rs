@@ -131,6 +131,22 @@ pub struct Cli {
     #[arg(long, env = "AUTH_LOGIN_FAILURE_WINDOW_SECS", default_value_t = DEFAULT_LOGIN_FAILURE_WINDOW_SECS)]
     pub login_failure_window_secs: u64,
 
+    /// Most connections open at once; past it a new connection is closed at once.
+    #[arg(long, env = "AUTH_MAX_CONNECTIONS", default_value_t = gateway_listener::DEFAULT_MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+
+    /// Time a new connection has to send its first 24 bytes (a request line, a TLS
+    /// ClientHello), in milliseconds; then it is closed.
+    #[arg(long, env = "AUTH_FIRST_BYTES_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub first_bytes_timeout_ms: u64,
+
+    /// A connection from which no byte arrives for this long (milliseconds) is closed.
+    #[arg(long, env = "AUTH_IDLE_TIMEOUT_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=86_400_000))]
+    pub idle_timeout_ms: u64,
+
     /// Log line format on stderr.
     #[arg(long, env = "AUTH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -217,6 +233,8 @@ pub struct ServerConfig {
     pub trusted_proxies: TrustedProxies,
     /// The failed-login throttle's limits.
     pub throttle: ThrottleConfig,
+    /// The listener's defences: connection cap, first-bytes deadline, idle limit.
+    pub listener_limits: gateway_listener::Limits,
     /// Request spans (continuing the caller's trace); exported by OTLP when configured.
     pub tracer: gateway_telemetry::Tracer,
 }
@@ -285,6 +303,11 @@ impl Cli {
                 window: Duration::from_secs(self.login_failure_window_secs),
             },
             tracer: gateway_telemetry::Tracer::disabled(),
+            listener_limits: gateway_listener::Limits {
+                max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+                first_bytes_timeout: Duration::from_millis(self.first_bytes_timeout_ms),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            },
         })
     }
 }

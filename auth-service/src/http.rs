@@ -15,7 +15,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use tokio::net::TcpListener;
 
 use crate::client_addr::TrustedProxies;
 use crate::problem::ApiError;
@@ -46,7 +45,7 @@ struct RefreshRequest {
 /// Serves the API on `listener` until `shutdown` resolves, then drains open connections.
 /// `trusted` decides whose `X-Forwarded-For` names a login's client.
 pub async fn serve(
-    listener: TcpListener,
+    listener: gateway_listener::Listener,
     service: Arc<AuthService>,
     trusted: TrustedProxies,
     tracer: gateway_telemetry::Tracer,
@@ -72,7 +71,6 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let _ = stream.set_nodelay(true);
         let service = service.clone();
         let tracer = tracer.clone();
         let trusted = trusted.clone();

@@ -175,7 +175,7 @@ pub async fn run_with_listener(
         None => tokio::spawn(rotate_keys(keys, clock)),
     };
     let served = http::serve(
-        listener,
+        gateway_listener::Listener::new(listener, config.listener_limits, "http"),
         service,
         config.trusted_proxies.clone(),
         config.tracer.clone(),

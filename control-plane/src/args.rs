@@ -76,6 +76,25 @@ pub struct Args {
     #[arg(long, env = "CONTROL_PLANE_AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<PathBuf>,
 
+    /// Most connections open at once on each listener (gRPC, console, metrics); past it a new
+    /// connection is closed at once.
+    #[arg(long, env = "CONTROL_PLANE_MAX_CONNECTIONS", default_value_t = gateway_listener::DEFAULT_MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+
+    /// Time a new connection on any listener has to send its first 24 bytes (an HTTP/2
+    /// preface, a TLS ClientHello, an HTTP/1.1 request line), in milliseconds; then it is closed.
+    #[arg(long, env = "CONTROL_PLANE_FIRST_BYTES_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub first_bytes_timeout_ms: u64,
+
+    /// A connection on any listener from which no byte arrives for this long (milliseconds) is
+    /// closed. Data planes send a health report every 5 s and answer HTTP/2 keep-alive pings,
+    /// so their config streams stay.
+    #[arg(long, env = "CONTROL_PLANE_IDLE_TIMEOUT_MS", default_value_t = 300_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=86_400_000))]
+    pub idle_timeout_ms: u64,
+
     /// Accept unauthenticated calls on a non-loopback --listen (no tokens file). Dangerous:
     /// anyone reaching the port can rewrite every route.
     #[arg(long, env = "CONTROL_PLANE_INSECURE", value_parser = BoolishValueParser::new())]
@@ -100,6 +119,17 @@ pub struct Args {
     /// are stored, the control plane starts only with this same key.
     #[arg(long, env = "CONTROL_PLANE_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
+}
+
+impl Args {
+    /// The defences of every listener, from the flags.
+    pub fn listener_limits(&self) -> gateway_listener::Limits {
+        gateway_listener::Limits {
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            first_bytes_timeout: std::time::Duration::from_millis(self.first_bytes_timeout_ms),
+            idle_timeout: std::time::Duration::from_millis(self.idle_timeout_ms),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::net::TcpListener;
+
 use tokio::sync::watch;
 
 /// Upper bounds (seconds) of the push→ACK latency histogram buckets.
@@ -169,7 +169,7 @@ impl Metrics {
 /// Serves `GET /metrics` on `listener` until `shutdown` turns true.
 /// `render` produces the body on each scrape.
 pub async fn serve(
-    listener: TcpListener,
+    listener: gateway_listener::Listener,
     render: impl Fn() -> String + Send + Sync + Clone + 'static,
     mut shutdown: watch::Receiver<bool>,
 ) {

@@ -27,7 +27,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
@@ -57,6 +56,9 @@ pub struct Settings {
     pub console_listen: Option<SocketAddr>,
     /// Allow a console without TLS on a non-loopback address.
     pub console_allow_cleartext: bool,
+    /// The defences of each listener (gRPC, console, metrics): connection cap,
+    /// first-bytes deadline, idle limit.
+    pub listener_limits: gateway_listener::Limits,
     /// Spans for every gRPC call (continuing the caller's `traceparent`); exported by OTLP when configured.
     pub tracer: gateway_telemetry::Tracer,
     /// `NAME ROLE TOKEN` file; `None` accepts unauthenticated calls (loopback only unless `insecure`).
@@ -92,6 +94,7 @@ impl Default for Settings {
             metrics_listen: None,
             console_listen: None,
             console_allow_cleartext: false,
+            listener_limits: gateway_listener::Limits::default(),
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: None,
             insecure: false,
@@ -110,6 +113,7 @@ impl From<&Args> for Settings {
             metrics_listen: a.metrics_listen,
             console_listen: a.console_listen,
             console_allow_cleartext: a.console_allow_cleartext,
+            listener_limits: a.listener_limits(),
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: a.auth_tokens_file.clone(),
             insecure: a.insecure,
@@ -348,7 +352,8 @@ impl ControlPlane {
             .build_v1alpha()
             .map_err(StartError::Reflection)?;
 
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming =
+            gateway_listener::Listener::new(listener, settings.listener_limits, "grpc").incoming();
         let mut stop = shutdown_rx.clone();
         let mut builder = Server::builder();
         if let Some(tls) = &settings.tls {
@@ -395,6 +400,7 @@ impl ControlPlane {
                     ),
                 })
             };
+            let l = gateway_listener::Listener::new(l, settings.listener_limits, "metrics");
             tokio::spawn(metrics::serve(l, render, shutdown_rx.clone()))
         });
         let console = match (console_listener, console_tokens) {
@@ -412,7 +418,7 @@ impl ControlPlane {
                     tls: console_tls.is_some(),
                 });
                 Some(tokio::spawn(console::serve(
-                    listener,
+                    gateway_listener::Listener::new(listener, settings.listener_limits, "console"),
                     state,
                     console_tls,
                     shutdown_rx.clone(),

@@ -295,3 +295,73 @@ async fn the_console_needs_a_tokens_file() {
     // (Accepted with console_allow_cleartext: not started here, since tests
     // bind only loopback addresses.)
 }
+
+/// Issue 41, item 7: idle sockets on every listener (gRPC, console, metrics)
+/// are capped and closed; the admin API and the other listeners keep answering.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sockets_cannot_hold_any_listener() {
+    use tokio::io::AsyncReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "ops admin s3cret-admin-token\n").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp = ControlPlane::start_on(
+        listener,
+        Settings {
+            database: dir.path().join("cp.db").into(),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            console_listen: Some("127.0.0.1:0".parse().unwrap()),
+            auth_tokens_file: Some(tokens),
+            listener_limits: gateway_listener::Limits {
+                max_connections: 16,
+                first_bytes_timeout: Duration::from_millis(500),
+                idle_timeout: Duration::from_secs(2),
+            },
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    let targets = [
+        cp.local_addr(),
+        cp.console_addr().unwrap(),
+        cp.metrics_addr().unwrap(),
+    ];
+    // 40 idle sockets on each: 24 closed at once by the cap, 16 at the first-bytes deadline.
+    let mut idle = Vec::new();
+    for addr in targets {
+        for _ in 0..40 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+    }
+    for (i, s) in idle.iter_mut().enumerate() {
+        // Read to the end (an HTTP/2 server sends its SETTINGS first).
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "idle socket {i} was not closed");
+    }
+    // Every listener answers.
+    let mut admin = gateway_proto::v1::admin_service_client::AdminServiceClient::connect(format!(
+        "http://{}",
+        cp.local_addr()
+    ))
+    .await
+    .unwrap();
+    let mut req = tonic::Request::new(gateway_proto::v1::ListRoutesRequest::default());
+    req.metadata_mut().insert(
+        "authorization",
+        "Bearer s3cret-admin-token".parse().unwrap(),
+    );
+    admin.list_routes(req).await.unwrap();
+    assert!(
+        http_get(targets[1], "/signin")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    assert!(
+        http_get(targets[2], "/metrics")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    cp.stop().await.unwrap();
+}

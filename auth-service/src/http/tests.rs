@@ -10,6 +10,7 @@ use crate::tokens::TokenIssuer;
 use crate::users::UserStore;
 use gateway_clock::SystemClock;
 use parking_lot::RwLock;
+use tokio::net::TcpListener;
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -422,7 +423,7 @@ async fn served_over_tcp_with_chunked_oversized_body() {
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(
-        listener,
+        gateway_listener::Listener::new(listener, gateway_listener::Limits::default(), "http"),
         f.service.clone(),
         TrustedProxies::default(),
         gateway_telemetry::Tracer::disabled(),
@@ -446,6 +447,61 @@ async fn served_over_tcp_with_chunked_oversized_body() {
     assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
     assert!(resp.contains("application/problem+json"), "{resp}");
 
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(15), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Issue 41, item 7: idle sockets cannot hold the service: past the cap a
+/// connection is closed at once, and silent ones go at the first-bytes deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sockets_are_capped_and_closed_and_the_service_answers() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let f = fixture().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = gateway_listener::Limits {
+        max_connections: 8,
+        first_bytes_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_secs(2),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        gateway_listener::Listener::new(listener, limits, "http"),
+        f.service.clone(),
+        TrustedProxies::default(),
+        gateway_telemetry::Tracer::disabled(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut idle = Vec::new();
+    for _ in 0..12 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Every one of them is closed by the server: 4 at once (the cap), 8 at the deadline.
+    for (i, s) in idle.iter_mut().enumerate() {
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "idle socket {i} was not closed: {read:?}"
+        );
+    }
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut resp = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut resp))
+        .await
+        .unwrap()
+        .unwrap();
+    let resp = String::from_utf8_lossy(&resp);
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(15), server)
         .await

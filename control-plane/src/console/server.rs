@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
@@ -51,7 +51,7 @@ pub fn tls_acceptor(files: &TlsFiles) -> Result<TlsAcceptor, StartError> {
 
 /// Serves the console on `listener` (over TLS with `tls`) until `shutdown` turns true.
 pub async fn serve(
-    listener: TcpListener,
+    listener: gateway_listener::Listener,
     console: Arc<Console>,
     tls: Option<TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
@@ -74,7 +74,6 @@ pub async fn serve(
             },
             _ = crate::shutdown::requested(&mut shutdown) => return,
         };
-        let _ = stream.set_nodelay(true);
         let console = console.clone();
         let tls = tls.clone();
         let builder = builder.clone();
@@ -86,7 +85,7 @@ pub async fn serve(
 }
 
 async fn connection(
-    stream: TcpStream,
+    stream: gateway_listener::Guarded,
     peer: SocketAddr,
     console: Arc<Console>,
     tls: Option<TlsAcceptor>,
