@@ -159,6 +159,7 @@ impl UserStore {
     pub async fn connect(database: &Database) -> Result<Self, UserError> {
         let pool = match database {
             Database::Sqlite(path) => {
+                gateway_database::sqlite_file::prepare(path)?;
                 let options = SqliteConnectOptions::from_str("sqlite:")?
                     .filename(path)
                     .create_if_missing(true)
@@ -366,6 +367,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = UserStore::open(&dir.path().join("auth.db")).await.unwrap();
         (dir, store)
+    }
+
+    /// Issue 41, item 10: the users' file (password hashes) is readable by its owner only.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_database_file_is_mode_0600() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (dir, _s) = store().await;
+        let mode = std::fs::metadata(dir.path().join("auth.db"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[tokio::test(flavor = "multi_thread")]

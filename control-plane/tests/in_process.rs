@@ -365,3 +365,26 @@ async fn idle_sockets_cannot_hold_any_listener() {
     );
     cp.stop().await.unwrap();
 }
+
+/// Issue 41, item 10: the database file (and its WAL) is readable by its owner only.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_database_file_is_mode_0600() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cp.db");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp = ControlPlane::start_on(
+        listener,
+        Settings {
+            database: db.clone().into(),
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    for file in [db.clone(), dir.path().join("cp.db-wal")] {
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+    cp.stop().await.unwrap();
+}

@@ -5,10 +5,12 @@
 //! * [`postgres`]: Postgres pools that fail fast while Postgres is down, and
 //!   the test that tells "unreachable" from "refused";
 //! * [`secrets`]: the key from a key file that seals private keys at rest
-//!   (AES-256-GCM), so a database never holds one in the clear.
+//!   (AES-256-GCM), so a database never holds one in the clear;
+//! * [`sqlite_file`]: a SQLite file and its `-wal`/`-shm` are mode 0600.
 
 pub mod postgres;
 pub mod secrets;
+pub mod sqlite_file;
 pub mod url;
 
 pub use url::{Database, DatabaseUrlError, PostgresUrl};

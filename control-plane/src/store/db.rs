@@ -149,6 +149,8 @@ async fn open_sqlite(path: &Path) -> Result<SqlitePool, StoreError> {
     // WAL keeps the file consistent if the process dies at any moment; FULL
     // also fsyncs each commit, so a version reported and pushed survives a
     // power loss (store.rs explains why that matters).
+    // Mode 0600 before SQLite opens it: it holds every version's secrets (sealed or digested).
+    gateway_database::sqlite_file::prepare(path).map_err(sqlx::Error::Io)?;
     let options = SqliteConnectOptions::new()
         .filename(path)
         .create_if_missing(true)
