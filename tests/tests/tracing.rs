@@ -372,7 +372,21 @@ async fn spans_follow_requests_across_every_hop() -> Result<()> {
     );
 
     // 7. Breaker open: users-1 answers 500 until its breaker (3 failures) opens;
-    //    then the gateway answers 503 itself, without a network call.
+    //    then the gateway answers 503 itself, without a network call. A 5xx
+    //    counts as a breaker failure only with count_5xx (issue 41), so the
+    //    demo's users upstream gets it first.
+    let mut users = admin
+        .get_upstream(gateway_proto::v1::GetUpstreamRequest {
+            name: "users".into(),
+        })
+        .await
+        .context("GetUpstream users")?
+        .into_inner();
+    users
+        .circuit_breaker
+        .get_or_insert_with(Default::default)
+        .count_5xx = true;
+    gateway_tests::upsert_upstream_synced(&stack, users).await?;
     let mut opened = None;
     for attempt in 0..10 {
         let parent = caller();

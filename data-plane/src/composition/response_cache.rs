@@ -246,13 +246,18 @@ impl RouteCacheEntry {
 }
 
 impl RouteCacheEntry {
-    /// Which of [`CREDENTIALS`] `headers` carry, as bits.
+    /// Which of [`CREDENTIALS`] `headers` carry, as bits: one pass over the
+    /// fields comparing names by `match` (three map lookups would hash each
+    /// name, ~500 instructions on every HIT).
     fn credentials_of(headers: &HeaderMap) -> u8 {
-        CREDENTIALS
-            .iter()
-            .enumerate()
-            .filter(|(_, name)| headers.contains_key(**name))
-            .fold(0, |bits, (i, _)| bits | 1 << i)
+        headers.keys().fold(0, |bits, name| {
+            bits | match name.as_str().as_bytes() {
+                b"cookie" => 0b001,
+                b"authorization" => 0b010,
+                b"x-api-key" => 0b100,
+                _ => 0,
+            }
+        })
     }
 }
 

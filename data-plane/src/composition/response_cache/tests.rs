@@ -103,6 +103,10 @@ fn credentials_are_allowed_only_when_keyed_or_declared_shared() {
     );
     assert_eq!(declared.credentials_allowed, u8::MAX);
     let creds = |h: &[(&str, &str)]| RouteCacheEntry::credentials_of(&parts("/o", h).headers);
+    // The pass's `match` keeps CREDENTIALS' order.
+    for (i, name) in CREDENTIALS.iter().enumerate() {
+        assert_eq!(creds(&[(name.as_str(), "v")]), 1 << i, "{name}");
+    }
     assert_eq!(creds(&[("accept", "x")]), 0);
     assert_eq!(creds(&[("cookie", "s=1")]), 0b001);
     assert_eq!(creds(&[("authorization", "Basic x")]), 0b010);
