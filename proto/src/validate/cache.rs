@@ -40,20 +40,25 @@ impl Validator {
                 c.max_body_bytes
             ));
         }
-        if c.vary.len() > MAX_CACHE_VARY {
+        self.header_names(&format!("{who}: cache.vary"), &c.vary, MAX_CACHE_VARY);
+    }
+
+    /// A list of header names (`field` names it in messages, e.g.
+    /// `route "x": cache.vary`): at most `max`, each a valid header name, no
+    /// name twice (case-insensitive).
+    pub(super) fn header_names(&mut self, field: &str, names: &[String], max: usize) {
+        if names.len() > max {
             self.push(format!(
-                "{who}: cache.vary lists at most {MAX_CACHE_VARY} header names (got {})",
-                c.vary.len()
+                "{field} lists at most {max} header names (got {})",
+                names.len()
             ));
         }
         let mut seen = HashSet::new();
-        for name in &c.vary {
+        for name in names {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                self.push(format!(
-                    "{who}: cache.vary: {name:?} is not a valid header name"
-                ));
+                self.push(format!("{field}: {name:?} is not a valid header name"));
             } else if !seen.insert(name.to_ascii_lowercase()) {
-                self.push(format!("{who}: cache.vary: duplicate header name {name:?}"));
+                self.push(format!("{field}: duplicate header name {name:?}"));
             }
         }
     }

@@ -60,6 +60,36 @@ fn a_mirror_to_another_upstream_with_a_percent_is_valid() {
     }
 }
 
+/// Issue 41, item 4: the deny list is header names, each once, at most 32.
+#[test]
+fn mirror_deny_headers_are_valid_distinct_header_names() {
+    let with = |deny: Vec<String>| {
+        let mut m = mirror("shadow", 100).unwrap();
+        m.include_body = true;
+        m.deny_headers = deny;
+        route(Some(m))
+    };
+    assert_eq!(
+        check(&[with(vec!["X-Trace".into(), "x-tenant".into()])], &both()),
+        Ok(())
+    );
+    fails_with(
+        check(&[with(vec!["bad name".into()])], &both()),
+        "route \"orders\": mirror.deny_headers: \"bad name\" is not a valid header name",
+    );
+    fails_with(
+        check(&[with(vec!["X-Trace".into(), "x-trace".into()])], &both()),
+        "mirror.deny_headers: duplicate header name \"x-trace\"",
+    );
+    fails_with(
+        check(
+            &[with((0..33).map(|i| format!("x-h{i}")).collect())],
+            &both(),
+        ),
+        "mirror.deny_headers lists at most 32 header names (got 33)",
+    );
+}
+
 #[test]
 fn mirror_percent_must_be_1_to_100() {
     for percent in [0, 101] {

@@ -53,22 +53,11 @@ impl Validator {
                 m.percent
             ));
         }
-        if m.deny_headers.len() > MAX_MIRROR_DENY_HEADERS {
-            self.push(format!(
-                "{who}.deny_headers may list at most {MAX_MIRROR_DENY_HEADERS} names (got {})",
-                m.deny_headers.len()
-            ));
-        }
-        let mut seen = HashSet::new();
-        for name in &m.deny_headers {
-            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                self.push(format!(
-                    "{who}.deny_headers: {name:?} is not a valid header name"
-                ));
-            } else if !seen.insert(name.to_ascii_lowercase()) {
-                self.push(format!("{who}.deny_headers: {name:?} is listed twice"));
-            }
-        }
+        self.header_names(
+            &format!("{who}.deny_headers"),
+            &m.deny_headers,
+            MAX_MIRROR_DENY_HEADERS,
+        );
     }
 
     /// An upstream's `outlier_detection` (`who` names the upstream).
