@@ -70,14 +70,22 @@ pub struct ReadError {
 /// The only variables substituted: `${GATEWAY_VAR_...}`.
 pub const VAR_PREFIX: &str = "GATEWAY_VAR_";
 
-/// The fields (their snake_case names) whose strings may hold `${NAME}`: the
-/// write-only secrets, which no output shows.
-pub const SECRET_FIELDS: [&str; 1] = ["identity_signing_secret"];
+/// The fields whose strings may hold `${NAME}`, as `(section, field)` in
+/// snake_case: the write-only secrets, which no output shows.
+pub const SECRET_FIELDS: [(&str, &str); 1] = [("upstreams", "identity_signing_secret")];
 
-/// Whether the node at `path` is a secret field.
+/// Whether the node at `path` is a secret field: `SECTION[N].FIELD` exactly
+/// (a map key of the same name deeper down, such as a header named so in
+/// `request_headers.set`, is not).
 fn is_secret_path(path: &str) -> bool {
-    let field = path.rsplit('.').next().unwrap_or(path);
-    SECRET_FIELDS.contains(&field)
+    SECRET_FIELDS.iter().any(|(section, field)| {
+        path.strip_prefix(section)
+            .and_then(|rest| rest.strip_prefix('['))
+            .and_then(|rest| rest.split_once("]."))
+            .is_some_and(|(index, name)| {
+                !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) && name == *field
+            })
+    })
 }
 
 /// Reads `text`, one YAML document (JSON is YAML), replacing `${NAME}` in

@@ -76,14 +76,14 @@ fn environment_variables_fill_secret_fields_only_from_gateway_var_names() {
         _ => None,
     };
     let doc = read(
-        "a:\n  identitySigningSecret: ${GATEWAY_VAR_SECRET}\nb:\n  identity_signing_secret: x-${GATEWAY_VAR_SECRET}-y\nc: $${GATEWAY_TOKEN}\n",
+        "upstreams:\n  - identitySigningSecret: ${GATEWAY_VAR_SECRET}\n  - identity_signing_secret: x-${GATEWAY_VAR_SECRET}-y\nc: $${GATEWAY_TOKEN}\n",
         &env,
     )
     .unwrap();
     assert_eq!(
         doc.value,
-        json!({"a": {"identitySigningSecret": "s3cr3t"},
-               "b": {"identity_signing_secret": "x-s3cr3t-y"}, "c": "${GATEWAY_TOKEN}"})
+        json!({"upstreams": [{"identitySigningSecret": "s3cr3t"},
+               {"identity_signing_secret": "x-s3cr3t-y"}], "c": "${GATEWAY_TOKEN}"})
     );
     assert_eq!(doc.substituted, ["s3cr3t", "s3cr3t"]);
     assert_eq!(
@@ -94,14 +94,25 @@ fn environment_variables_fill_secret_fields_only_from_gateway_var_names() {
     let e = read("a: 1\nb: ${GATEWAY_VAR_SECRET}\n", &env).unwrap_err();
     assert_eq!(e.line, 2);
     assert!(e.message.contains("only in secret fields"), "{e}");
-    let e = read("a:\n  identitySigningSecret: ${GATEWAY_TOKEN}\n", &env).unwrap_err();
+    // A map key named like the secret field elsewhere (a header) is not one.
+    let e = read(
+        "routes:\n  - requestHeaders:\n      set:\n        identitySigningSecret: ${GATEWAY_VAR_SECRET}\n",
+        &env,
+    )
+    .unwrap_err();
+    assert!(e.message.contains("only in secret fields"), "{e}");
+    let e = read(
+        "upstreams:\n  - identitySigningSecret: ${GATEWAY_TOKEN}\n",
+        &env,
+    )
+    .unwrap_err();
     assert!(
         e.message.contains("only variables named GATEWAY_VAR_*"),
         "{e}"
     );
     assert!(!e.message.contains("admin-token"), "{e}");
     let e = read(
-        "a:\n  identitySigningSecret: ${GATEWAY_VAR_MISSING}\n",
+        "upstreams:\n  - identitySigningSecret: ${GATEWAY_VAR_MISSING}\n",
         &env,
     )
     .unwrap_err();
