@@ -113,3 +113,88 @@ async fn a_verified_client_certificate_is_the_caller_on_auth_mtls_routes() -> Re
     );
     Ok(())
 }
+
+/// Issue 41, item 15: `--tls-client-crl` refuses a revoked client certificate
+/// at the handshake; one the list does not name still authenticates.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_client_certificate_fails_the_handshake() -> Result<()> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertificateRevocationListParams, CertifiedIssuer,
+        DnType, ExtendedKeyUsagePurpose, IsCa, KeyIdMethod, KeyPair, RevokedCertParams,
+        SerialNumber,
+    };
+    let dir = tempfile::tempdir()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "revoking CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let client = |name: &str, serial: u64| -> Result<(String, String)> {
+        let mut params = CertificateParams::new(vec![name.to_owned()])?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.serial_number = Some(SerialNumber::from(serial));
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca)?;
+        let (cert_path, key_path) = (
+            dir.path().join(format!("{name}.pem")),
+            dir.path().join(format!("{name}-key.pem")),
+        );
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        Ok((
+            cert_path.to_string_lossy().into_owned(),
+            key_path.to_string_lossy().into_owned(),
+        ))
+    };
+    let good = client("good-client", 7)?;
+    let revoked = client("revoked-client", 8)?;
+    let crl = CertificateRevocationListParams {
+        this_update: rcgen::date_time_ymd(2025, 1, 1),
+        next_update: rcgen::date_time_ymd(2099, 1, 1),
+        crl_number: SerialNumber::from(1u64),
+        issuing_distribution_point: None,
+        revoked_certs: vec![RevokedCertParams {
+            serial_number: SerialNumber::from(8u64),
+            revocation_time: rcgen::date_time_ymd(2025, 6, 1),
+            reason_code: None,
+            invalidity_date: None,
+        }],
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&ca)?;
+    let (ca_path, crl_path) = (dir.path().join("ca.pem"), dir.path().join("crl.pem"));
+    std::fs::write(&ca_path, ca.pem())?;
+    std::fs::write(&crl_path, crl.pem()?)?;
+    let stack = one_data_plane(&[
+        "--tls-client-ca",
+        ca_path.to_str().unwrap(),
+        "--tls-client-crl",
+        crl_path.to_str().unwrap(),
+    ])
+    .await;
+    let mtls = Route {
+        auth: AuthMode::AuthMtls as i32,
+        ..open_route("mtls-users", "/mtls/users", "users", "/users")
+    };
+    upsert_route_synced(&stack, mtls).await?;
+    let (code, body, status) = curl_https(
+        &stack,
+        "/mtls/users/1",
+        &["--cert", &good.0, "--key", &good.1],
+    )?;
+    ensure!(code == 0 && status == "200", "{code} {status} {body}");
+    let doc: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(doc["headers"]["x-user-id"] == "good-client", "{doc}");
+    let (code, body, status) = curl_https(
+        &stack,
+        "/mtls/users/1",
+        &["--cert", &revoked.0, "--key", &revoked.1],
+    )?;
+    ensure!(
+        code != 0 && status != "200",
+        "a revoked certificate was accepted: {code} {status} {body}"
+    );
+    Ok(())
+}

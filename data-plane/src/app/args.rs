@@ -52,6 +52,12 @@ pub struct Args {
     #[arg(long, env = "DP_TLS_CLIENT_CA", requires = "tls_listen")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// PEM certificate revocation list(s) (`X509 CRL` blocks) of --tls-client-ca's CAs: a
+    /// client certificate they revoke fails the handshake. Read at start; restart to load a
+    /// new list. A certificate whose issuer has no list in the file is not checked.
+    #[arg(long, env = "DP_TLS_CLIENT_CRL", requires = "tls_client_ca")]
+    pub tls_client_crl: Option<PathBuf>,
+
     /// Ops listener: /healthz, /readyz, /metrics, /health/*, /config.
     #[arg(long, env = "DP_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,

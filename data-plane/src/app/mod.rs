@@ -202,10 +202,15 @@ impl DataPlane {
                     Some(path) => Some(gateway_transport::tls::client_ca_roots(path)?),
                     None => None,
                 };
+                let client_crls = match &args.tls_client_crl {
+                    Some(path) => gateway_transport::tls::client_crls(path)?,
+                    None => Vec::new(),
+                };
                 let acceptor = Arc::new(TlsAcceptor::new(
                     Arc::new(SniResolver(runtime.config.clone())),
                     std::time::Duration::from_millis(args.tls_handshake_timeout_ms),
                     client_ca,
+                    client_crls,
                 )?);
                 (Some(TlsListeners { sockets, acceptor }), Some(addr))
             }

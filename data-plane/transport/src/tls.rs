@@ -86,6 +86,29 @@ pub fn client_ca_roots(path: &std::path::Path) -> Result<Arc<RootCertStore>, Cli
     Ok(Arc::new(roots))
 }
 
+/// The certificate revocation lists of a PEM file (`--tls-client-crl`, one or
+/// more `X509 CRL` blocks), read once at start-up: a client certificate they
+/// revoke fails the handshake.
+pub fn client_crls(
+    path: &std::path::Path,
+) -> Result<Vec<rustls::pki_types::CertificateRevocationListDer<'static>>, ClientCaError> {
+    use rustls::pki_types::CertificateRevocationListDer;
+    let bad = |reason: String| ClientCaError {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let crls = <CertificateRevocationListDer<'static> as rustls::pki_types::pem::PemObject>::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("not PEM: {e}")))?;
+    if crls.is_empty() {
+        return Err(bad(
+            "holds no PEM certificate revocation list (X509 CRL)".into()
+        ));
+    }
+    Ok(crls)
+}
+
 /// The verified end-entity certificate a client presented on the HTTPS
 /// listener, carried as an extension of every request of its connection.
 #[derive(Debug, Clone)]
@@ -145,19 +168,29 @@ impl std::fmt::Debug for TlsAcceptor {
 
 impl TlsAcceptor {
     /// An acceptor offering what `resolver` returns for each ClientHello,
-    /// asking clients for a certificate that chains to `client_ca` when set.
+    /// asking clients for a certificate that chains to `client_ca` when set,
+    /// and refusing one that `client_crls` revoke (only the end-entity
+    /// certificate is checked; one whose issuer has no list here is not).
     pub fn new(
         resolver: Arc<dyn ResolvesServerCert>,
         handshake_timeout: Duration,
         client_ca: Option<Arc<RootCertStore>>,
+        client_crls: Vec<rustls::pki_types::CertificateRevocationListDer<'static>>,
     ) -> Result<Self, rustls::Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
         let builder = match client_ca {
             Some(roots) => {
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
-                    .allow_unauthenticated()
+                let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
+                    .allow_unauthenticated();
+                if !client_crls.is_empty() {
+                    verifier = verifier
+                        .with_crls(client_crls)
+                        .only_check_end_entity_revocation()
+                        .allow_unknown_revocation_status();
+                }
+                let verifier = verifier
                     .build()
                     .map_err(|e| rustls::Error::General(format!("client CA certificates: {e}")))?;
                 builder.with_client_cert_verifier(verifier)
