@@ -622,11 +622,21 @@ async fn an_instance_failing_half_its_requests_is_ejected_comes_back_and_is_ejec
             .unwrap(),
         1.0
     );
-    let log = stack.log_tail("data-plane-1", 400);
-    assert!(
-        log.contains("ejection_ms=6000") || log.contains("\"ejection_ms\":6000"),
-        "the second ejection is logged with its length"
-    );
+    // The log line is written by a non-blocking writer: wait for it, with a deadline.
+    poll(
+        SOON,
+        "the second ejection logged with its length",
+        || async {
+            let log = stack.log_tail("data-plane-1", 400);
+            if log.contains("ejection_ms=6000") || log.contains("\"ejection_ms\":6000") {
+                Ok(())
+            } else {
+                Err("not in the last 400 lines yet".to_owned())
+            }
+        },
+    )
+    .await
+    .unwrap();
     stack.shutdown().await;
 }
 
