@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::error::{PartFailure, ProxyError};
 use crate::metrics::{PartMetrics, PartOutcome};
+use crate::policy::matching;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer;
@@ -147,10 +148,10 @@ struct PathTemplate {
     after: Option<Box<str>>,
     /// The fixed query, without "?".
     query: Option<Box<str>>,
-    /// The parameter names of the fixed query, percent-decoded: a caller's
+    /// The parameter names of the fixed query, decoded: a caller's
     /// parameter of one of these names is dropped, never appended after the
     /// fixed one (a backend reading the last value would take the caller's).
-    fixed_names: Box<[Box<[u8]>]>,
+    fixed_names: Box<[Box<str>]>,
 }
 
 impl PathTemplate {
@@ -167,7 +168,7 @@ impl PathTemplate {
             .as_deref()
             .map(|q| {
                 query_names(q)
-                    .map(|n| n.into_boxed_slice())
+                    .map(|n| n.into_owned().into_boxed_str())
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default()
@@ -228,33 +229,13 @@ impl PathTemplate {
     }
 }
 
-/// The percent-decoded names of a query's parameters (`&`- or `;`-separated;
-/// `+` stays `+`, as in a path).
-fn query_names(query: &str) -> impl Iterator<Item = Vec<u8>> + '_ {
+/// The decoded names of a query's parameters (`&`- or `;`-separated), as a
+/// backend reads them ([`matching::decode`]: `%XX` and `+` decoded).
+fn query_names(query: &str) -> impl Iterator<Item = std::borrow::Cow<'_, str>> + '_ {
     query
         .split(['&', ';'])
         .filter(|p| !p.is_empty())
-        .map(|p| percent_decoded(p.split('=').next().unwrap_or(p).as_bytes()))
-}
-
-/// `%XX` escapes decoded; a malformed escape is kept as it is.
-fn percent_decoded(raw: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] == b'%'
-            && i + 2 < raw.len()
-            && let (Some(h), Some(l)) = (hex(raw[i + 1]), hex(raw[i + 2]))
-        {
-            out.push(h << 4 | l);
-            i += 3;
-            continue;
-        }
-        out.push(raw[i]);
-        i += 1;
-    }
-    out
+        .map(|p| matching::decode(p.split('=').next().unwrap_or(p)))
 }
 
 /// What a part's consistent-hash balancing may key on: the caller's verified

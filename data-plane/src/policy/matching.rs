@@ -302,8 +302,9 @@ fn query_value<'q>(query: &'q str, name: &str) -> Option<Cow<'q, str>> {
 
 /// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a
 /// byte; a malformed escape is kept as it is; bytes that are not UTF-8 are
-/// replaced (and then match nothing a matcher's ASCII value asks for).
-fn decode(s: &str) -> Cow<'_, str> {
+/// replaced (and then match nothing a matcher's ASCII value asks for). Also
+/// what an aggregation part compares query parameter names by.
+pub(crate) fn decode(s: &str) -> Cow<'_, str> {
     if !s.bytes().any(|b| b == b'%' || b == b'+') {
         return Cow::Borrowed(s);
     }
