@@ -94,7 +94,11 @@ impl UpstreamEntry {
 
     /// Instances out of rotation now: breaker not CLOSED, or ejected as an outlier.
     pub fn instances_out(&self) -> usize {
-        let now = outlier::now_ms();
+        self.instances_out_at(outlier::now_ms())
+    }
+
+    /// [`UpstreamEntry::instances_out`] at `now` (ms, [`outlier::now_ms`]'s clock).
+    pub fn instances_out_at(&self, now: u64) -> usize {
         self.instances
             .iter()
             .filter(|i| !i.breaker.is_closed() || i.outlier.ejected_now(now))

@@ -270,11 +270,7 @@ pub fn try_eject(
     }
     // Out of rotation by an ejection or by an open breaker: one cap for both.
     // An instance whose breaker holds it out already adds nothing by its ejection.
-    let out = upstream
-        .instances
-        .iter()
-        .filter(|i| i.outlier.ejected_now(now) || !i.breaker.is_closed())
-        .count();
+    let out = upstream.instances_out_at(now);
     if instance.breaker.is_closed()
         && out >= max_ejected(upstream.instances.len(), o.settings.max_ejection_percent)
     {

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{MAX_NAME_LEN, ValidationError, Validator, is_valid_name};
+use super::{MAX_NAME_LEN, ValidationError, Validator, is_valid_hostname, is_valid_name};
 use crate::v1::{AuthMode, JwtIssuer, Route};
 
 /// The signature algorithms an issuer may list (`JwtIssuer.algorithms`).
@@ -73,20 +73,10 @@ fn check_url(url: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Whether `h` is a host name or an IP literal (no scheme, port or path).
+/// Whether `h` is a host name (any case: hosts are compared without it) or an
+/// IP literal, with no scheme, port or path.
 fn is_host(h: &str) -> bool {
-    if h.parse::<std::net::IpAddr>().is_ok() {
-        return true;
-    }
-    !h.is_empty()
-        && h.len() <= 253
-        && h.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
+    h.parse::<std::net::IpAddr>().is_ok() || is_valid_hostname(&h.to_ascii_lowercase())
 }
 
 fn check_claim_path(v: &mut Validator, who: &str, field: &str, path: &str) {
