@@ -303,11 +303,11 @@ impl Cli {
                 window: Duration::from_secs(self.login_failure_window_secs),
             },
             tracer: gateway_telemetry::Tracer::disabled(),
-            listener_limits: gateway_listener::Limits {
-                max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
-                first_bytes_timeout: Duration::from_millis(self.first_bytes_timeout_ms),
-                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
-            },
+            listener_limits: gateway_listener::Limits::from_flags(
+                self.max_connections,
+                self.first_bytes_timeout_ms,
+                self.idle_timeout_ms,
+            ),
         })
     }
 }

@@ -124,11 +124,11 @@ pub struct Args {
 impl Args {
     /// The defences of every listener, from the flags.
     pub fn listener_limits(&self) -> gateway_listener::Limits {
-        gateway_listener::Limits {
-            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
-            first_bytes_timeout: std::time::Duration::from_millis(self.first_bytes_timeout_ms),
-            idle_timeout: std::time::Duration::from_millis(self.idle_timeout_ms),
-        }
+        gateway_listener::Limits::from_flags(
+            self.max_connections,
+            self.first_bytes_timeout_ms,
+            self.idle_timeout_ms,
+        )
     }
 }
 

@@ -201,31 +201,29 @@ impl Builder<'_> {
     }
 
     fn scalar(&mut self, text: String, style: TScalarStyle, line: usize) {
-        let is_key = matches!(self.stack.last(), Some(Open::Mapping { key: None, .. }));
+        // `None`: the scalar is a mapping's key.
+        let path = self.next_path();
         let value = if style == TScalarStyle::Plain {
             resolve_plain(&text)
         } else {
             Value::String(text)
         };
-        let value = match value {
-            Value::String(s) if !is_key => match substitute(
-                &s,
-                self.env,
-                self.next_path().as_deref().unwrap_or(""),
-                &mut self.substituted,
-            ) {
-                Ok(s) => Value::String(s),
-                Err(message) => {
-                    self.fail(line, message);
-                    return;
+        let value = match (value, &path) {
+            (Value::String(s), Some(path)) => {
+                match substitute(&s, self.env, path, &mut self.substituted) {
+                    Ok(s) => Value::String(s),
+                    Err(message) => {
+                        self.fail(line, message);
+                        return;
+                    }
                 }
-            },
+            }
             // Keys are field names: numbers and booleans are not field names.
-            Value::String(s) => Value::String(s),
-            other if is_key => Value::String(other.to_string()),
-            other => other,
+            (Value::String(s), None) => Value::String(s),
+            (other, None) => Value::String(other.to_string()),
+            (other, Some(_)) => other,
         };
-        if let Some(path) = self.next_path() {
+        if let Some(path) = path {
             self.lines.entry(path).or_insert(line);
         }
         self.place(value, line);

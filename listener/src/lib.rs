@@ -49,6 +49,21 @@ pub struct Limits {
     pub idle_timeout: Duration,
 }
 
+impl Limits {
+    /// The limits from flag values: a cap and two times in milliseconds.
+    pub fn from_flags(
+        max_connections: u64,
+        first_bytes_timeout_ms: u64,
+        idle_timeout_ms: u64,
+    ) -> Self {
+        Self {
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            first_bytes_timeout: Duration::from_millis(first_bytes_timeout_ms),
+            idle_timeout: Duration::from_millis(idle_timeout_ms),
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
