@@ -30,7 +30,7 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
   mkdir -p "$WORK/cg-cache"
   log "starting a data plane under callgrind :$cg_port (ops :$cg_ops); slow to start"
   # shellcheck disable=SC2086 # CALLGRIND_OPTS is a list of options, split on purpose
-  start data-plane-cg env RUST_LOG="${DP_RUST_LOG:-info,access=off}" valgrind --tool=callgrind --cache-sim=yes ${CALLGRIND_OPTS:-} \
+  start data-plane-cg env RUST_LOG="${DP_RUST_LOG:-info,access=off}" DP_CONTROL_PLANE_TOKEN="$BENCH_DP_TOKEN" valgrind --tool=callgrind --cache-sim=yes ${CALLGRIND_OPTS:-} \
     --callgrind-out-file="$WORK/callgrind.out.%p" "$WORK/data-plane-cg" \
     --listen "127.0.0.1:$cg_port" --admin-listen "127.0.0.1:$cg_ops" \
     --control-plane "http://127.0.0.1:$P_CP" --node-id callgrind --cache-dir "$WORK/cg-cache" \

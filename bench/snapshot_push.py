@@ -22,6 +22,7 @@ included. Exits non-zero with the reason on any failure.
 
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,9 @@ def served_version(ops):
 
 def grpcurl_args(addr, method):
     """grpcurl reading the request's JSON from its standard input."""
-    return ["grpcurl", "-plaintext", "-d", "@", addr, f"gateway.v1.AdminService/{method}"]
+    token = os.environ.get("BENCH_ADMIN_TOKEN", "")
+    auth = ["-H", f"authorization: Bearer {token}"] if token else []
+    return ["grpcurl", "-plaintext", *auth, "-d", "@", addr, f"gateway.v1.AdminService/{method}"]
 
 
 def grpcurl(addr, method, request):

@@ -175,6 +175,7 @@ fn bench(c: &mut Criterion) {
             seed: None,
             metrics_listen: None,
             tracer: gateway_telemetry::Tracer::disabled(),
+            insecure_open: true,
             ..Settings::default()
         }))
         .unwrap();

@@ -95,10 +95,19 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1_000..=86_400_000))]
     pub idle_timeout_ms: u64,
 
-    /// Accept unauthenticated calls on a non-loopback --listen (no tokens file). Dangerous:
-    /// anyone reaching the port can rewrite every route.
-    #[arg(long, env = "CONTROL_PLANE_INSECURE", value_parser = BoolishValueParser::new())]
-    pub insecure: bool,
+    /// Start without --auth-tokens-file, accepting every call unauthenticated as an admin
+    /// (`--insecure` is the old spelling). Without it (and without --client-ca) a control plane
+    /// with no tokens refuses to start, on loopback too: any local process could rewrite every
+    /// route. Even then an unauthenticated config stream never receives private keys or signing
+    /// secrets.
+    #[arg(long, alias = "insecure", env = "CONTROL_PLANE_INSECURE_OPEN", value_parser = BoolishValueParser::new())]
+    pub insecure_open: bool,
+
+    /// Stream configurations holding private keys or signing secrets over cleartext gRPC to
+    /// data planes on non-loopback addresses. Without it such a stream is ended with
+    /// FAILED_PRECONDITION: serve gRPC over TLS (--tls-cert, --tls-key) instead.
+    #[arg(long, env = "CONTROL_PLANE_ALLOW_CLEARTEXT_SECRETS", value_parser = BoolishValueParser::new())]
+    pub allow_cleartext_secrets: bool,
 
     /// PEM certificate chain: serve gRPC over TLS (needs --tls-key).
     #[arg(long, env = "CONTROL_PLANE_TLS_CERT", requires = "tls_key")]
@@ -144,7 +153,8 @@ mod tests {
         assert_eq!(a.seed, None);
         assert_eq!(a.log_format, LogFormat::Text);
         assert_eq!(a.auth_tokens_file, None);
-        assert!(!a.insecure);
+        assert!(!a.insecure_open);
+        assert!(!a.allow_cleartext_secrets);
         assert_eq!(a.secrets_key_file, None);
         assert_eq!(a.console_listen, None);
     }

@@ -108,6 +108,12 @@ impl Caller {
             role: Role::Admin,
         }
     }
+
+    /// Whether this is the unauthenticated caller of an open control plane.
+    /// (No token may be named [`ANONYMOUS`]: [`Tokens::parse`] refuses it.)
+    pub fn is_anonymous(&self) -> bool {
+        self.name == ANONYMOUS
+    }
 }
 
 /// The author to record for a request: the caller's name, or [`ANONYMOUS`].
@@ -209,6 +215,11 @@ impl Tokens {
                     "role {role:?} is not one of admin, viewer, data-plane"
                 ))
             })?;
+            if name == ANONYMOUS {
+                return Err(bad(format!(
+                    "name {ANONYMOUS:?} is reserved for unauthenticated callers"
+                )));
+            }
             if entries.iter().any(|e| e.name == name) {
                 return Err(bad(format!("name {name:?} is used twice")));
             }

@@ -31,13 +31,20 @@ pub struct Config {
 }
 
 /// Field numbers of the stored encoding: those of `ConfigSnapshot`, plus 11
-/// (reserved there) for the sealed private keys.
+/// (reserved there) for the sealed private keys and 13 for the sealed
+/// upstream signing secrets.
 const ROUTES_TAG: u32 = 3;
 const UPSTREAMS_TAG: u32 = 4;
 const API_KEYS_TAG: u32 = 8;
 const CERTIFICATES_TAG: u32 = 10;
 const SEALED_KEYS_TAG: u32 = 11;
 const JWT_ISSUERS_TAG: u32 = 12;
+const SEALED_SIGNING_SECRETS_TAG: u32 = 13;
+
+/// The associated data of an upstream's sealed signing secret: the prefix and
+/// the upstream's name. The space keeps it apart from every certificate name,
+/// so a sealed private key never opens as a signing secret or the reverse.
+const SIGNING_SECRET_OWNER: &str = "upstream ";
 
 /// The stored encoding, decoded: a `ConfigSnapshot`'s lists and the sealed keys.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -54,6 +61,8 @@ struct Stored {
     sealed_keys: Vec<SealedKey>,
     #[prost(message, repeated, tag = "12")]
     jwt_issuers: Vec<JwtIssuer>,
+    #[prost(message, repeated, tag = "13")]
+    sealed_signing_secrets: Vec<SealedKey>,
 }
 
 /// Why stored bytes are not a configuration.
@@ -66,6 +75,14 @@ pub enum DecodeError {
     #[error("the private key of certificate \"{name}\" {why}")]
     Sealed {
         /// The certificate.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A sealed upstream signing secret that cannot be restored.
+    #[error("the signing secret of upstream \"{name}\" {why}")]
+    SealedSecret {
+        /// The upstream.
         name: String,
         /// What is wrong.
         why: String,
@@ -120,12 +137,13 @@ impl Config {
 
     /// The stored encoding: a `ConfigSnapshot` holding only routes, upstreams,
     /// API keys and certificates, plus (field 11) each certificate's private
-    /// key sealed with `secrets` ([`SecretsKey::seal`]). The certificates
-    /// themselves are written without their keys, so no plaintext key reaches
-    /// the database. Upstream signing secrets and API key hashes are stored as
-    /// they are.
+    /// key and (field 13) each upstream's `identity_signing_secret`, sealed
+    /// with `secrets` ([`SecretsKey::seal`]). Certificates and upstreams are
+    /// written without them, so no plaintext key or signing secret reaches the
+    /// database. API key hashes are stored as they are.
     ///
-    /// A private key without a `secrets` key is refused (`NoSecretsKey`).
+    /// A private key or a signing secret without a `secrets` key is refused
+    /// (`NoSecretsKey`).
     pub fn encode(&self, secrets: Option<&SecretsKey>) -> Result<Vec<u8>, StoreError> {
         let mut sealed = Vec::new();
         for c in self
@@ -136,13 +154,31 @@ impl Config {
             let secrets = secrets.ok_or(StoreError::NoSecretsKey)?;
             sealed.push(secrets.seal(&c.name, c.private_key_pem.as_bytes()));
         }
+        let mut sealed_signing = Vec::new();
+        for u in self
+            .upstreams
+            .iter()
+            .filter(|u| !u.identity_signing_secret.is_empty())
+        {
+            let secrets = secrets.ok_or(StoreError::NoSecretsKey)?;
+            let owner = format!("{SIGNING_SECRET_OWNER}{}", u.name);
+            sealed_signing.push(secrets.seal(&owner, u.identity_signing_secret.as_bytes()));
+        }
         // Encode through a borrowed view so 10,000 routes are not cloned just to be written.
         let mut buf = Vec::with_capacity(self.encoded_len());
         for r in &self.routes {
             prost::encoding::message::encode(ROUTES_TAG, r, &mut buf);
         }
         for u in &self.upstreams {
-            prost::encoding::message::encode(UPSTREAMS_TAG, u, &mut buf);
+            if u.identity_signing_secret.is_empty() {
+                prost::encoding::message::encode(UPSTREAMS_TAG, u, &mut buf);
+            } else {
+                let without_secret = Upstream {
+                    identity_signing_secret: String::new(),
+                    ..u.clone()
+                };
+                prost::encoding::message::encode(UPSTREAMS_TAG, &without_secret, &mut buf);
+            }
         }
         for k in &self.api_keys {
             prost::encoding::message::encode(API_KEYS_TAG, k, &mut buf);
@@ -160,6 +196,9 @@ impl Config {
         for i in &self.jwt_issuers {
             prost::encoding::message::encode(JWT_ISSUERS_TAG, i, &mut buf);
         }
+        for k in &sealed_signing {
+            prost::encoding::message::encode(SEALED_SIGNING_SECRETS_TAG, k, &mut buf);
+        }
         Ok(buf)
     }
 
@@ -172,7 +211,9 @@ impl Config {
     }
 
     /// Decodes bytes written by [`Config::encode`], opening each sealed
-    /// private key with `secrets`.
+    /// private key and signing secret with `secrets`. (Rows written before
+    /// signing secrets were sealed hold them in the upstream itself; they
+    /// decode as they are.)
     pub fn decode(bytes: &[u8], secrets: Option<&SecretsKey>) -> Result<Self, DecodeError> {
         let s = Stored::decode(bytes)?;
         let mut config = Config::new(s.routes, s.upstreams)
@@ -192,6 +233,27 @@ impl Config {
                 .binary_search_by(|c| c.name.cmp(&sealed.name))
                 .map_err(|_| fail("belongs to no stored certificate"))?;
             config.certificates[i].private_key_pem = pem;
+        }
+        for sealed in &s.sealed_signing_secrets {
+            let name = sealed
+                .name
+                .strip_prefix(SIGNING_SECRET_OWNER)
+                .unwrap_or(&sealed.name);
+            let fail = |why: &str| DecodeError::SealedSecret {
+                name: name.to_owned(),
+                why: why.to_owned(),
+            };
+            if !sealed.name.starts_with(SIGNING_SECRET_OWNER) {
+                return Err(fail("is not sealed for an upstream"));
+            }
+            let secrets = secrets.ok_or_else(|| fail("is sealed, and no secrets key was given"))?;
+            let plain = secrets.open(sealed).map_err(|e| fail(&e.to_string()))?;
+            let secret = String::from_utf8(plain).map_err(|_| fail("is not text"))?;
+            let i = config
+                .upstreams
+                .binary_search_by(|u| u.name.as_str().cmp(name))
+                .map_err(|_| fail("belongs to no stored upstream"))?;
+            config.upstreams[i].identity_signing_secret = secret;
         }
         Ok(config)
     }

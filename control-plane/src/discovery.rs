@@ -13,17 +13,26 @@
 //! * a cache purge ([`crate::purge`]) is pushed at once as the current snapshot
 //!   with `purge` set, a push like any other (new nonce, ACKed).
 //!
+//! Secrets: a snapshot holding private keys or upstream signing secrets is
+//! pushed only to a stream authenticated by a token or a client certificate
+//! (never to an anonymous caller of an `--insecure-open` control plane), and
+//! only over TLS or from a loopback peer unless `--allow-cleartext-secrets`
+//! ([`SecretsGate`]). Any other stream is ended with a status naming the
+//! version and the fix, instead of receiving the configuration without them.
+//!
 //! Safety choice: the empty version 0 is pushed only to a data plane that
 //! serves nothing yet (so it can become ready). A data plane that already
 //! serves a configuration from its disk cache keeps it when it meets a control
 //! plane whose database is empty, instead of being wiped; it shows as STALE.
 
 use crate::ack_times::AckTimes;
+use crate::auth::Caller;
 use crate::nodes::{NodeRegistry, StreamId};
 use crate::purge::Purges;
 use crate::upstream_health::HealthReports;
 use gateway_proto::v1::config_discovery_service_server::ConfigDiscoveryService;
 use gateway_proto::v1::{CachePurge, ConfigRequest, ConfigResponse, ConfigSnapshot};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -44,6 +53,69 @@ pub struct Discovery {
     health: Option<Arc<HealthReports>>,
     acks: Option<Arc<AckTimes>>,
     purges: Option<Arc<Purges>>,
+    secrets_gate: SecretsGate,
+}
+
+/// Which streams may receive snapshots that hold private keys or signing secrets.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SecretsGate {
+    /// The gRPC listener serves TLS: every stream is encrypted.
+    pub tls: bool,
+    /// `--allow-cleartext-secrets`: cleartext streams from non-loopback peers receive them too.
+    pub allow_cleartext: bool,
+}
+
+impl SecretsGate {
+    /// Why a stream of `caller` from `peer` may not receive secrets; `None` when it may.
+    fn refusal(&self, caller: Option<&Caller>, peer: Option<SocketAddr>) -> Option<Refusal> {
+        if caller.is_none_or(Caller::is_anonymous) {
+            return Some(Refusal::Anonymous);
+        }
+        let loopback = peer.is_some_and(|p| p.ip().is_loopback());
+        if !self.tls && !loopback && !self.allow_cleartext {
+            return Some(Refusal::Cleartext);
+        }
+        None
+    }
+}
+
+/// Why a stream is not sent private keys and signing secrets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// An unauthenticated caller (`--insecure-open`).
+    Anonymous,
+    /// Cleartext gRPC from a non-loopback peer, without `--allow-cleartext-secrets`.
+    Cleartext,
+}
+
+impl Refusal {
+    fn status(self, version: u64) -> Status {
+        match self {
+            Refusal::Anonymous => Status::permission_denied(format!(
+                "configuration version {version} holds private keys or signing secrets, which \
+                 are never streamed to an unauthenticated caller: give this data plane a \
+                 data-plane token (the data plane's --control-plane-token) or a client certificate"
+            )),
+            Refusal::Cleartext => Status::failed_precondition(format!(
+                "configuration version {version} holds private keys or signing secrets, which \
+                 are not streamed over cleartext gRPC to a non-loopback peer: serve gRPC over \
+                 TLS (--tls-cert, --tls-key), or pass --allow-cleartext-secrets to the control \
+                 plane"
+            )),
+        }
+    }
+}
+
+/// Whether `snapshot` holds a private key or an upstream signing secret.
+pub fn holds_secrets(snapshot: &ConfigSnapshot) -> bool {
+    snapshot
+        .certificates
+        .iter()
+        .any(|c| !c.private_key_pem.is_empty())
+        || snapshot
+            .upstreams
+            .iter()
+            .any(|u| !u.identity_signing_secret.is_empty())
 }
 
 impl Discovery {
@@ -61,7 +133,14 @@ impl Discovery {
             health: None,
             acks: None,
             purges: None,
+            secrets_gate: SecretsGate::default(),
         }
+    }
+
+    /// The same service, deciding with `gate` which streams may receive secrets.
+    pub fn with_secrets_gate(mut self, gate: SecretsGate) -> Self {
+        self.secrets_gate = gate;
+        self
     }
 
     /// The same service, pushing the cache purges of `purges` to its data planes.
@@ -119,6 +198,9 @@ impl ConfigDiscoveryService for Discovery {
         request: Request<Streaming<ConfigRequest>>,
     ) -> Result<Response<Self::StreamConfigStream>, Status> {
         let peer = request.remote_addr();
+        let secrets_refusal = self
+            .secrets_gate
+            .refusal(request.extensions().get::<Caller>(), peer);
         let inbound = request.into_inner();
         // Small buffer: a snapshot is pushed at most once per commit, and the
         // newest one supersedes anything queued (state of the world).
@@ -131,6 +213,7 @@ impl ConfigDiscoveryService for Discovery {
             health: self.health.clone(),
             acks: self.acks.clone(),
             purges: self.purges.as_ref().map(|p| p.subscribe()),
+            secrets_refusal,
             tx,
         };
         tokio::spawn(async move {
@@ -158,6 +241,8 @@ struct Session {
     acks: Option<Arc<AckTimes>>,
     /// Cache purges to push (`None`: this service pushes none).
     purges: Option<broadcast::Receiver<CachePurge>>,
+    /// Why this stream may not receive secrets (`None`: it may).
+    secrets_refusal: Option<Refusal>,
     tx: ResponseTx,
 }
 
@@ -213,6 +298,14 @@ impl Session {
         loop {
             let snapshot = self.config.borrow_and_update().clone();
             if purge.is_some() || self.should_push(&node.id, &snapshot, serving, pushed.as_ref()) {
+                if let Some(refusal) = self.secrets_refusal
+                    && holds_secrets(&snapshot)
+                {
+                    tracing::warn!(node = %node.id, version = snapshot.version, ?refusal,
+                        "not streaming a configuration with secrets to this data plane");
+                    self.fail(refusal.status(snapshot.version)).await;
+                    break;
+                }
                 let nonce = self.nonces.next();
                 let response = ConfigResponse {
                     version: snapshot.version,
@@ -221,7 +314,8 @@ impl Session {
                     routes: snapshot.routes.clone(),
                     upstreams: snapshot.upstreams.clone(),
                     api_keys: snapshot.api_keys.clone(),
-                    // With their private keys: only role data-plane may open this stream.
+                    // With their private keys: only role data-plane may open this stream,
+                    // and an anonymous or cleartext one was refused above.
                     certificates: snapshot.certificates.clone(),
                     jwt_issuers: snapshot.jwt_issuers.clone(),
                     purge: purge.take(),
@@ -368,6 +462,72 @@ fn parse_version(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_go_only_to_authenticated_streams_over_tls_or_loopback() {
+        use crate::auth::Role;
+        let dp = Caller {
+            name: "edge-1".into(),
+            role: Role::DataPlane,
+        };
+        let anonymous = Caller::anonymous();
+        let remote: SocketAddr = "10.0.0.7:40000".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let v6_local: SocketAddr = "[::1]:40000".parse().unwrap();
+        let cleartext = SecretsGate::default();
+        let tls = SecretsGate {
+            tls: true,
+            allow_cleartext: false,
+        };
+        let allowed = SecretsGate {
+            tls: false,
+            allow_cleartext: true,
+        };
+        for gate in [cleartext, tls, allowed] {
+            for peer in [Some(remote), Some(local), None] {
+                assert_eq!(
+                    gate.refusal(Some(&anonymous), peer),
+                    Some(Refusal::Anonymous)
+                );
+                assert_eq!(gate.refusal(None, peer), Some(Refusal::Anonymous));
+            }
+            assert_eq!(gate.refusal(Some(&dp), Some(local)), None);
+            assert_eq!(gate.refusal(Some(&dp), Some(v6_local)), None);
+        }
+        assert_eq!(
+            cleartext.refusal(Some(&dp), Some(remote)),
+            Some(Refusal::Cleartext)
+        );
+        assert_eq!(cleartext.refusal(Some(&dp), None), Some(Refusal::Cleartext));
+        assert_eq!(tls.refusal(Some(&dp), Some(remote)), None);
+        assert_eq!(allowed.refusal(Some(&dp), Some(remote)), None);
+        let status = Refusal::Cleartext.status(7);
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(status.message().contains("version 7"), "{status:?}");
+        assert!(status.message().contains("--allow-cleartext-secrets"));
+    }
+
+    #[test]
+    fn secrets_are_private_keys_and_signing_secrets() {
+        use gateway_proto::v1::{Certificate, Upstream};
+        let mut s = ConfigSnapshot::default();
+        assert!(!holds_secrets(&s));
+        s.upstreams.push(Upstream {
+            name: "u".into(),
+            ..Default::default()
+        });
+        s.certificates.push(Certificate {
+            name: "c".into(),
+            cert_chain_pem: "chain".into(),
+            ..Default::default()
+        });
+        assert!(!holds_secrets(&s));
+        s.upstreams[0].identity_signing_secret = "x".into();
+        assert!(holds_secrets(&s));
+        s.upstreams[0].identity_signing_secret.clear();
+        s.certificates[0].private_key_pem = "key".into();
+        assert!(holds_secrets(&s));
+    }
 
     #[test]
     fn nonces_are_unique() {

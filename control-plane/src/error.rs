@@ -23,12 +23,13 @@ pub enum StoreError {
         /// The version that actually is current.
         current: u64,
     },
-    /// A private key was to be stored, and the control plane has no
-    /// `--secrets-key-file` to seal it with. Nothing changed.
+    /// A private key or an upstream signing secret was to be stored, and the
+    /// control plane has no `--secrets-key-file` to seal it with. Nothing changed.
     #[error(
-        "storing a certificate's private key needs a secrets key: start the control plane with \
-         --secrets-key-file FILE (CONTROL_PLANE_SECRETS_KEY_FILE; 32 random bytes, e.g. \
-         `openssl rand -hex 32 > FILE`), which encrypts private keys in the database"
+        "storing a certificate's private key or an upstream's identity_signing_secret needs a \
+         secrets key: start the control plane with --secrets-key-file FILE \
+         (CONTROL_PLANE_SECRETS_KEY_FILE; 32 random bytes, e.g. `openssl rand -hex 32 > FILE`), \
+         which encrypts private keys and signing secrets in the database"
     )]
     NoSecretsKey,
     /// The database holds private keys sealed with a secrets key, and the one

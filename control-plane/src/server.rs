@@ -9,7 +9,7 @@ use crate::auth::{AuthLayer, Policy, Tokens, TokensError};
 use crate::clock::{now_utc, system_clock};
 use crate::console::{self, Console};
 use crate::database::Database;
-use crate::discovery::Discovery;
+use crate::discovery::{Discovery, SecretsGate};
 use crate::error::StoreError;
 use crate::metrics::{self, Gauges, Metrics};
 use crate::nodes::NodeRegistry;
@@ -61,10 +61,13 @@ pub struct Settings {
     pub listener_limits: gateway_listener::Limits,
     /// Spans for every gRPC call (continuing the caller's `traceparent`); exported by OTLP when configured.
     pub tracer: gateway_telemetry::Tracer,
-    /// `NAME ROLE TOKEN` file; `None` accepts unauthenticated calls (loopback only unless `insecure`).
+    /// `NAME ROLE TOKEN` file; `None` accepts unauthenticated calls, which
+    /// needs `insecure_open` (or a client CA, which authenticates every caller).
     pub auth_tokens_file: Option<PathBuf>,
-    /// Allow a non-loopback listen address without a tokens file.
-    pub insecure: bool,
+    /// Start without a tokens file, accepting every call as an anonymous admin.
+    pub insecure_open: bool,
+    /// Stream private keys and signing secrets over cleartext to non-loopback peers.
+    pub allow_cleartext_secrets: bool,
     /// Serve TLS with this certificate and key (PEM files).
     pub tls: Option<TlsFiles>,
     /// The key that encrypts certificates' private keys in the database;
@@ -97,7 +100,8 @@ impl Default for Settings {
             listener_limits: gateway_listener::Limits::default(),
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: None,
-            insecure: false,
+            insecure_open: false,
+            allow_cleartext_secrets: false,
             tls: None,
             secrets_key_file: None,
         }
@@ -116,7 +120,8 @@ impl From<&Args> for Settings {
             listener_limits: a.listener_limits(),
             tracer: gateway_telemetry::Tracer::disabled(),
             auth_tokens_file: a.auth_tokens_file.clone(),
-            insecure: a.insecure,
+            insecure_open: a.insecure_open,
+            allow_cleartext_secrets: a.allow_cleartext_secrets,
             tls: match (&a.tls_cert, &a.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles {
                     cert: cert.clone(),
@@ -172,12 +177,12 @@ pub enum StartError {
     /// The tokens file was refused.
     #[error(transparent)]
     Tokens(#[from] TokensError),
-    /// A non-loopback listen address without tokens and without `--insecure`.
+    /// No tokens file, no client CA and no `--insecure-open`.
     #[error(
-        "refusing to listen on {0} without authentication: anyone reaching this address could \
-         rewrite every route and read the whole topology. Give --auth-tokens-file FILE \
-         (lines `NAME ROLE TOKEN`), listen on a loopback address, or pass --insecure to accept \
-         unauthenticated calls anyway"
+        "refusing to listen on {0} without authentication: any process reaching this address \
+         could rewrite every route and read the whole topology. Give --auth-tokens-file FILE \
+         (lines `NAME ROLE TOKEN`), or pass --insecure-open to accept unauthenticated calls \
+         anyway"
     )]
     Unauthenticated(SocketAddr),
     /// A TLS file could not be read.
@@ -325,6 +330,10 @@ impl ControlPlane {
         let ack_times = Arc::new(AckTimes::new(system_clock()));
         let discovery = ConfigDiscoveryServiceServer::new(
             Discovery::new(store.subscribe(), nodes.clone(), shutdown_rx.clone())
+                .with_secrets_gate(SecretsGate {
+                    tls: settings.tls.is_some(),
+                    allow_cleartext: settings.allow_cleartext_secrets,
+                })
                 .with_health_reports(health_reports.clone())
                 .with_ack_times(ack_times.clone())
                 .with_purges(purges.clone()),
@@ -544,24 +553,33 @@ impl ControlPlane {
 }
 
 /// The authentication policy for a server bound to `addr`: tokens when a file
-/// is given; otherwise open, which is refused on a non-loopback address unless
-/// `settings.insecure`.
+/// is given; otherwise open, which needs `settings.insecure_open` unless a
+/// client CA authenticates every connection.
 fn auth_policy(settings: &Settings, addr: SocketAddr) -> Result<Policy, StartError> {
     if let Some(path) = &settings.auth_tokens_file {
         let tokens = Tokens::load(path)?;
         tracing::info!(tokens = tokens.len(), file = %path.display(), "authentication required");
         return Ok(Policy::Tokens(Arc::new(tokens)));
     }
-    if addr.ip().is_loopback() {
-        tracing::info!("no --auth-tokens-file: accepting unauthenticated calls on loopback only");
-    } else if settings.insecure {
+    if settings.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+        tracing::info!(
+            "no --auth-tokens-file: only client certificates of --client-ca are accepted \
+             (role data-plane)"
+        );
+    } else if !settings.insecure_open {
+        return Err(StartError::Unauthenticated(addr));
+    } else if addr.ip().is_loopback() {
         tracing::warn!(
             %addr,
-            "INSECURE: --insecure without --auth-tokens-file: ANYONE who can reach {addr} can \
-             rewrite every route and read the whole configuration"
+            "INSECURE: --insecure-open without --auth-tokens-file: any local process can \
+             rewrite every route"
         );
     } else {
-        return Err(StartError::Unauthenticated(addr));
+        tracing::warn!(
+            %addr,
+            "INSECURE: --insecure-open without --auth-tokens-file: ANYONE who can reach {addr} can \
+             rewrite every route and read the whole configuration"
+        );
     }
     Ok(Policy::Open)
 }

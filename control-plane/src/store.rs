@@ -378,13 +378,18 @@ impl Store {
         let mut exec = tx.exec();
         exec.insert(&row).await?;
         if let Some(secrets) = &self.secrets
-            && planned
+            && (planned
                 .config
                 .certificates
                 .iter()
                 .any(|c| !c.private_key_pem.is_empty())
+                || planned
+                    .config
+                    .upstreams
+                    .iter()
+                    .any(|u| !u.identity_signing_secret.is_empty()))
         {
-            // With the first sealed key: from now on only this key opens the database.
+            // With the first sealed secret: from now on only this key opens the database.
             let (nonce, ciphertext) = secrets.check_value();
             exec.insert_key_check(&nonce, &ciphertext).await?;
         }

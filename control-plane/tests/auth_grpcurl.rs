@@ -315,8 +315,9 @@ async fn every_version_records_its_author_and_is_logged() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn without_tokens_loopback_is_open_and_authors_are_anonymous() {
+async fn insecure_open_accepts_anyone_and_authors_are_anonymous() {
     let dir = tempfile::tempdir().unwrap();
+    // CpProcess::start adds --insecure-open without a tokens file.
     let cp = CpProcess::start(&dir.path().join("cp.db"), &[]).await;
     ok(&cp, "UpsertUpstream", USERS).await;
     // A token is ignored when authentication is off.
@@ -325,7 +326,75 @@ async fn without_tokens_loopback_is_open_and_authors_are_anonymous() {
     for v in versions["versions"].as_array().unwrap() {
         assert_eq!(v["author"], "anonymous", "{v}");
     }
-    assert!(open_stream(&cp, None).await.is_ok());
+    let mut stream = open_stream(&cp, None).await.unwrap();
+    let pushed = stream.message().await.unwrap().expect("a configuration");
+    assert_eq!(pushed.upstreams.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_anonymous_stream_never_receives_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("secrets.key");
+    std::fs::write(&key, "11".repeat(32)).unwrap();
+    let cp = CpProcess::start(
+        &dir.path().join("cp.db"),
+        &["--secrets-key-file", key.to_str().unwrap()],
+    )
+    .await;
+    let secret = "signing-secret-0123456789abcdef0123456789";
+    let users = format!(
+        r#"{{"upstream": {{"name": "users", "identitySigningSecret": "{secret}",
+            "instances": [{{"id": "users-1", "url": "http://127.0.0.1:9001"}}]}}}}"#
+    );
+    ok(&cp, "UpsertUpstream", &users).await;
+    let mut stream = open_stream(&cp, None).await.unwrap();
+    let e = stream.message().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(
+        e.message()
+            .contains("version 1 holds private keys or signing secrets")
+            && e.message().contains("--control-plane-token"),
+        "{e:?}"
+    );
+    // Once the secret is cleared, the same anonymous stream is served.
+    ok(
+        &cp,
+        "UpsertUpstream",
+        r#"{"upstream": {"name": "users", "clearIdentitySigningSecret": true,
+            "instances": [{"id": "users-1", "url": "http://127.0.0.1:9001"}]}}"#,
+    )
+    .await;
+    let mut stream = open_stream(&cp, None).await.unwrap();
+    let pushed = stream.message().await.unwrap().expect("a configuration");
+    assert_eq!(pushed.version, 2);
+    assert!(!cp.logs().contains(secret));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_data_plane_token_receives_the_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("secrets.key");
+    std::fs::write(&key, "22".repeat(32)).unwrap();
+    let tokens = tokens_file(dir.path());
+    let cp = CpProcess::start(
+        &dir.path().join("cp.db"),
+        &[
+            "--auth-tokens-file",
+            tokens.to_str().unwrap(),
+            "--secrets-key-file",
+            key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let secret = "signing-secret-0123456789abcdef0123456789";
+    let users = format!(
+        r#"{{"upstream": {{"name": "users", "identitySigningSecret": "{secret}",
+            "instances": [{{"id": "users-1", "url": "http://127.0.0.1:9001"}}]}}}}"#
+    );
+    ok_as(&cp, ADMIN, "UpsertUpstream", &users).await;
+    let mut stream = open_stream(&cp, Some(DATA_PLANE)).await.unwrap();
+    let pushed = stream.message().await.unwrap().expect("a configuration");
+    assert_eq!(pushed.upstreams[0].identity_signing_secret, secret);
 }
 
 /// Runs the binary with `args`, collecting stderr; returns (child, stderr lines receiver).
@@ -336,7 +405,7 @@ fn spawn(db: &Path, args: &[&str]) -> (tokio::process::Child, tokio::sync::mpsc:
         .args(["--log-format", "json"])
         .args(args)
         .env_remove("CONTROL_PLANE_AUTH_TOKENS_FILE")
-        .env_remove("CONTROL_PLANE_INSECURE")
+        .env_remove("CONTROL_PLANE_INSECURE_OPEN")
         .env_remove("CONTROL_PLANE_SEED")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -356,7 +425,7 @@ fn spawn(db: &Path, args: &[&str]) -> (tokio::process::Child, tokio::sync::mpsc:
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn refuses_to_start_open_on_a_non_loopback_address() {
+async fn refuses_to_start_open_without_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let (mut child, mut rx) = spawn(&dir.path().join("cp.db"), &["--listen", "0.0.0.0:0"]);
     let status = tokio::time::timeout(DEADLINE, child.wait())
@@ -372,7 +441,24 @@ async fn refuses_to_start_open_on_a_non_loopback_address() {
     assert!(
         stderr.contains("refusing to listen on 0.0.0.0")
             && stderr.contains("--auth-tokens-file")
-            && stderr.contains("--insecure"),
+            && stderr.contains("--insecure-open"),
+        "{stderr}"
+    );
+
+    // On loopback too: any local process could otherwise rewrite every route.
+    let (mut child, mut rx) = spawn(&dir.path().join("cp1.db"), &["--listen", "127.0.0.1:0"]);
+    let status = tokio::time::timeout(DEADLINE, child.wait())
+        .await
+        .expect("control-plane kept running on loopback without tokens")
+        .unwrap();
+    assert!(!status.success());
+    let mut stderr = String::new();
+    while let Some(l) = rx.recv().await {
+        stderr.push_str(&l);
+        stderr.push('\n');
+    }
+    assert!(
+        stderr.contains("refusing to listen on 127.0.0.1") && stderr.contains("--insecure-open"),
         "{stderr}"
     );
 
@@ -407,6 +493,7 @@ async fn insecure_starts_on_a_non_loopback_address_with_a_loud_warning() {
     let dir = tempfile::tempdir().unwrap();
     let (_child, mut rx) = spawn(
         &dir.path().join("cp.db"),
+        // `--insecure`: the old spelling of --insecure-open, still accepted.
         &["--listen", "0.0.0.0:0", "--insecure"],
     );
     let mut warned = false;

@@ -79,6 +79,8 @@ fn pki(dir: &Path) -> Pki {
 
 async fn start(dir: &Path, pki: &Pki, client_ca: bool, tokens: Option<&str>) -> ControlPlane {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // Without tokens and without a client CA it runs open, as --insecure-open.
+    let insecure_open = tokens.is_none() && !client_ca;
     let auth_tokens_file = tokens.map(|t| {
         let p = dir.join("tokens");
         std::fs::write(&p, t).unwrap();
@@ -94,6 +96,7 @@ async fn start(dir: &Path, pki: &Pki, client_ca: bool, tokens: Option<&str>) -> 
                 client_ca: client_ca.then(|| pki.ca.clone()),
             }),
             auth_tokens_file,
+            insecure_open,
             ..Settings::default()
         },
     )
@@ -322,6 +325,7 @@ async fn bad_tls_files_are_clear_startup_errors() {
                     key,
                     client_ca: None,
                 }),
+                insecure_open: true,
                 ..Settings::default()
             },
         )

@@ -13,7 +13,6 @@
 mod common;
 
 use common::*;
-use gateway_proto::v1::admin_service_client::AdminServiceClient;
 use gateway_proto::v1::{
     ApplyConfigRequest, Certificate, ConfigChange, ConfigRequest, DeleteCertificateRequest,
     GetCertificateRequest, GetConfigRequest, ListCertificatesRequest, Node, RollbackConfigRequest,
@@ -24,7 +23,6 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-use tonic::transport::Channel;
 
 /// A secrets key file (64 hex digits, mode 0600) in `dir`.
 fn key_file(dir: &Path, name: &str, byte: u8) -> PathBuf {
@@ -42,10 +40,11 @@ fn key_file(dir: &Path, name: &str, byte: u8) -> PathBuf {
     path
 }
 
-/// A control plane with a secrets key, on `dir`/cp.db.
+/// A control plane with a secrets key and tokens (its private keys are
+/// streamed only to an authenticated data plane), on `dir`/cp.db.
 async fn start(dir: &tempfile::TempDir) -> CpProcess {
     let key = key_file(dir.path(), "secrets.key", 7);
-    CpProcess::start(
+    CpProcess::start_with_tokens(
         &dir.path().join("cp.db"),
         &["--secrets-key-file", key.to_str().unwrap()],
     )
@@ -78,10 +77,7 @@ fn fresh(name: &str, host: &str) -> Certificate {
     issue(name, &[host], &KeyPair::generate().unwrap(), 2100)
 }
 
-async fn upsert(
-    admin: &mut AdminServiceClient<Channel>,
-    c: Certificate,
-) -> Result<ConfigChange, tonic::Status> {
+async fn upsert(admin: &mut Admin, c: Certificate) -> Result<ConfigChange, tonic::Status> {
     admin
         .upsert_certificate(UpsertCertificateRequest {
             certificate: Some(c),
@@ -91,7 +87,7 @@ async fn upsert(
         .map(|r| r.into_inner())
 }
 
-async fn get(admin: &mut AdminServiceClient<Channel>, name: &str) -> Result<Certificate, Code> {
+async fn get(admin: &mut Admin, name: &str) -> Result<Certificate, Code> {
     admin
         .get_certificate(GetCertificateRequest { name: name.into() })
         .await
@@ -404,7 +400,9 @@ async fn without_a_secrets_key_a_certificate_is_failed_precondition() {
         "--secrets-key-file FILE (CONTROL_PLANE_SECRETS_KEY_FILE",
     );
     assert!(
-        e.starts_with("storing a certificate's private key needs a secrets key"),
+        e.starts_with(
+            "storing a certificate's private key or an upstream's identity_signing_secret needs a secrets key"
+        ),
         "{e}"
     );
     assert_eq!(get(&mut admin, "edge").await, Err(Code::NotFound));
@@ -560,7 +558,8 @@ async fn keys_are_encrypted_at_rest_and_only_their_key_starts_the_control_plane(
     let db = dir.path().join("cp.db");
     let right = key_file(dir.path(), "right.key", 1);
     let wrong = key_file(dir.path(), "wrong.key", 2);
-    let mut cp = CpProcess::start(&db, &["--secrets-key-file", right.to_str().unwrap()]).await;
+    let mut cp =
+        CpProcess::start_with_tokens(&db, &["--secrets-key-file", right.to_str().unwrap()]).await;
     let edge = fresh("edge", "api.example.com");
     upsert(&mut cp.admin().await, edge.clone()).await.unwrap();
     let status = cp.terminate().await;
@@ -617,7 +616,8 @@ async fn keys_are_encrypted_at_rest_and_only_their_key_starts_the_control_plane(
     assert!(!stderr.contains("not a key"), "{stderr}");
 
     // The right key: the key is back, and streamed.
-    let cp = CpProcess::start(&db, &["--secrets-key-file", right.to_str().unwrap()]).await;
+    let cp =
+        CpProcess::start_with_tokens(&db, &["--secrets-key-file", right.to_str().unwrap()]).await;
     assert_eq!(
         pushed(&cp, "dp-restart").await[0].private_key_pem,
         edge.private_key_pem

@@ -12,17 +12,27 @@ mod common;
 
 use common::*;
 use control_plane::credentials::key_sha256;
-use gateway_proto::v1::admin_service_client::AdminServiceClient;
 use gateway_proto::v1::{
     ApplyConfigRequest, CreateApiKeyRequest, GetConfigRequest, GetUpstreamRequest, Instance,
     ListApiKeysRequest, ListUpstreamsRequest, RevokeApiKeyRequest, RollbackConfigRequest,
     UpsertUpstreamRequest, Upstream,
 };
 use tonic::Code;
-use tonic::transport::Channel;
 
 const SECRET_A: &str = "secret-a-0123456789abcdef0123456789";
 const SECRET_B: &str = "secret-b-0123456789abcdef0123456789";
+
+/// A control plane with a secrets key (signing secrets are sealed at rest) and
+/// tokens (they are streamed only to an authenticated data plane).
+async fn start(dir: &tempfile::TempDir) -> CpProcess {
+    let key = dir.path().join("secrets.key");
+    std::fs::write(&key, "5a".repeat(32)).unwrap();
+    CpProcess::start_with_tokens(
+        &dir.path().join("cp.db"),
+        &["--secrets-key-file", key.to_str().unwrap()],
+    )
+    .await
+}
 
 fn create(name: &str, subject: &str, role: &str) -> CreateApiKeyRequest {
     CreateApiKeyRequest {
@@ -46,10 +56,7 @@ fn upstream(secret: &str) -> Upstream {
     }
 }
 
-async fn upsert(
-    admin: &mut AdminServiceClient<Channel>,
-    u: Upstream,
-) -> Result<u64, tonic::Status> {
+async fn upsert(admin: &mut Admin, u: Upstream) -> Result<u64, tonic::Status> {
     admin
         .upsert_upstream(UpsertUpstreamRequest {
             upstream: Some(u),
@@ -74,7 +81,7 @@ async fn pushed_secret(cp: &CpProcess, node: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn api_keys_are_shown_once_hashed_listed_without_secrets_and_revoked() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = CpProcess::start(&dir.path().join("cp.db"), &[]).await;
+    let cp = start(&dir).await;
     let mut admin = cp.admin().await;
 
     let created = admin
@@ -196,7 +203,7 @@ async fn api_keys_are_shown_once_hashed_listed_without_secrets_and_revoked() {
 #[tokio::test(flavor = "multi_thread")]
 async fn rollback_and_apply_never_bring_back_a_revoked_key() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = CpProcess::start(&dir.path().join("cp.db"), &[]).await;
+    let cp = start(&dir).await;
     let mut admin = cp.admin().await;
     let v1 = upsert(&mut admin, upstream("")).await.unwrap();
     admin
@@ -252,7 +259,7 @@ async fn rollback_and_apply_never_bring_back_a_revoked_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_signing_secret_is_write_only_carried_over_and_cleared_explicitly() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = CpProcess::start(&dir.path().join("cp.db"), &[]).await;
+    let cp = start(&dir).await;
     let mut admin = cp.admin().await;
     let with_a = upsert(&mut admin, upstream(SECRET_A)).await.unwrap();
 

@@ -24,6 +24,7 @@ async fn start(dir: &tempfile::TempDir) -> ControlPlane {
             seed: None,
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             tracer: gateway_telemetry::Tracer::disabled(),
+            insecure_open: true,
             ..Settings::default()
         },
     )
@@ -112,6 +113,7 @@ async fn metrics_show_each_certificates_expiry() {
             database: dir.path().join("cp.db").into(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             secrets_key_file: Some(key_file),
+            insecure_open: true,
             ..Settings::default()
         },
     )
@@ -238,6 +240,7 @@ async fn the_console_needs_a_tokens_file() {
         Settings {
             database: dir.path().join("cp.db").into(),
             console_listen: Some("127.0.0.1:0".parse().unwrap()),
+            insecure_open: true,
             ..Settings::default()
         },
     )
@@ -377,6 +380,7 @@ async fn the_database_file_is_mode_0600() {
         listener,
         Settings {
             database: db.clone().into(),
+            insecure_open: true,
             ..Settings::default()
         },
     )

@@ -266,7 +266,7 @@ async fn a_bad_seed_file_stops_startup_with_a_clear_error() {
     )
     .unwrap();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_control-plane"))
-        .args(["--listen", "127.0.0.1:0", "--database"])
+        .args(["--listen", "127.0.0.1:0", "--insecure-open", "--database"])
         .arg(dir.path().join("cp.db"))
         .arg("--seed")
         .arg(&seed)

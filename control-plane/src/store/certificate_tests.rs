@@ -349,3 +349,88 @@ async fn apply_dry_run_and_compare_and_swap_cover_certificates() {
         (Kind::Certificate, Action::Removed)
     );
 }
+
+/// An upstream with a signing secret (issue 41, item 10).
+fn signed_upstream(name: &str, secret: &str) -> gateway_proto::v1::Upstream {
+    gateway_proto::v1::Upstream {
+        name: name.into(),
+        instances: vec![gateway_proto::v1::Instance {
+            id: "i1".into(),
+            url: "http://127.0.0.1:7001".into(),
+            ..Default::default()
+        }],
+        identity_signing_secret: secret.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn signing_secrets_are_sealed_at_rest_like_private_keys() {
+    const SECRET: &str = "sealed-at-rest-0123456789abcdef-signing";
+    let dir = tempfile::tempdir().unwrap();
+    // Without a secrets key, no signing secret is stored either.
+    let store = open_with(&dir, None).await.unwrap();
+    let e = store
+        .mutate(
+            Mutation::UpsertUpstream(signed_upstream("users", SECRET)),
+            &none(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::NoSecretsKey), "{e}");
+    assert!(e.to_string().contains("identity_signing_secret"), "{e}");
+    assert_eq!(store.current().version, 0);
+    store.close().await;
+
+    let store = open_with(&dir, Some(1)).await.unwrap();
+    store
+        .mutate(
+            Mutation::UpsertUpstream(signed_upstream("users", SECRET)),
+            &none(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.current().upstreams[0].identity_signing_secret,
+        SECRET,
+        "in memory, for the streams"
+    );
+    store.close().await;
+    assert!(
+        !contains(&database_bytes(&dir), SECRET),
+        "the signing secret is stored in the clear"
+    );
+    // Only its key opens the database; with it the secret comes back.
+    for other in [Some(2), None] {
+        let e = open_with(&dir, other).await.unwrap_err();
+        assert!(matches!(e, StoreError::WrongSecretsKey(_)), "{e}");
+    }
+    let store = open_with(&dir, Some(1)).await.unwrap();
+    let cur = store.current();
+    assert_eq!(cur.upstreams[0].identity_signing_secret, SECRET);
+    assert_eq!(
+        cur.hash,
+        ConfigRef::from(&*cur).to_config().hash(&store.hash_key)
+    );
+}
+
+#[test]
+fn a_stored_row_from_before_sealing_still_decodes() {
+    // Rows written by earlier releases hold the secret in the upstream itself.
+    let mut plain = Vec::new();
+    prost::encoding::message::encode(4, &signed_upstream("users", "legacy-secret"), &mut plain);
+    let config = crate::config::Config::decode(&plain, None).unwrap();
+    assert_eq!(config.upstreams[0].identity_signing_secret, "legacy-secret");
+}
+
+#[test]
+fn a_sealed_private_key_never_opens_as_a_signing_secret() {
+    let key = secrets(1);
+    let config = crate::config::Config::new(Vec::new(), vec![signed_upstream("edge", "s3cret")]);
+    let mut bytes = config.encode(Some(&key)).unwrap();
+    // A certificate's sealed key, named like the upstream, swapped into field 13.
+    let swapped = key.seal("edge", b"-----BEGIN PRIVATE KEY-----");
+    prost::encoding::message::encode(13, &swapped, &mut bytes);
+    let e = crate::config::Config::decode(&bytes, Some(&key)).unwrap_err();
+    assert!(e.to_string().contains("not sealed for an upstream"), "{e}");
+}

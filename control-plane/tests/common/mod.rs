@@ -18,7 +18,42 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+/// The admin token of [`CpProcess::start_with_tokens`].
+pub(crate) const TEST_ADMIN_TOKEN: &str = "test-admin-Vb41sQ9token";
+/// The data-plane token of [`CpProcess::start_with_tokens`].
+pub(crate) const TEST_DP_TOKEN: &str = "test-dp-Lr72xN3token";
+
+/// Sends `authorization: Bearer TOKEN` on every call (nothing without a token).
+#[derive(Clone)]
+pub(crate) struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            r.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(r)
+    }
+}
+
+impl Bearer {
+    fn new(token: Option<&str>) -> Self {
+        Bearer(token.map(|t| format!("Bearer {t}").parse().unwrap()))
+    }
+}
+
+/// An AdminService client of a [`CpProcess`] (with its admin token, if any).
+pub(crate) type Admin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
+/// A ConfigDiscoveryService client of a [`CpProcess`] (with its data-plane token, if any).
+pub(crate) type Discovery = ConfigDiscoveryServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Not a flag: marks the arguments of [`CpProcess::start_with_tokens`] (removed before the spawn).
+const TEST_TOKENS_MARK: &str = "\u{0}test-tokens";
 
 /// Generous upper bound for anything a test waits for.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
@@ -45,11 +80,19 @@ pub(crate) struct CpProcess {
     /// The bound gRPC address.
     pub addr: SocketAddr,
     logs: Arc<Mutex<Vec<String>>>,
+    /// Started by [`CpProcess::start_with_tokens`]: clients send its tokens.
+    tokens: bool,
 }
 
 impl CpProcess {
     /// Starts the binary on `db` and waits until it is listening and SERVING.
+    ///
+    /// Without `--auth-tokens-file` (or `--client-ca`) in `extra_args` it runs
+    /// with `--insecure-open`, as it otherwise refuses to start.
     pub(crate) async fn start(db: &Path, extra_args: &[&str]) -> CpProcess {
+        let open = !extra_args
+            .iter()
+            .any(|a| *a == "--auth-tokens-file" || *a == "--client-ca");
         let mut child = Command::new(env!("CARGO_BIN_EXE_control-plane"))
             .arg("--listen")
             .arg("127.0.0.1:0")
@@ -57,7 +100,8 @@ impl CpProcess {
             .arg(db)
             .arg("--log-format")
             .arg("json")
-            .args(extra_args)
+            .args(extra_args.iter().filter(|a| **a != TEST_TOKENS_MARK))
+            .args(open.then_some("--insecure-open"))
             .env_remove("CONTROL_PLANE_SEED")
             .env_remove("CONTROL_PLANE_METRICS_LISTEN")
             .env_remove("CONTROL_PLANE_SECRETS_KEY_FILE")
@@ -96,20 +140,51 @@ impl CpProcess {
                 )
             }
         };
-        let cp = CpProcess { child, addr, logs };
+        let tokens = extra_args.contains(&TEST_TOKENS_MARK);
+        let cp = CpProcess {
+            child,
+            addr,
+            logs,
+            tokens,
+        };
         cp.wait_serving().await;
         cp
+    }
+
+    /// [`CpProcess::start`] with a tokens file (beside `db`) holding
+    /// [`TEST_ADMIN_TOKEN`] (role admin, named `test-admin`) and
+    /// [`TEST_DP_TOKEN`] (role data-plane); [`CpProcess::admin`],
+    /// [`CpProcess::discovery`] and [`grpcurl_raw`] send them. Needed wherever
+    /// a stream is to receive private keys or signing secrets.
+    pub(crate) async fn start_with_tokens(db: &Path, extra_args: &[&str]) -> CpProcess {
+        let tokens = db.with_extension("tokens");
+        std::fs::write(
+            &tokens,
+            format!("test-admin admin {TEST_ADMIN_TOKEN}\ntest-dp data-plane {TEST_DP_TOKEN}\n"),
+        )
+        .unwrap();
+        let mut args = vec![
+            "--auth-tokens-file",
+            tokens.to_str().unwrap(),
+            TEST_TOKENS_MARK,
+        ];
+        args.extend_from_slice(extra_args);
+        CpProcess::start(db, &args).await
     }
 
     /// Runs the binary on `db` expecting it to refuse to start: its exit
     /// status and everything it wrote to stderr (failing after [`DEADLINE`]).
     pub(crate) async fn start_fails(db: &Path, extra_args: &[&str]) -> (ExitStatus, String) {
+        let open = !extra_args
+            .iter()
+            .any(|a| *a == "--auth-tokens-file" || *a == "--client-ca");
         let run = Command::new(env!("CARGO_BIN_EXE_control-plane"))
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--database")
             .arg(db)
             .args(extra_args)
+            .args(open.then_some("--insecure-open"))
             .env_remove("CONTROL_PLANE_SEED")
             .env_remove("CONTROL_PLANE_METRICS_LISTEN")
             .env_remove("CONTROL_PLANE_SECRETS_KEY_FILE")
@@ -157,16 +232,25 @@ impl CpProcess {
         self.logs.lock().join("\n")
     }
 
-    /// An AdminService client.
-    pub(crate) async fn admin(&self) -> AdminServiceClient<Channel> {
-        AdminServiceClient::connect(self.url()).await.unwrap()
-    }
-
-    /// A ConfigDiscoveryService client.
-    pub(crate) async fn discovery(&self) -> ConfigDiscoveryServiceClient<Channel> {
-        ConfigDiscoveryServiceClient::connect(self.url())
+    async fn channel(&self) -> Channel {
+        Channel::from_shared(self.url())
+            .unwrap()
+            .connect()
             .await
             .unwrap()
+    }
+
+    /// An AdminService client (sending the admin token of [`CpProcess::start_with_tokens`]).
+    pub(crate) async fn admin(&self) -> Admin {
+        let token = self.tokens.then_some(TEST_ADMIN_TOKEN);
+        AdminServiceClient::with_interceptor(self.channel().await, Bearer::new(token))
+    }
+
+    /// A ConfigDiscoveryService client (sending the data-plane token of
+    /// [`CpProcess::start_with_tokens`]).
+    pub(crate) async fn discovery(&self) -> Discovery {
+        let token = self.tokens.then_some(TEST_DP_TOKEN);
+        ConfigDiscoveryServiceClient::with_interceptor(self.channel().await, Bearer::new(token))
     }
 
     /// The process id.
@@ -317,8 +401,14 @@ pub(crate) async fn grpcurl_raw(
     rest: &[&str],
 ) -> std::process::Output {
     let addr = cp.addr.to_string();
+    let bearer = format!("authorization: Bearer {TEST_ADMIN_TOKEN}");
     let out = Command::new(grpcurl_bin())
         .arg("-plaintext")
+        .args(if cp.tokens {
+            vec!["-H", &bearer]
+        } else {
+            vec![]
+        })
         .args(args)
         .arg(&addr)
         .args(rest)
