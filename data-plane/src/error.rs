@@ -114,7 +114,8 @@ pub enum ProxyError {
     #[error(transparent)]
     ApiKey(#[from] ApiKeyError),
     /// An `AUTH_MTLS` route without a verified client certificate, or with
-    /// one that names no usable subject (401).
+    /// one that names no usable subject (401), or one that is not on the
+    /// route's `mtls_allow` (403).
     #[error(transparent)]
     ClientCertificate(#[from] MtlsError),
     /// Rate limit exceeded (429).
@@ -204,7 +205,9 @@ impl ProxyError {
             Self::BadUpgrade(_) => StatusCode::BAD_GATEWAY,
             Self::NoRoute => StatusCode::NOT_FOUND,
             Self::HttpsRedirect(_) => StatusCode::MOVED_PERMANENTLY,
-            Self::HttpsRequired => StatusCode::FORBIDDEN,
+            Self::HttpsRequired | Self::ClientCertificate(MtlsError::NotAllowed) => {
+                StatusCode::FORBIDDEN
+            }
             Self::Unauthorized(_) | Self::ApiKey(_) | Self::ClientCertificate(_) => {
                 StatusCode::UNAUTHORIZED
             }
@@ -236,6 +239,7 @@ impl ProxyError {
             Self::ApiKey(ApiKeyError::Invalid) => "api_key_invalid",
             Self::ClientCertificate(MtlsError::Missing) => "client_certificate_missing",
             Self::ClientCertificate(MtlsError::NoSubject) => "client_certificate_unusable",
+            Self::ClientCertificate(MtlsError::NotAllowed) => "client_certificate_not_allowed",
             Self::IpDenied => "ip_denied",
             Self::CorsRefused => "cors_refused",
             Self::UpgradeRefused => "upgrade_refused",
@@ -451,6 +455,12 @@ impl ProxyError {
                 "Unauthorized",
                 "The client certificate names no subject to identify the caller by."
             ),
+            Self::ClientCertificate(MtlsError::NotAllowed) => problem!(
+                403,
+                "client-certificate-not-allowed",
+                "Forbidden",
+                "The client certificate is not one this route admits."
+            ),
             Self::RateLimited(_) => problem!(
                 429,
                 "rate-limited",
@@ -603,6 +613,7 @@ mod tests {
             ProxyError::ApiKey(ApiKeyError::Invalid),
             ProxyError::ClientCertificate(MtlsError::Missing),
             ProxyError::ClientCertificate(MtlsError::NoSubject),
+            ProxyError::ClientCertificate(MtlsError::NotAllowed),
             ProxyError::RateLimited(RateLimited::new("api", 20, 60, 0, 7)),
             ProxyError::NoInstance,
             ProxyError::Upstream(UpstreamError::timeout(Duration::from_secs(1))),

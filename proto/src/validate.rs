@@ -451,6 +451,7 @@ impl Validator {
         }
         self.rate_limits(&who, r, auth.ok());
         self.policies(&who, r);
+        self.mtls_allow(&who, r);
         self.forwarding(&who, r);
         self.cache(&who, r);
         self.split(&who, r);
@@ -717,6 +718,8 @@ mod split;
 pub use split::*;
 mod traffic;
 pub use traffic::*;
+mod mtls_allow;
+pub use mtls_allow::*;
 
 #[cfg(test)]
 mod tests;

@@ -3,8 +3,11 @@
 //! `--tls-client-ca`, and the real `curl`.
 //!
 //! * a client certificate from that CA authenticates the caller: the upstream
-//!   hears its Common Name as `X-User-Id` (a forged one is replaced) and
-//!   `X-User-Role: mtls`;
+//!   hears its Common Name behind `mtls:` as `X-User-Id` (a forged one is
+//!   replaced) and `X-User-Role: mtls`;
+//! * a route's `mtls_allow` admits only the certificates it names (by Common
+//!   Name or subject alternative name); another one gets 403
+//!   `client-certificate-not-allowed`;
 //! * without a certificate (over HTTPS or cleartext) the route answers 401
 //!   `client-certificate-required`, while routes without `AUTH_MTLS` still
 //!   serve certificate-less clients;
@@ -76,7 +79,7 @@ async fn a_verified_client_certificate_is_the_caller_on_auth_mtls_routes() -> Re
     ensure!(code == 0 && status == "200", "{code} {status} {body}");
     let doc: serde_json::Value = serde_json::from_str(&body)?;
     ensure!(
-        doc["headers"]["x-user-id"] == "devstack-data-plane"
+        doc["headers"]["x-user-id"] == "mtls:devstack-data-plane"
             && doc["headers"]["x-user-role"] == "mtls",
         "{doc}"
     );
@@ -186,7 +189,7 @@ async fn a_revoked_client_certificate_fails_the_handshake() -> Result<()> {
     )?;
     ensure!(code == 0 && status == "200", "{code} {status} {body}");
     let doc: serde_json::Value = serde_json::from_str(&body)?;
-    ensure!(doc["headers"]["x-user-id"] == "good-client", "{doc}");
+    ensure!(doc["headers"]["x-user-id"] == "mtls:good-client", "{doc}");
     let (code, body, status) = curl_https(
         &stack,
         "/mtls/users/1",
@@ -195,6 +198,87 @@ async fn a_revoked_client_certificate_fails_the_handshake() -> Result<()> {
     ensure!(
         code != 0 && status != "200",
         "a revoked certificate was accepted: {code} {status} {body}"
+    );
+    Ok(())
+}
+
+/// Issue 41, item 15: a route's `mtls_allow` admits the certificates it
+/// names, by a subject alternative name here, and refuses every other
+/// certificate of the trusted CA with 403; the caller's `X-User-Id` is its
+/// Common Name behind `mtls:`, never a bare name a JWT `sub` could equal.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_allow_list_admits_only_the_certificates_it_names() -> Result<()> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    let dir = tempfile::tempdir()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "services CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let client = |cn: &str, san: &str| -> Result<(String, String)> {
+        let mut params = CertificateParams::new(vec![san.to_owned()])?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca)?;
+        let (cert_path, key_path) = (
+            dir.path().join(format!("{cn}.pem")),
+            dir.path().join(format!("{cn}-key.pem")),
+        );
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        Ok((
+            cert_path.to_string_lossy().into_owned(),
+            key_path.to_string_lossy().into_owned(),
+        ))
+    };
+    let billing = client("billing-service", "billing.internal")?;
+    let reports = client("reports-service", "reports.internal")?;
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca.pem())?;
+    let stack = one_data_plane(&["--tls-client-ca", ca_path.to_str().unwrap()]).await;
+    let listed = Route {
+        auth: AuthMode::AuthMtls as i32,
+        mtls_allow: vec!["dns:Billing.Internal".into(), "cn:ops-console".into()],
+        ..open_route("mtls-users", "/mtls/users", "users", "/users")
+    };
+    upsert_route_synced(&stack, listed).await?;
+
+    // On the list by its DNS SAN (compared ignoring case): served, as mtls:<CN>.
+    let (code, body, status) = curl_https(
+        &stack,
+        "/mtls/users/1",
+        &["--cert", &billing.0, "--key", &billing.1],
+    )?;
+    ensure!(code == 0 && status == "200", "{code} {status} {body}");
+    let doc: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(
+        doc["headers"]["x-user-id"] == "mtls:billing-service"
+            && doc["headers"]["x-user-role"] == "mtls",
+        "{doc}"
+    );
+
+    // Verified by the same CA, but not on the list: 403, never forwarded.
+    let (code, body, status) = curl_https(
+        &stack,
+        "/mtls/users/1",
+        &["--cert", &reports.0, "--key", &reports.1],
+    )?;
+    ensure!(
+        code == 0
+            && status == "403"
+            && body.contains("urn:gateway:problem:client-certificate-not-allowed"),
+        "{code} {status} {body}"
+    );
+    // No certificate at all is still 401.
+    let (code, body, status) = curl_https(&stack, "/mtls/users/1", &[])?;
+    ensure!(
+        code == 0 && status == "401" && body.contains("client-certificate-required"),
+        "{code} {status} {body}"
     );
     Ok(())
 }

@@ -46,5 +46,6 @@ pub use jwks::SUPPORTED_ALGORITHMS;
 #[doc(hidden)]
 pub use verifier::fuzzing;
 pub use verifier::{
-    Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES, claim, unverified_issuer,
+    Identity, JwtConfig, JwtStats, JwtVerifier, MAX_TOKEN_BYTES, RESERVED_SUB_PREFIX, claim,
+    unverified_issuer,
 };

@@ -105,6 +105,11 @@ impl Default for JwtConfig {
     }
 }
 
+/// The `X-User-Id` prefix of the data plane's client-certificate callers
+/// (`AUTH_MTLS`, `gateway_proto::validate::MTLS_SUBJECT_PREFIX`): a token
+/// whose subject starts with it is refused, so no token passes for a certificate.
+pub const RESERVED_SUB_PREFIX: &str = "mtls:";
+
 /// Who a verified token speaks for. Cached per token, so the header values the data plane
 /// forwards are built once, not per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,8 +126,14 @@ pub struct Identity {
 
 impl Identity {
     /// An identity; `sub` and `role` must be usable as header values (visible ASCII, no
-    /// control characters), since they are forwarded to backends.
+    /// control characters), since they are forwarded to backends, and `sub` must not
+    /// start with [`RESERVED_SUB_PREFIX`].
     pub fn new(sub: String, role: String, exp: u64) -> Result<Self, JwtError> {
+        if sub.starts_with(RESERVED_SUB_PREFIX) {
+            return Err(JwtError::InvalidClaims(format!(
+                "sub starts with \"{RESERVED_SUB_PREFIX}\", which names client-certificate callers"
+            )));
+        }
         let header = |v: &str, name: &str| {
             HeaderValue::from_str(v)
                 .ok()

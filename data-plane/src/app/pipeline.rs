@@ -550,7 +550,7 @@ impl Pipeline {
             Auth::Jwt => {}
             Auth::ApiKey => return authenticate_api_key(cfg, route, parts).map(Some),
             Auth::Mtls => {
-                let identity = mtls::identity(parts)?;
+                let identity = mtls::identity(parts, route.policies.mtls_allow.as_ref())?;
                 set_identity(&mut parts.headers, &identity);
                 return Ok(Some(identity));
             }

@@ -42,6 +42,7 @@ use crate::policy::cors::{CorsError, CorsPolicy};
 use crate::policy::ip_rules::IpRules;
 use crate::policy::jwt::JwtIssuers;
 use crate::policy::matching::RequestMatch;
+use crate::policy::mtls::MtlsAllow;
 use crate::policy::ratelimit::{RateLimitCompileError, RouteLimit};
 use crate::policy::router::{Router, RouterError};
 use crate::policy::signature::Signer;
@@ -532,6 +533,7 @@ fn compile_policies(spec: &RouteSpec<'_>) -> Result<RoutePolicies, CompileError>
             route: r.name.clone(),
             source,
         })?,
+        mtls_allow: MtlsAllow::compile(&r.mtls_allow),
     })
 }
 

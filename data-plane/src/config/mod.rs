@@ -25,6 +25,7 @@ use crate::metrics::RouteMetrics;
 use crate::policy::api_key::ApiKeys;
 use crate::policy::cors::CorsPolicy;
 use crate::policy::ip_rules::IpRules;
+use crate::policy::mtls::MtlsAllow;
 use crate::policy::ratelimit::RouteLimit;
 use crate::policy::router::Router;
 use crate::policy::transform::HeaderTransform;
@@ -145,6 +146,8 @@ pub struct RoutePolicies {
     pub response_headers: HeaderTransform,
     /// Cross-origin settings (`None`: no CORS handling, preflights are proxied).
     pub cors: Option<CorsPolicy>,
+    /// The client certificates an `AUTH_MTLS` route admits (`None`: any verified one).
+    pub mtls_allow: Option<MtlsAllow>,
 }
 
 /// What a route sends its traffic to.

@@ -71,6 +71,12 @@ impl Validator {
                 "{who}: subject must be 1 to {MAX_API_KEY_SUBJECT_LEN} visible ASCII characters (no spaces)"
             ));
         }
+        if subject.starts_with(super::MTLS_SUBJECT_PREFIX) {
+            self.push(format!(
+                "{who}: subject must not start with \"{}\", which names client-certificate callers",
+                super::MTLS_SUBJECT_PREFIX
+            ));
+        }
         if !is_visible_ascii(role, MAX_API_KEY_ROLE_LEN) {
             self.push(format!(
                 "{who}: role must be 1 to {MAX_API_KEY_ROLE_LEN} visible ASCII characters (no spaces)"

@@ -19,8 +19,9 @@ const NOT_MATCHABLE_HEADERS: &[&str] = &["host", "x-user-id", "x-user-role"];
 
 /// The first policy in which two match siblings (routes at the same hosts,
 /// prefix and methods, one with a `match`) differ, among those a client could
-/// weaken by choosing a matched header: auth mode and issuers, IP rules,
-/// `https_only`, rate limits. `None`: they agree.
+/// weaken by choosing a matched header: auth mode, issuers and admitted
+/// client certificates (`mtls_allow`), IP rules, `https_only`, rate limits.
+/// `None`: they agree.
 pub fn sibling_policy_difference(a: &Route, b: &Route) -> Option<&'static str> {
     fn sorted(v: &[String]) -> Vec<&str> {
         let mut v: Vec<&str> = v.iter().map(String::as_str).collect();
@@ -47,6 +48,8 @@ pub fn sibling_policy_difference(a: &Route, b: &Route) -> Option<&'static str> {
         Some("auth")
     } else if sorted(&a.jwt_issuers) != sorted(&b.jwt_issuers) {
         Some("jwt_issuers")
+    } else if sorted(&a.mtls_allow) != sorted(&b.mtls_allow) {
+        Some("mtls_allow")
     } else if sorted(&a.ip_allow) != sorted(&b.ip_allow) {
         Some("ip_allow")
     } else if sorted(&a.ip_deny) != sorted(&b.ip_deny) {

@@ -398,6 +398,10 @@ async fn claim_validation_table() {
             with(claims(), "sub", json!("alice\r\nx-user-role: admin")),
         ),
         ("empty role", with(claims(), "role", json!(""))),
+        (
+            "sub of a client certificate (issue 41, item 15)",
+            with(claims(), "sub", json!("mtls:billing-service")),
+        ),
     ] {
         let err = v.verify(&key.sign(&c)).await.unwrap_err();
         assert!(
