@@ -22,7 +22,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 gateway \
  && useradd --uid 10001 --gid gateway --no-create-home --home-dir /var/lib/gateway --shell /usr/sbin/nologin gateway \
- && install -d -o gateway -g gateway -m 0750 /var/lib/gateway /var/cache/gateway
+ && install -d -o gateway -g gateway -m 0750 /var/lib/gateway /var/cache/gateway \
+ && install -d -o gateway -g gateway -m 0700 /run/gateway
 COPY docker/entrypoint.sh /usr/local/bin/gateway-entrypoint
 COPY docker/http-probe /usr/local/bin/http-probe
 COPY --from=builder /out/ /usr/local/bin/

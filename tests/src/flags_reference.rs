@@ -201,12 +201,12 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
             EnvVar {
                 name: "GATEWAY_SECRETS_KEY",
                 read_by: "compose, entrypoint",
-                meaning: "Optional, needed for HTTPS: 64 hex digits; written to `GATEWAY_SECRETS_KEY_FILE` (default /var/lib/gateway/secrets-key) and passed as the control plane's `--secrets-key-file`, which encrypts certificates' private keys.",
+                meaning: "Optional, needed for HTTPS and upstream signing secrets: 64 hex digits; written to `GATEWAY_SECRETS_KEY_FILE` (default /run/gateway/secrets-key, in memory: a tmpfs in compose, an emptyDir in Kubernetes, never the database's volume) and passed as the control plane's `--secrets-key-file`, which encrypts certificates' private keys and upstream signing secrets.",
             },
             EnvVar {
                 name: "GATEWAY_SECRETS_KEY_FILE",
                 read_by: "entrypoint",
-                meaning: "Where the entrypoint writes `GATEWAY_SECRETS_KEY` (mode 0600); default /var/lib/gateway/secrets-key.",
+                meaning: "Where the entrypoint writes `GATEWAY_SECRETS_KEY` (mode 0600); default /run/gateway/secrets-key (it also removes a /var/lib/gateway/secrets-key left by earlier images).",
             },
             EnvVar {
                 name: "GATEWAY_SEED_USERS",
