@@ -85,6 +85,7 @@ pub fn validate_config<'a>(
             http2.insert(u.name.as_str());
         }
     }
+    v.distinct_signing_secrets(upstreams);
     let mut route_names = HashSet::new();
     // (sorted hosts, prefix) -> routes seen with it, to find identical matchers.
     let mut matchers: HashMap<(Vec<&str>, &str), Vec<&Route>> = HashMap::new();

@@ -621,6 +621,78 @@ async fn a_secret_only_change_is_a_new_hash_that_reveals_nothing_of_it() {
     assert_ne!(other.hash_key, reopened.hash_key);
 }
 
+#[tokio::test]
+async fn one_secret_on_two_upstreams_is_refused_after_kept_secrets_are_put_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let primary = "primary-secret-0123456789abcdef0123456789";
+    let shadow = "shadow-secret-0123456789abcdef01234567890";
+    store
+        .mutate(
+            Mutation::Replace(Config::new(
+                vec![],
+                vec![
+                    with_secret("users", primary),
+                    with_secret("users-shadow", shadow),
+                ],
+            )),
+            &none(),
+        )
+        .await
+        .unwrap();
+    let before = store.current();
+    // ApplyConfig whose input keeps users' stored secret (empty) and gives the shadow the same one.
+    let e = store
+        .mutate(
+            Mutation::Replace(Config::new(
+                vec![],
+                vec![upstream("users"), with_secret("users-shadow", primary)],
+            )),
+            &none(),
+        )
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, StoreError::Invalid(_)), "{text}");
+    assert!(
+        text.contains(
+            "upstream \"users-shadow\": identity_signing_secret is the same as upstream \"users\"'s"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains(primary), "{text}");
+    // UpsertUpstream alike.
+    let e = store
+        .mutate(
+            Mutation::UpsertUpstream(with_secret("users-shadow", primary)),
+            &none(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("is the same as upstream \"users\"'s"),
+        "{e}"
+    );
+    assert_eq!(store.current().version, before.version);
+    // Both kept (empty in the input): the stored secrets differ, accepted.
+    let o = store
+        .mutate(
+            Mutation::Replace(Config::new(
+                vec![],
+                vec![
+                    upstream("users"),
+                    upstream("users-shadow"),
+                    upstream("orders"),
+                ],
+            )),
+            &none(),
+        )
+        .await
+        .unwrap();
+    assert!(o.committed);
+}
+
 /// Makes the database look like one written before migration 0002's key:
 /// no key, every hash the plain SHA-256 of its row's bytes.
 async fn forget_hash_key(store: &Store) {

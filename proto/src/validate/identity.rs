@@ -1,7 +1,8 @@
 //! Validation of caller-identity settings: API keys (`ApiKey`,
 //! `CreateApiKeyRequest`) and an upstream's `identity_signing_secret`.
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 
 use super::{MAX_NAME_LEN, ValidationError, Validator, is_valid_name};
 use crate::v1::{ApiKey, Upstream};
@@ -100,6 +101,34 @@ impl Validator {
             self.push(format!(
                 "{who}: identity_signing_secret and clear_identity_signing_secret cannot both be set"
             ));
+        }
+    }
+
+    /// One `identity_signing_secret` per upstream: with a secret shared, a
+    /// backend of one upstream (a shadow that gets mirror copies, say) could
+    /// sign requests the other accepts. v3 signatures bind the upstream's
+    /// name, so they cannot be replayed across upstreams; a shared secret
+    /// would still let one upstream's backends forge the other's. Compared
+    /// after the control plane has put kept secrets back (an empty secret in
+    /// an input keeps the stored one), so it sees the secrets in force; the
+    /// secret itself never appears in the message.
+    pub(super) fn distinct_signing_secrets(&mut self, upstreams: &[Upstream]) {
+        let mut first: HashMap<&str, &str> = HashMap::new();
+        for u in upstreams {
+            let secret = u.identity_signing_secret.as_str();
+            if secret.is_empty() {
+                continue;
+            }
+            match first.entry(secret) {
+                Entry::Vacant(e) => {
+                    e.insert(u.name.as_str());
+                }
+                Entry::Occupied(e) => self.push(format!(
+                    "upstream \"{}\": identity_signing_secret is the same as upstream \"{}\"'s: give each upstream its own secret",
+                    u.name,
+                    e.get()
+                )),
+            }
         }
     }
 }
@@ -202,5 +231,49 @@ mod tests {
         let e = crate::validate_config(&[], &[upstream(&ok, true)]).unwrap_err();
         assert!(e.to_string().contains("cannot both be set"), "{e}");
         assert!(crate::validate_config(&[], &[upstream("", true)]).is_ok());
+    }
+
+    #[test]
+    fn one_secret_on_two_upstreams_is_refused_naming_both() {
+        let named = |name: &str, secret: &str| Upstream {
+            name: name.into(),
+            ..upstream(secret, false)
+        };
+        let shared = "shared-0123456789abcdef0123456789abcdef";
+        let own = "own-0123456789abcdef0123456789abcdef";
+        // Each its own secret, or none: accepted.
+        let fine = [
+            named("users", shared),
+            named("users-shadow", own),
+            named("orders", ""),
+            named("billing", ""),
+        ];
+        assert!(crate::validate_config(&[], &fine).is_ok());
+        // The same secret on a primary and its shadow (and a third): each later one named with the first.
+        let e = crate::validate_config(
+            &[],
+            &[
+                named("users", shared),
+                named("users-shadow", shared),
+                named("zeta", shared),
+            ],
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert_eq!(e.problems.len(), 2, "{text}");
+        assert!(
+            text.contains(
+                "upstream \"users-shadow\": identity_signing_secret is the same as upstream \"users\"'s: give each upstream its own secret"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "upstream \"zeta\": identity_signing_secret is the same as upstream \"users\"'s"
+            ),
+            "{text}"
+        );
+        // The message never repeats the secret.
+        assert!(!text.contains(shared), "{text}");
     }
 }
