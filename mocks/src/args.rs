@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
+use clap::builder::BoolishValueParser;
 use gateway_telemetry::LogFormat;
 
 use crate::config::Service;
@@ -32,6 +33,19 @@ pub struct Args {
     /// visible in `ps`.
     #[arg(long, env = "MOCK_IDENTITY_SECRET", hide_env_values = true)]
     pub identity_secret: Option<String>,
+    /// With --identity-secret: the name of the upstream this mock is behind, which a v3
+    /// signature binds (default: the service, users or orders). A request signed for
+    /// another upstream is refused.
+    #[arg(long, env = "MOCK_IDENTITY_AUDIENCE")]
+    pub identity_audience: Option<String>,
+    /// With --identity-secret: accept mirror copies (X-Gateway-Mirror: 1), as a route's
+    /// shadow upstream does. Without it a mirror copy is refused.
+    #[arg(long, env = "MOCK_IDENTITY_SHADOW", value_parser = BoolishValueParser::new())]
+    pub identity_shadow: bool,
+    /// With --identity-secret: also accept v2 signatures (the previous release's, which
+    /// bind no upstream), only while gateways are being upgraded.
+    #[arg(long, env = "MOCK_IDENTITY_ACCEPT_V2", value_parser = BoolishValueParser::new())]
+    pub identity_accept_v2: bool,
     /// PEM certificate chain: serve HTTPS (TLS 1.2 and 1.3, ALPN h2 and http/1.1) instead of
     /// cleartext HTTP/1.1 and h2c (needs --tls-key).
     #[arg(long, env = "MOCK_TLS_CERT", requires = "tls_key")]

@@ -11,7 +11,7 @@ use gateway_telemetry::{Tracer, init_logging};
 
 use crate::MockConfig;
 use crate::args::Args;
-use crate::config::{parse_delay, parse_fail_rate, parse_fail_status};
+use crate::config::{IdentityOptions, parse_delay, parse_fail_rate, parse_fail_status};
 
 /// Runs a mock backend with `args` (the program name first), on a runtime of its own.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
@@ -39,7 +39,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let config = MockConfig::new(args.service, instance_id, fail_rate)?
         .with_delay(delay)
         .with_fail_status(fail_status)
-        .with_identity_secret(args.identity_secret.as_deref().unwrap_or_default())?;
+        .with_identity_secret(
+            args.identity_secret.as_deref().unwrap_or_default(),
+            &IdentityOptions {
+                audience: args.identity_audience.clone(),
+                shadow: args.identity_shadow,
+                accept_v2: args.identity_accept_v2,
+            },
+        )?;
     // Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     let tracer = Tracer::from_env(config.service.name(), Some(&config.instance_id))?;
 
@@ -59,6 +66,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         fail_rate,
         delay_ms = delay.as_millis() as u64,
         verifies_identity = config.identity.is_some(),
+        identity_audience = config.identity.as_deref().map_or("", |v| v.audience()),
         tls = tls.is_some(),
         client_certificates = args.client_ca.is_some(),
         "mock-service listening"

@@ -67,6 +67,22 @@ pub enum ConfigError {
     /// `--identity-secret` is not 32 to 256 visible ASCII characters (never echoed).
     #[error("identity secret must be 32 to 256 visible ASCII characters (got {0})")]
     BadIdentitySecret(usize),
+    /// `--identity-audience` is empty.
+    #[error(
+        "identity audience must be the name of the upstream this mock is behind (got an empty name)"
+    )]
+    EmptyIdentityAudience,
+}
+
+/// How signatures are verified besides the secret (see [`crate::identity`]).
+#[derive(Debug, Clone, Default)]
+pub struct IdentityOptions {
+    /// The upstream's name v3 signatures must bind (`None`: the service's name).
+    pub audience: Option<String>,
+    /// Accept mirror copies: the mock is a shadow upstream.
+    pub shadow: bool,
+    /// Accept v2 signatures too (while gateways are upgraded).
+    pub accept_v2: bool,
 }
 
 /// Everything a mock instance needs to answer requests.
@@ -119,15 +135,26 @@ impl MockConfig {
     }
 
     /// The same settings, requiring requests signed with `secret` (see
-    /// [`crate::identity`]). An empty secret turns verification off.
-    pub fn with_identity_secret(mut self, secret: &str) -> Result<Self, ConfigError> {
-        self.identity = if secret.is_empty() {
-            None
-        } else {
-            Some(Arc::new(IdentityVerifier::new(secret).ok_or(
-                ConfigError::BadIdentitySecret(secret.chars().count()),
-            )?))
-        };
+    /// [`crate::identity`]) for the audience and with the options of
+    /// `options`. An empty secret turns verification off.
+    pub fn with_identity_secret(
+        mut self,
+        secret: &str,
+        options: &IdentityOptions,
+    ) -> Result<Self, ConfigError> {
+        if secret.is_empty() {
+            self.identity = None;
+            return Ok(self);
+        }
+        let audience = options.audience.as_deref().unwrap_or(self.service.name());
+        if audience.is_empty() {
+            return Err(ConfigError::EmptyIdentityAudience);
+        }
+        let verifier = IdentityVerifier::new(secret, audience)
+            .ok_or(ConfigError::BadIdentitySecret(secret.chars().count()))?
+            .shadow(options.shadow)
+            .accept_v2(options.accept_v2);
+        self.identity = Some(Arc::new(verifier));
         Ok(self)
     }
 
@@ -264,22 +291,45 @@ mod tests {
     #[test]
     fn identity_secret_is_checked_and_never_echoed() {
         let base = MockConfig::new(Service::Users, "users-1", 0.0).unwrap();
+        let options = IdentityOptions::default();
         assert!(
             base.clone()
-                .with_identity_secret("")
+                .with_identity_secret("", &options)
                 .unwrap()
                 .identity
                 .is_none()
         );
         let ok = "k".repeat(32);
-        assert!(
-            base.clone()
-                .with_identity_secret(&ok)
-                .unwrap()
-                .identity
-                .is_some()
+        let verifier = base
+            .clone()
+            .with_identity_secret(&ok, &options)
+            .unwrap()
+            .identity
+            .unwrap();
+        // The audience defaults to the service's name.
+        assert_eq!(verifier.audience(), "users");
+        let named = IdentityOptions {
+            audience: Some("users-shadow".into()),
+            ..IdentityOptions::default()
+        };
+        let verifier = base
+            .clone()
+            .with_identity_secret(&ok, &named)
+            .unwrap()
+            .identity
+            .unwrap();
+        assert_eq!(verifier.audience(), "users-shadow");
+        let empty = IdentityOptions {
+            audience: Some(String::new()),
+            ..IdentityOptions::default()
+        };
+        assert_eq!(
+            base.clone().with_identity_secret(&ok, &empty).unwrap_err(),
+            ConfigError::EmptyIdentityAudience
         );
-        let e = base.with_identity_secret("short-secret").unwrap_err();
+        let e = base
+            .with_identity_secret("short-secret", &options)
+            .unwrap_err();
         assert_eq!(e, ConfigError::BadIdentitySecret(12));
         assert!(!e.to_string().contains("short-secret"));
     }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either, Full, Limited};
 use serde_json::{Value, json};
 
 use gateway_telemetry::Tracer;
@@ -36,7 +36,7 @@ pub async fn handle<B>(
 ) -> Response<MockBody>
 where
     B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let path = req.uri().path();
     if path == "/stats" {
@@ -62,9 +62,11 @@ where
         }
         span
     });
-    let mut response = match check_identity(config, &req) {
+    let is_websocket = path == websocket::PATH;
+    let (req, verdict) = check_identity(config, req).await;
+    let mut response = match verdict {
         Err(why) => error(StatusCode::UNAUTHORIZED, &why.to_string()),
-        Ok(()) if path == websocket::PATH => websocket::answer(config, req),
+        Ok(()) if is_websocket => websocket::answer(config, req),
         Ok(()) => answer(config, stats, req).await,
     };
     if let Ok(id) = HeaderValue::from_str(&config.instance_id) {
@@ -77,25 +79,61 @@ where
     response
 }
 
+/// A request whose body may have been read to check its signature.
+type Checked<B> = Request<Either<B, Full<Bytes>>>;
+
 /// With an identity secret, the request's `X-Gateway-Signature` must verify
-/// (`/health` is exempt: health checks are not signed identities).
-fn check_identity<B>(config: &MockConfig, req: &Request<B>) -> Result<(), IdentityError> {
+/// (`/health` is exempt: health checks are not signed identities). When the
+/// signature may cover the body, the body is read (at most
+/// [`MAX_SIGNED_BODY_BYTES`](crate::identity::MAX_SIGNED_BODY_BYTES)) and
+/// handed on as read.
+async fn check_identity<B>(
+    config: &MockConfig,
+    req: Request<B>,
+) -> (Checked<B>, Result<(), IdentityError>)
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let Some(verifier) = &config.identity else {
-        return Ok(());
+        return (req.map(Either::Left), Ok(()));
     };
     if req.uri().path() == "/health" {
-        return Ok(());
+        return (req.map(Either::Left), Ok(()));
     }
-    // The raw request target (path and query), as v2 signs it.
-    let target = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| req.uri().path(), |pq| pq.as_str());
-    verifier.verify(
-        req.headers(),
-        req.method().as_str(),
-        target,
-        crate::identity::unix_now(),
+    // The raw request target (path and query), as v3 signs it.
+    let verify = |parts: &http::request::Parts, body: Option<&[u8]>| {
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+        verifier.verify(
+            &parts.headers,
+            parts.method.as_str(),
+            target,
+            body,
+            crate::identity::unix_now(),
+        )
+    };
+    let (parts, body) = req.into_parts();
+    match verify(&parts, None) {
+        Err(IdentityError::BodyNeeded) => {}
+        verdict => return (Request::from_parts(parts, Either::Left(body)), verdict),
+    }
+    let limited = Limited::new(body, crate::identity::MAX_SIGNED_BODY_BYTES);
+    let verdict = match limited.collect().await {
+        Ok(read) => {
+            let bytes = read.to_bytes();
+            let verdict = verify(&parts, Some(&bytes));
+            let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
+            return (req, verdict);
+        }
+        // Too large or broken: not the body the gateway signed.
+        Err(_) => Err(IdentityError::Mismatch),
+    };
+    (
+        Request::from_parts(parts, Either::Right(Full::default())),
+        verdict,
     )
 }
 
@@ -552,6 +590,94 @@ mod tests {
         }
         assert_eq!(stats.recent().len(), crate::stats::RECENT, "bounded");
         assert_eq!(stats.recent()[0], json!(5), "oldest dropped first");
+    }
+
+    /// A v3 signature for `audience` made now over a POST /users with this body digest.
+    fn signed_post(audience: &str, mirror: bool, body_sha256: &[u8]) -> String {
+        use crate::identity::{IdentityVerifier, SignedRequest};
+        let signer = IdentityVerifier::new(&"k".repeat(32), audience).unwrap();
+        let t = crate::identity::unix_now().to_string();
+        let id = format!("{:032x}", rand::random::<u128>());
+        let request = SignedRequest {
+            t: &t,
+            id: &id,
+            mirror,
+            method: "POST",
+            host: b"users.test",
+            target: "/users",
+            user_id: b"alice",
+            user_role: b"",
+            api_key_name: b"",
+            body_sha256,
+        };
+        format!("t={t},id={id},v3={}", signer.v3_hex(&request))
+    }
+
+    #[tokio::test]
+    async fn a_signed_body_is_read_and_checked_and_a_shadows_copy_refused() {
+        use sha2_hmac::{Digest as _, Sha256};
+        let config = users()
+            .with_identity_secret(&"k".repeat(32), &Default::default())
+            .unwrap();
+        let post = |signature: &str, mirror: bool, body: &'static [u8]| {
+            let mut req = Request::post("/users")
+                .header("host", "users.test")
+                .header("x-user-id", "alice")
+                .header("x-gateway-signature", signature);
+            if mirror {
+                req = req.header("x-gateway-mirror", "1");
+            }
+            req.body(Full::new(Bytes::from_static(body))).unwrap()
+        };
+        let digest = gateway_hex::encode(Sha256::digest(b"hello"));
+        // The body signed: accepted, and still counted once read.
+        let (status, _, body) = call(
+            &config,
+            post(
+                &signed_post("users", false, digest.as_bytes()),
+                false,
+                b"hello",
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body:?}");
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["received_bytes"], 5);
+        // Another body under the same kind of signature: refused.
+        let (status, _, body) = call(
+            &config,
+            post(
+                &signed_post("users", false, digest.as_bytes()),
+                false,
+                b"hellO",
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            doc["error"],
+            "X-Gateway-Signature does not match the request"
+        );
+        // A shadow's copy (same secret, its own name, mirror 1) replayed here: refused,
+        // with or without the marker.
+        let copy = signed_post("users-shadow", true, b"");
+        let (status, _, body) = call(&config, post(&copy, true, b"hello")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            doc["error"],
+            "X-Gateway-Signature is a mirror copy's: this backend is not a shadow"
+        );
+        let (status, _, _) = call(&config, post(&copy, false, b"hello")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        // A streamed body (not covered) is accepted whatever it is.
+        let (status, _, _) = call(
+            &config,
+            post(&signed_post("users", false, b""), false, b"x"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
     }
 
     #[tokio::test]

@@ -1,44 +1,64 @@
 //! Verification of the gateway's signed identity (`X-Gateway-Signature`), as
 //! a backend should do it, when the mock runs with `--identity-secret` /
 //! `MOCK_IDENTITY_SECRET`. Written independently of the gateway's signer
-//! (data-plane/src/signature.rs) so each checks the other; both are pinned to
-//! the same known-answer vectors.
+//! (data-plane/src/policy/signature.rs) so each checks the other; both are
+//! pinned to the same known-answer vectors.
 //!
-//! **v2** (what the gateway sends):
+//! **v3** (what the gateway sends):
 //!
 //! ```text
-//! X-Gateway-Signature: t=<unix seconds>,id=<request id>,v2=<64 lowercase hex>
-//! v2 = HMAC-SHA256(secret, field("x-gateway-signature-v2") || field(t) || field(id) || field(method)
-//!                          || field(host) || field(target) || field(x-user-id) || field(x-user-role)
-//!                          || field(x-api-key-name))
+//! X-Gateway-Signature: t=<unix seconds>,id=<request id>,v3=<64 lowercase hex>
+//! v3 = HMAC-SHA256(secret, field("x-gateway-signature-v3") || field(t) || field(id) || field(audience)
+//!                          || field(mirror) || field(method) || field(host) || field(target)
+//!                          || field(x-user-id) || field(x-user-role) || field(x-api-key-name)
+//!                          || field(body))
 //! field(x) = the length of x in bytes, 4 bytes big-endian, then x
 //! ```
 //!
-//! `t` and `id` exactly as in the header, `host` the `Host` header, `target`
-//! the raw request target (path and query, not decoded); a missing header is
-//! an empty field. After the MAC matches, the id is remembered until `t` leaves
-//! the window ([`ReplayCache`]); a second request with the same id is refused.
+//! `t` and `id` exactly as in the header; `audience` the name of the upstream
+//! this backend is (`--identity-audience`, by default the service's name: the
+//! gateway signs the name of the upstream it sends to, which is not in the
+//! header); `mirror` `1` when the request carries `X-Gateway-Mirror: 1`, else
+//! `0`; `host` the `Host` header; `target` the raw request target (path and
+//! query, not decoded); a missing header is an empty field; `body` empty when
+//! the gateway streamed the body, else the lowercase hex SHA-256 of the body:
+//! the MAC is computed with an empty body field first and, when that does not
+//! match, with the digest of the body received ([`IdentityError::BodyNeeded`]
+//! asks the caller for it). After the MAC matches, the id is remembered until
+//! `t` leaves the window ([`ReplayCache`]); a second request with the same id
+//! is refused.
 //!
-//! **v1** (older gateways; accepted for one more release, then refused):
-//! `t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "t.method.path.x-user-id.x-user-role")>`,
-//! path without the query. It has no id, so only the window bounds its replays.
+//! So a request signed for another upstream (another audience, even with the
+//! same secret) does not match, a body the gateway covered cannot be changed,
+//! and a mirror copy (`X-Gateway-Mirror: 1`) is refused unless this backend is
+//! a shadow (`--identity-shadow`): a shadow cannot pass on the copies it gets
+//! as requests to the primary.
+//!
+//! **v2** (the previous release, no audience, mirror flag nor body): refused
+//! unless `--identity-accept-v2`, which is there for one release, while the
+//! gateways are upgraded (verifiers first); v2 binds no audience, so while it
+//! is accepted any upstream sharing the secret can replay to this one.
+//! **v1** (two releases ago) is refused.
 //!
 //! The header is a comma-separated list of `key=value` pairs; unknown keys are
-//! ignored (room for a later version), a repeated key is malformed, and `v2`
-//! wins when both versions are present. A request is refused (401) when the
-//! header is missing or malformed, the MAC does not match (compared in
-//! constant time), `t` is more than [`MAX_SKEW_SECONDS`] away from the mock's
-//! clock, or the id was seen before.
+//! ignored (room for a later version), a repeated key is malformed, and the
+//! newest version present decides. A request is refused (401) when the header
+//! is missing or malformed, of a version not accepted, a mirror copy to a
+//! backend that is not a shadow, the MAC does not match (compared in constant
+//! time), `t` is more than [`MAX_SKEW_SECONDS`] away from the mock's clock, or
+//! the id was seen before.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
 
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use http::HeaderMap;
-use sha2_hmac::Sha256;
+use sha2_hmac::{Digest as _, Sha256};
 
 /// The signature header.
 pub const SIGNATURE_HEADER: &str = "x-gateway-signature";
+/// The header the gateway puts on a mirror copy (value `1`).
+pub const MIRROR_HEADER: &str = "x-gateway-mirror";
 /// Largest accepted distance between `t` and now, either way, in seconds.
 pub const MAX_SKEW_SECONDS: u64 = 60;
 /// Shortest accepted secret (the gateway's minimum).
@@ -47,6 +67,10 @@ pub const MIN_SECRET_LEN: usize = 32;
 pub const MAX_SECRET_LEN: usize = 256;
 /// Longest accepted request id (the gateway sends 32 hex digits).
 pub const MAX_ID_LEN: usize = 128;
+/// Largest body read to check a body digest (the gateway covers at most 64 KiB).
+pub const MAX_SIGNED_BODY_BYTES: usize = 1 << 20;
+/// The first field of every v3 message.
+pub const V3_CONTEXT: &[u8] = b"x-gateway-signature-v3";
 /// The first field of every v2 message.
 pub const V2_CONTEXT: &[u8] = b"x-gateway-signature-v2";
 
@@ -58,18 +82,30 @@ pub enum IdentityError {
     /// No `X-Gateway-Signature` (or more than one).
     #[error("missing X-Gateway-Signature")]
     Missing,
-    /// Not `t=<digits>,id=<id>,v2=<64 hex digits>` (nor v1's `t=<digits>,v1=<64 hex digits>`).
+    /// Not `t=<digits>,id=<id>,v3=<64 hex digits>` (nor v2's).
     #[error(
-        "malformed X-Gateway-Signature (expected t=<unix seconds>,id=<request id>,v2=<64 hex digits>)"
+        "malformed X-Gateway-Signature (expected t=<unix seconds>,id=<request id>,v3=<64 hex digits>)"
     )]
     Malformed,
+    /// A version this verifier does not accept (v1; v2 without `--identity-accept-v2`).
+    #[error(
+        "X-Gateway-Signature {0} is not accepted: expected v3 (v2 only with --identity-accept-v2, while gateways are upgraded)"
+    )]
+    Outdated(&'static str),
+    /// A mirror copy (`X-Gateway-Mirror: 1`) sent to a backend that is not a shadow.
+    #[error("X-Gateway-Signature is a mirror copy's: this backend is not a shadow")]
+    MirrorCopy,
+    /// The MAC over an empty body field does not match: the body's digest is
+    /// needed (the caller reads the body and verifies again with it).
+    #[error("X-Gateway-Signature needs the request body")]
+    BodyNeeded,
     /// `t` is older than the window.
     #[error("X-Gateway-Signature expired: signed {0} s ago (at most 60 s accepted)")]
     Expired(u64),
     /// `t` is further in the future than the window.
     #[error("X-Gateway-Signature is {0} s in the future (at most 60 s accepted)")]
     Future(u64),
-    /// The MAC does not match the request.
+    /// The MAC does not match the request (another upstream's signature included).
     #[error("X-Gateway-Signature does not match the request")]
     Mismatch,
     /// The request id was seen before within the window.
@@ -77,13 +113,15 @@ pub enum IdentityError {
     Replayed,
 }
 
-/// What a v2 signature covers, as the backend received it.
+/// What a v3 signature covers, as the backend received it (the audience is the verifier's).
 #[derive(Debug, Clone, Copy)]
 pub struct SignedRequest<'a> {
     /// The header's `t` digits.
     pub t: &'a str,
     /// The header's `id`.
     pub id: &'a str,
+    /// Whether the request carries `X-Gateway-Mirror: 1`.
+    pub mirror: bool,
     /// The method.
     pub method: &'a str,
     /// The `Host` header (empty when there is none).
@@ -96,6 +134,8 @@ pub struct SignedRequest<'a> {
     pub user_role: &'a [u8],
     /// `X-Api-Key-Name` (empty when there is none).
     pub api_key_name: &'a [u8],
+    /// The lowercase hex SHA-256 of the body, or empty (a body the gateway streamed).
+    pub body_sha256: &'a [u8],
 }
 
 /// Request ids seen with a valid signature, each until its `t` leaves the window.
@@ -139,34 +179,95 @@ impl ReplayCache {
     }
 }
 
-/// Checks signatures made with one secret, and remembers the ids it accepted.
+/// Checks signatures made with one secret for one audience, and remembers
+/// the ids it accepted.
 pub struct IdentityVerifier {
     mac: HmacSha256,
+    audience: String,
+    shadow: bool,
+    accept_v2: bool,
     seen: ReplayCache,
 }
 
 impl std::fmt::Debug for IdentityVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("IdentityVerifier(..)")
+        // Never the secret.
+        f.debug_struct("IdentityVerifier")
+            .field("audience", &self.audience)
+            .field("shadow", &self.shadow)
+            .field("accept_v2", &self.accept_v2)
+            .finish_non_exhaustive()
     }
 }
 
 impl IdentityVerifier {
     /// A verifier for `secret` (32 to 256 visible ASCII characters, like the
-    /// gateway's `identity_signing_secret`); `None` otherwise.
-    pub fn new(secret: &str) -> Option<Self> {
+    /// gateway's `identity_signing_secret`) behind the upstream named
+    /// `audience` (not empty); `None` otherwise. It refuses mirror copies and
+    /// v2 until told otherwise.
+    pub fn new(secret: &str, audience: &str) -> Option<Self> {
         let ok = (MIN_SECRET_LEN..=MAX_SECRET_LEN).contains(&secret.len())
-            && secret.bytes().all(|c| c.is_ascii_graphic());
+            && secret.bytes().all(|c| c.is_ascii_graphic())
+            && !audience.is_empty();
         if !ok {
             return None;
         }
         Some(Self {
             mac: HmacSha256::new_from_slice(secret.as_bytes()).ok()?,
+            audience: audience.to_owned(),
+            shadow: false,
+            accept_v2: false,
             seen: ReplayCache::default(),
         })
     }
 
-    /// The lowercase hex v2 MAC of one request (what `v2=` must hold).
+    /// The same verifier, accepting mirror copies when `shadow` (a shadow upstream's backend).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// The same verifier, accepting v2 signatures when `accept` (while gateways are upgraded).
+    pub fn accept_v2(mut self, accept: bool) -> Self {
+        self.accept_v2 = accept;
+        self
+    }
+
+    /// The audience it expects: its upstream's name.
+    pub fn audience(&self) -> &str {
+        &self.audience
+    }
+
+    /// The lowercase hex v3 MAC of one request (what `v3=` must hold).
+    pub fn v3_hex(&self, request: &SignedRequest<'_>) -> String {
+        gateway_hex::encode(self.v3_mac(request).finalize().into_bytes())
+    }
+
+    fn v3_mac(&self, r: &SignedRequest<'_>) -> HmacSha256 {
+        let mut mac = self.mac.clone();
+        for field in [
+            V3_CONTEXT,
+            r.t.as_bytes(),
+            r.id.as_bytes(),
+            self.audience.as_bytes(),
+            if r.mirror { b"1" } else { b"0" },
+            r.method.as_bytes(),
+            r.host,
+            r.target.as_bytes(),
+            r.user_id,
+            r.user_role,
+            r.api_key_name,
+            r.body_sha256,
+        ] {
+            let len = u32::try_from(field.len()).unwrap_or(u32::MAX);
+            mac.update(&len.to_be_bytes());
+            mac.update(field);
+        }
+        mac
+    }
+
+    /// The lowercase hex v2 MAC of one request (what `v2=` must hold; no
+    /// audience, mirror flag nor body).
     pub fn v2_hex(&self, request: &SignedRequest<'_>) -> String {
         gateway_hex::encode(self.v2_mac(request).finalize().into_bytes())
     }
@@ -191,32 +292,19 @@ impl IdentityVerifier {
         mac
     }
 
-    /// The lowercase hex v1 MAC of one request (what `v1=` must hold).
-    pub fn mac_hex(&self, t: u64, method: &str, path: &str, user: &[u8], role: &[u8]) -> String {
-        gateway_hex::encode(
-            self.v1_mac(t, method, path, user, role)
-                .finalize()
-                .into_bytes(),
-        )
-    }
-
-    fn v1_mac(&self, t: u64, method: &str, path: &str, user: &[u8], role: &[u8]) -> HmacSha256 {
-        let mut mac = self.mac.clone();
-        mac.update(format!("{t}.{method}.{path}.").as_bytes());
-        mac.update(user);
-        mac.update(b".");
-        mac.update(role);
-        mac
-    }
-
-    /// Verifies the signature of a request with these `headers`, `method` and
-    /// raw request `target` (path and query), at `now` (Unix seconds), and
-    /// records its id.
+    /// Verifies the signature of a request with these `headers`, `method`,
+    /// raw request `target` (path and query) and `body` (`None`: not read
+    /// yet), at `now` (Unix seconds), and records its id.
+    ///
+    /// [`IdentityError::BodyNeeded`] when the signature may cover the body
+    /// and `body` is `None`: read the body (at most [`MAX_SIGNED_BODY_BYTES`])
+    /// and call again with it.
     pub fn verify(
         &self,
         headers: &HeaderMap,
         method: &str,
         target: &str,
+        body: Option<&[u8]>,
         now: u64,
     ) -> Result<(), IdentityError> {
         let mut all = headers.get_all(SIGNATURE_HEADER).iter();
@@ -233,35 +321,48 @@ impl IdentityVerifier {
             return Err(IdentityError::Future(t - now));
         }
         let header = |name| headers.get(name).map_or(&b""[..], |v| v.as_bytes());
-        match parsed.mac {
-            Version::V2 { id, mac: given } => {
-                let request = SignedRequest {
-                    t: parsed.t,
-                    id,
-                    method,
-                    host: header("host"),
-                    target,
-                    user_id: header("x-user-id"),
-                    user_role: header("x-user-role"),
-                    api_key_name: header("x-api-key-name"),
-                };
-                self.v2_mac(&request)
-                    .verify_slice(&given)
-                    .map_err(|_| IdentityError::Mismatch)?;
-                // Only after the MAC matched: forged requests cannot fill the cache or burn ids.
-                if !self.seen.insert(id, t + MAX_SKEW_SECONDS, now) {
-                    return Err(IdentityError::Replayed);
+        let mut request = SignedRequest {
+            t: parsed.t,
+            id: parsed.id,
+            mirror: header(MIRROR_HEADER) == b"1",
+            method,
+            host: header("host"),
+            target,
+            user_id: header("x-user-id"),
+            user_role: header("x-user-role"),
+            api_key_name: header("x-api-key-name"),
+            body_sha256: b"",
+        };
+        match parsed.version {
+            Version::V3 => {
+                if request.mirror && !self.shadow {
+                    return Err(IdentityError::MirrorCopy);
                 }
-                Ok(())
+                // A streamed body (empty field) first: no body to read.
+                if self.v3_mac(&request).verify_slice(&parsed.mac).is_err() {
+                    let Some(body) = body else {
+                        return Err(IdentityError::BodyNeeded);
+                    };
+                    let mut digest = [0u8; 64];
+                    gateway_hex::encode_to_slice(&Sha256::digest(body), &mut digest);
+                    request.body_sha256 = &digest;
+                    self.v3_mac(&request)
+                        .verify_slice(&parsed.mac)
+                        .map_err(|_| IdentityError::Mismatch)?;
+                }
             }
-            Version::V1(given) => {
-                let path = target.split_once('?').map_or(target, |(p, _)| p);
-                let (user, role) = (header("x-user-id"), header("x-user-role"));
-                self.v1_mac(t, method, path, user, role)
-                    .verify_slice(&given)
-                    .map_err(|_| IdentityError::Mismatch)
-            }
+            Version::V2 if self.accept_v2 => self
+                .v2_mac(&request)
+                .verify_slice(&parsed.mac)
+                .map_err(|_| IdentityError::Mismatch)?,
+            Version::V2 => return Err(IdentityError::Outdated("v2")),
+            Version::V1 => return Err(IdentityError::Outdated("v1")),
         }
+        // Only after the MAC matched: forged requests cannot fill the cache or burn ids.
+        if !self.seen.insert(parsed.id, t + MAX_SKEW_SECONDS, now) {
+            return Err(IdentityError::Replayed);
+        }
+        Ok(())
     }
 
     /// The ids remembered by the replay check.
@@ -275,19 +376,24 @@ struct Parsed<'a> {
     /// `t` as written.
     t: &'a str,
     t_value: u64,
-    mac: Version<'a>,
+    /// The request id (empty for v1, which has none).
+    id: &'a str,
+    version: Version,
+    mac: [u8; 32],
 }
 
-enum Version<'a> {
-    V2 { id: &'a str, mac: [u8; 32] },
-    V1([u8; 32]),
+enum Version {
+    V3,
+    V2,
+    V1,
 }
 
-/// `t=<digits>,id=<id>,v2=<64 lowercase hex>` (or `t=<digits>,v1=<64 lowercase hex>`),
-/// pairs in any order, unknown keys ignored, none repeated.
+/// `t=<digits>,id=<id>,v3=<64 lowercase hex>` (or `v2=`; or v1's
+/// `t=<digits>,v1=<64 lowercase hex>`), pairs in any order, unknown keys
+/// ignored, none repeated.
 fn parse(value: &[u8]) -> Option<Parsed<'_>> {
     let text = std::str::from_utf8(value).ok()?;
-    let (mut t, mut id, mut v1, mut v2) = (None, None, None, None);
+    let (mut t, mut id, mut v1, mut v2, mut v3) = (None, None, None, None, None);
     for pair in text.split(',') {
         let (key, value) = pair.split_once('=')?;
         let slot = match key {
@@ -295,6 +401,7 @@ fn parse(value: &[u8]) -> Option<Parsed<'_>> {
             "id" => &mut id,
             "v1" => &mut v1,
             "v2" => &mut v2,
+            "v3" => &mut v3,
             _ => continue,
         };
         if slot.replace(value).is_some() {
@@ -305,8 +412,15 @@ fn parse(value: &[u8]) -> Option<Parsed<'_>> {
     if t.is_empty() || t.len() > 19 || !t.bytes().all(|c| c.is_ascii_digit()) {
         return None;
     }
-    let mac = match (v2, v1) {
-        (Some(v2), _) => {
+    let (version, given) = match (v3, v2, v1) {
+        (Some(v3), _, _) => (Version::V3, v3),
+        (None, Some(v2), _) => (Version::V2, v2),
+        (None, None, Some(v1)) => (Version::V1, v1),
+        (None, None, None) => return None,
+    };
+    let id = match version {
+        Version::V1 => "",
+        Version::V2 | Version::V3 => {
             let id = id?;
             let id_ok = !id.is_empty()
                 && id.len() <= MAX_ID_LEN
@@ -316,15 +430,15 @@ fn parse(value: &[u8]) -> Option<Parsed<'_>> {
             if !id_ok {
                 return None;
             }
-            Version::V2 { id, mac: mac(v2)? }
+            id
         }
-        (None, Some(v1)) => Version::V1(mac(v1)?),
-        (None, None) => return None,
     };
     Some(Parsed {
         t,
         t_value: t.parse().ok()?,
-        mac,
+        id,
+        version,
+        mac: mac(given)?,
     })
 }
 
@@ -350,283 +464,4 @@ pub fn unix_now() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::HeaderValue;
-
-    const SECRET: &str = "0123456789abcdef0123456789abcdef";
-    /// The gateway's known-answer vectors (data-plane/src/signature.rs), computed with Python's hmac.
-    const KNOWN: &str =
-        "t=1700000000,v1=5f666c26655b77ca111cd84631aee8bc23f13431e7695b14e9a861f5bb3ae1c0";
-    const KNOWN_V2: &str = "t=1700000000,id=0123456789abcdef0123456789abcdef,\
-         v2=0da8f92987adf82b1a259915f1a48d5a183b85ea7effb0bb468e93f47f78709d";
-    /// What `KNOWN_V2` signs: GET api.example /users/7?x=1 as alice/admin, no API key.
-    const TARGET: &str = "/users/7?x=1";
-    const NOW: u64 = 1_700_000_000;
-
-    fn headers(signature: &str, user: Option<&str>) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(SIGNATURE_HEADER, HeaderValue::from_str(signature).unwrap());
-        h.insert("host", HeaderValue::from_static("api.example"));
-        if let Some(u) = user {
-            h.insert("x-user-id", HeaderValue::from_str(u).unwrap());
-            h.insert("x-user-role", HeaderValue::from_static("admin"));
-        }
-        h
-    }
-
-    fn verifier() -> IdentityVerifier {
-        IdentityVerifier::new(SECRET).unwrap()
-    }
-
-    /// A v2 header for `request`, signed by `v`.
-    fn sign(v: &IdentityVerifier, request: &SignedRequest<'_>) -> String {
-        format!("t={},id={},v2={}", request.t, request.id, v.v2_hex(request))
-    }
-
-    fn request<'a>() -> SignedRequest<'a> {
-        SignedRequest {
-            t: "1700000000",
-            id: "0123456789abcdef0123456789abcdef",
-            method: "GET",
-            host: b"api.example",
-            target: TARGET,
-            user_id: b"alice",
-            user_role: b"admin",
-            api_key_name: b"",
-        }
-    }
-
-    #[test]
-    fn accepts_the_v2_known_answer_once_within_the_window() {
-        let v = verifier();
-        assert_eq!(sign(&v, &request()), KNOWN_V2);
-        let h = headers(KNOWN_V2, Some("alice"));
-        assert_eq!(v.verify(&h, "GET", TARGET, NOW + 60), Ok(()));
-        // The same request id again is a replay, whenever it comes.
-        for now in [NOW, NOW + 60, NOW - 60] {
-            assert_eq!(
-                v.verify(&h, "GET", TARGET, now),
-                Err(IdentityError::Replayed),
-                "now {now}"
-            );
-        }
-        // Another id (a new request) is accepted, in any key order.
-        let other = SignedRequest {
-            id: "fedcba9876543210fedcba9876543210",
-            ..request()
-        };
-        let reordered = format!("v2={},id={},t={}", v.v2_hex(&other), other.id, other.t);
-        assert_eq!(
-            v.verify(&headers(&reordered, Some("alice")), "GET", TARGET, NOW),
-            Ok(())
-        );
-        assert_eq!(v.replay_cache().len(), 2);
-    }
-
-    #[test]
-    fn v1_still_verifies_for_one_release() {
-        let v = verifier();
-        let h = headers(KNOWN, Some("alice"));
-        for now in [1_700_000_000, 1_700_000_060, 1_699_999_940] {
-            // The path without the query is what v1 signed; v1 has no id to remember.
-            assert_eq!(
-                v.verify(&h, "GET", "/users/7?any=query", now),
-                Ok(()),
-                "now {now}"
-            );
-        }
-        assert!(v.replay_cache().is_empty());
-        assert_eq!(
-            format!(
-                "t=1700000000,v1={}",
-                v.mac_hex(1_700_000_000, "GET", "/users/7", b"alice", b"admin")
-            ),
-            KNOWN
-        );
-        // With both, v2 decides.
-        let both = format!(
-            "{KNOWN_V2},v1=5f666c26655b77ca111cd84631aee8bc23f13431e7695b14e9a861f5bb3ae1c0"
-        );
-        assert_eq!(
-            v.verify(&headers(&both, Some("alice")), "GET", "/users/7?x=2", NOW),
-            Err(IdentityError::Mismatch)
-        );
-    }
-
-    #[test]
-    fn the_v1_ambiguity_is_refused_in_v2() {
-        let v = verifier();
-        let john = SignedRequest {
-            target: "/users/1",
-            user_id: b"john.smith",
-            user_role: b"user",
-            ..request()
-        };
-        let signature = sign(&v, &john);
-        let mut as_smith = headers(&signature, None);
-        as_smith.insert("x-user-id", HeaderValue::from_static("smith"));
-        as_smith.insert("x-user-role", HeaderValue::from_static("user"));
-        assert_eq!(
-            v.verify(&as_smith, "GET", "/users/1.john", NOW),
-            Err(IdentityError::Mismatch)
-        );
-        // v1 could not tell them apart.
-        let v1 = format!(
-            "t={NOW},v1={}",
-            v.mac_hex(NOW, "GET", "/users/1", b"john.smith", b"user")
-        );
-        let mut v1_as_smith = as_smith.clone();
-        v1_as_smith.insert(SIGNATURE_HEADER, HeaderValue::from_str(&v1).unwrap());
-        assert_eq!(v.verify(&v1_as_smith, "GET", "/users/1.john", NOW), Ok(()));
-    }
-
-    #[test]
-    fn refuses_any_change_to_what_was_signed() {
-        let now = NOW;
-        /// Changes the request's headers and gives its method and target.
-        type Change = fn(&mut HeaderMap) -> (&'static str, &'static str);
-        let changed: [(&str, Change); 9] = [
-            ("method", |_| ("POST", TARGET)),
-            ("path", |_| ("GET", "/users/8?x=1")),
-            ("query", |_| ("GET", "/users/7?x=2")),
-            ("no query", |_| ("GET", "/users/7")),
-            ("host", |h| {
-                h.insert("host", HeaderValue::from_static("evil.example"));
-                ("GET", TARGET)
-            }),
-            ("user", |h| {
-                h.insert("x-user-id", HeaderValue::from_static("mallory"));
-                ("GET", TARGET)
-            }),
-            ("role", |h| {
-                h.insert("x-user-role", HeaderValue::from_static("user"));
-                ("GET", TARGET)
-            }),
-            ("api key name", |h| {
-                h.insert("x-api-key-name", HeaderValue::from_static("billing"));
-                ("GET", TARGET)
-            }),
-            ("anonymous", |h| {
-                h.remove("x-user-id");
-                h.remove("x-user-role");
-                ("GET", TARGET)
-            }),
-        ];
-        for (what, change) in changed {
-            let v = verifier();
-            let mut h = headers(KNOWN_V2, Some("alice"));
-            let (method, target) = change(&mut h);
-            assert_eq!(
-                v.verify(&h, method, target, now),
-                Err(IdentityError::Mismatch),
-                "{what}"
-            );
-            // A refused request burns no id: the genuine one still passes.
-            let genuine = headers(KNOWN_V2, Some("alice"));
-            assert_eq!(v.verify(&genuine, "GET", TARGET, now), Ok(()), "{what}");
-        }
-        let v = verifier();
-        // Another id in the header, one flipped hex digit, another secret.
-        let other_id = KNOWN_V2.replace("id=0123", "id=1123");
-        let tampered = KNOWN_V2.replace("v2=0da8", "v2=1da8");
-        for bad in [other_id, tampered] {
-            assert_eq!(
-                v.verify(&headers(&bad, Some("alice")), "GET", TARGET, now),
-                Err(IdentityError::Mismatch),
-                "{bad}"
-            );
-        }
-        let other = IdentityVerifier::new(&"z".repeat(32)).unwrap();
-        assert_eq!(
-            other.verify(&headers(KNOWN_V2, Some("alice")), "GET", TARGET, now),
-            Err(IdentityError::Mismatch)
-        );
-    }
-
-    #[test]
-    fn refuses_expired_and_future_signatures() {
-        let v = verifier();
-        let h = headers(KNOWN_V2, Some("alice"));
-        assert_eq!(
-            v.verify(&h, "GET", TARGET, NOW + 61),
-            Err(IdentityError::Expired(61))
-        );
-        assert_eq!(
-            v.verify(&h, "GET", TARGET, NOW - 61),
-            Err(IdentityError::Future(61))
-        );
-        let h = headers(KNOWN, Some("alice"));
-        assert_eq!(
-            v.verify(&h, "GET", "/users/7", NOW + 61),
-            Err(IdentityError::Expired(61))
-        );
-    }
-
-    #[test]
-    fn refuses_missing_and_malformed_headers() {
-        let v = verifier();
-        assert_eq!(
-            v.verify(&HeaderMap::new(), "GET", "/", 0),
-            Err(IdentityError::Missing)
-        );
-        let mac = "0da8f92987adf82b1a259915f1a48d5a183b85ea7effb0bb468e93f47f78709d";
-        for bad in [
-            "v1=00".to_owned(),
-            "t=,v1=00".to_owned(),
-            format!("t=12x,v1={mac}"),
-            format!("t=1700000000,v1={}", mac.to_uppercase()),
-            "t=1700000000,v1=5f66".to_owned(),
-            format!("t=1700000000;v1={mac}"),
-            // v2 without an id, with an empty or invalid one, a short MAC, repeated keys.
-            format!("t=1700000000,v2={mac}"),
-            format!("t=1700000000,id=,v2={mac}"),
-            format!("t=1700000000,id=a b,v2={mac}"),
-            format!("t=1700000000,id={},v2={mac}", "a".repeat(129)),
-            "t=1700000000,id=abc,v2=0da8".to_owned(),
-            format!("t=1700000000,t=1700000001,id=abc,v2={mac}"),
-            format!("t=1700000000,id=abc,id=abd,v2={mac}"),
-            // No version at all, or a pair without '='.
-            "t=1700000000,id=abc".to_owned(),
-            format!("t=1700000000,id=abc,v2={mac},junk"),
-        ] {
-            assert_eq!(
-                v.verify(&headers(&bad, None), "GET", "/", NOW),
-                Err(IdentityError::Malformed),
-                "{bad}"
-            );
-        }
-        // Unknown keys are room for later versions.
-        let later = format!("{KNOWN_V2},v3=whatever");
-        assert_eq!(
-            v.verify(&headers(&later, Some("alice")), "GET", TARGET, NOW),
-            Ok(())
-        );
-    }
-
-    #[test]
-    fn the_replay_cache_forgets_ids_once_their_window_has_passed() {
-        let cache = ReplayCache::default();
-        assert!(cache.insert("a", 100, 50));
-        assert!(!cache.insert("a", 100, 100));
-        // Past its window the id may come again (its t would be refused anyway).
-        assert!(cache.insert("a", 200, 101));
-        // Expired entries are swept as the map grows: memory follows the traffic of one window.
-        for i in 0..5000 {
-            assert!(cache.insert(&format!("old-{i}"), 1000, 900));
-        }
-        for i in 0..5000 {
-            assert!(cache.insert(&format!("new-{i}"), 3000, 2000));
-        }
-        assert!(cache.len() <= 5000 + 1024, "{}", cache.len());
-    }
-
-    #[test]
-    fn secrets_must_match_the_gateway_rules() {
-        assert!(IdentityVerifier::new(&"s".repeat(31)).is_none());
-        assert!(IdentityVerifier::new(&"s".repeat(257)).is_none());
-        assert!(IdentityVerifier::new(&format!("{} ", "s".repeat(32))).is_none());
-        assert!(IdentityVerifier::new(&"s".repeat(32)).is_some());
-        assert_eq!(format!("{:?}", verifier()), "IdentityVerifier(..)");
-    }
-}
+mod tests;

@@ -210,7 +210,7 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
         .context("no signature forwarded")?
         .to_owned();
     assert!(
-        signature.starts_with("t=") && signature.contains(",id=") && signature.contains(",v2="),
+        signature.starts_with("t=") && signature.contains(",id=") && signature.contains(",v3="),
         "{signature}"
     );
     // Anonymous requests are signed too (empty identity).
@@ -245,14 +245,27 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
     assert_eq!(status, 401);
 
     // A correct MAC over an old timestamp is a replay: refused; the same MAC made now passes.
-    let verifier = IdentityVerifier::new(SECRET).context("a valid secret")?;
-    let sign_at = |t: u64| {
-        format!(
-            "t={t},v1={}",
-            verifier.mac_hex(t, "GET", "/users/7", b"svc-signer", b"service")
-        )
+    // (The mock is the upstream `users`: the audience its signatures bind.)
+    let verifier = IdentityVerifier::new(SECRET, "users").context("a valid secret")?;
+    let port = stack.ports().users_1;
+    let host = format!("127.0.0.1:{port}");
+    let sign_at = |t: u64, id: &str| {
+        let t = t.to_string();
+        let request = SignedRequest {
+            t: &t,
+            id,
+            mirror: false,
+            method: "GET",
+            host: host.as_bytes(),
+            target: "/users/7",
+            user_id: b"svc-signer",
+            user_role: b"service",
+            api_key_name: b"",
+            body_sha256: b"",
+        };
+        format!("t={t},id={id},v3={}", verifier.v3_hex(&request))
     };
-    let old = sign_at(unix_now() - 120);
+    let old = sign_at(unix_now() - 120, "old-1");
     let (status, body) = get(
         &format!("{mock}/users/7"),
         &[identity[0], identity[1], ("x-gateway-signature", &old)],
@@ -266,7 +279,7 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
             .starts_with("X-Gateway-Signature expired"),
         "{body}"
     );
-    let fresh = sign_at(unix_now());
+    let fresh = sign_at(unix_now(), "fresh-1");
     let (status, body) = get(
         &format!("{mock}/users/7"),
         &[identity[0], identity[1], ("x-gateway-signature", &fresh)],
@@ -274,24 +287,24 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
     .await?;
     assert_eq!(status, 200, "{body}");
 
-    // v2 straight to the mock: host and query are covered, a request id is accepted once.
-    let port = stack.ports().users_1;
-    let host = format!("127.0.0.1:{port}");
+    // v3 straight to the mock: host and query are covered, a request id is accepted once.
     let t = unix_now().to_string();
-    let v2 = |id: &'static str, target: &'static str| {
+    let v3 = |id: &'static str, target: &'static str| {
         let request = SignedRequest {
             t: &t,
             id,
+            mirror: false,
             method: "GET",
             host: host.as_bytes(),
             target,
             user_id: b"svc-signer",
             user_role: b"service",
             api_key_name: b"",
+            body_sha256: b"",
         };
-        format!("t={t},id={id},v2={}", verifier.v2_hex(&request))
+        format!("t={t},id={id},v3={}", verifier.v3_hex(&request))
     };
-    let signed = v2("replay-1", "/users/7?x=1");
+    let signed = v3("replay-1", "/users/7?x=1");
     let send = |target: &'static str, host: String, signature: String| {
         let url = format!("{mock}{target}");
         async move {
@@ -329,8 +342,29 @@ async fn signed_identity_round_trips_and_the_mock_refuses_tampering_and_replays(
         body["error"],
         "X-Gateway-Signature replayed: request id already seen"
     );
-    let (status, body) = send("/users/7?x=1", host.clone(), v2("replay-2", "/users/7?x=1")).await?;
+    let (status, body) = send("/users/7?x=1", host.clone(), v3("replay-2", "/users/7?x=1")).await?;
     assert_eq!(status, 200, "{body}");
+    // Signed for another upstream (the same secret, another audience): refused.
+    let elsewhere = IdentityVerifier::new(SECRET, "orders").context("a valid secret")?;
+    let request = SignedRequest {
+        t: &t,
+        id: "replay-3",
+        mirror: false,
+        method: "GET",
+        host: host.as_bytes(),
+        target: "/users/7?x=1",
+        user_id: b"svc-signer",
+        user_role: b"service",
+        api_key_name: b"",
+        body_sha256: b"",
+    };
+    let other = format!("t={t},id=replay-3,v3={}", elsewhere.v3_hex(&request));
+    let (status, body) = send("/users/7?x=1", host.clone(), other).await?;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
 
     // The secret never reached a log (the mock got it through its environment).
     let (_, leaks) = secrets_in_logs(
@@ -358,6 +392,7 @@ impl Echoed {
             "x-user-id",
             "x-user-role",
             "x-api-key-name",
+            "x-gateway-mirror",
             "x-gateway-signature",
         ] {
             if let Some(v) = seen[name].as_str() {
@@ -402,9 +437,14 @@ impl Echoed {
 }
 
 /// Runs the README's Python verifier (the first `python` block of "Route
-/// policies: signed identity", verbatim) once per case, in order, in one
-/// process (so its replay cache carries over); returns its answers.
-fn readme_python_verifier(secret: &str, cases: &[(&Echoed, &str)]) -> Result<Vec<bool>> {
+/// policies: signed identity", verbatim) as the backend of upstream
+/// `audience`, once per case (bodiless requests), in order, in one process
+/// (so its replay cache carries over); returns its answers.
+fn readme_python_verifier(
+    secret: &str,
+    audience: &str,
+    cases: &[(&Echoed, &str)],
+) -> Result<Vec<bool>> {
     use std::io::Write as _;
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
     let section = readme
@@ -430,10 +470,10 @@ fn readme_python_verifier(secret: &str, cases: &[(&Echoed, &str)]) -> Result<Vec
             serde_json::json!({"headers": headers, "method": e.method, "target": target})
         })
         .collect();
-    let input = serde_json::json!({"secret": secret, "cases": cases});
+    let input = serde_json::json!({"secret": secret, "audience": audience, "cases": cases});
     let script = format!(
         "{}\nimport json, sys\nreq = json.load(sys.stdin)\nsecret = req[\"secret\"].encode()\n\
-         print(json.dumps([gateway_signed(secret, c[\"headers\"], c[\"method\"], c[\"target\"]) for c in req[\"cases\"]]))\n",
+         print(json.dumps([gateway_signed(secret, req[\"audience\"], c[\"headers\"], c[\"method\"], c[\"target\"], b\"\") for c in req[\"cases\"]]))\n",
         &readme[start..end]
     );
     let mut child = std::process::Command::new("python3")
@@ -459,8 +499,8 @@ fn readme_python_verifier(secret: &str, cases: &[(&Echoed, &str)]) -> Result<Vec
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn signed_identity_v2_covers_host_and_query_is_unambiguous_and_refuses_replays() -> Result<()>
-{
+async fn signed_identity_v3_covers_host_query_and_audience_is_unambiguous_and_refuses_replays()
+-> Result<()> {
     let stack = Stack::new()
         .data_planes(1)
         .auth(false)
@@ -560,6 +600,7 @@ async fn signed_identity_v2_covers_host_and_query_is_unambiguous_and_refuses_rep
     let fresh = Echoed::of(&body)?;
     let verdicts = readme_python_verifier(
         SECRET,
+        "users",
         &[
             (&fresh, "/users/7?q=a%20b&r"),
             (&fresh, "/users/7?q=a%20b&r"),
@@ -569,30 +610,51 @@ async fn signed_identity_v2_covers_host_and_query_is_unambiguous_and_refuses_rep
         ],
     )?;
     assert_eq!(verdicts, [true, false, false, false, true]);
-    // A v1 header of the previous release still verifies, in the mock and in the README's Python.
-    let verifier = IdentityVerifier::new(SECRET).context("a valid secret")?;
-    let t = unix_now();
-    let v1 = format!(
-        "t={t},v1={}",
-        verifier.mac_hex(t, "GET", "/users/7", b"john.smith", b"service")
+    // Verified as another upstream (the audience the gateway signed is `users`): refused.
+    assert_eq!(
+        readme_python_verifier(SECRET, "orders", &[(&fresh, "/users/7?q=a%20b&r")])?,
+        [false]
     );
+    // A v2 header of the previous release is refused (it binds no upstream), by the mock and
+    // by the README's Python, unless told to accept it while gateways are upgraded.
+    let verifier = IdentityVerifier::new(SECRET, "users").context("a valid secret")?;
+    let t = unix_now().to_string();
+    let v2 = SignedRequest {
+        t: &t,
+        id: "v2-request",
+        mirror: false,
+        method: "GET",
+        host: b"",
+        target: "/users/7?any",
+        user_id: b"john.smith",
+        user_role: b"service",
+        api_key_name: b"",
+        body_sha256: b"",
+    };
     let old = Echoed {
         headers: vec![
             ("x-user-id".into(), "john.smith".into()),
             ("x-user-role".into(), "service".into()),
-            ("x-gateway-signature".into(), v1.clone()),
+            (
+                "x-gateway-signature".into(),
+                format!("t={t},id=v2-request,v2={}", verifier.v2_hex(&v2)),
+            ),
         ],
         method: "GET".into(),
         target: "/users/7?any".into(),
     };
     let (status, body) = old.replay(&mock, "/users/7?any", &[]).await?;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(status, 401, "{body}");
     assert_eq!(
-        readme_python_verifier(SECRET, &[(&old, "/users/7?any")])?,
-        [true]
+        body["error"],
+        "X-Gateway-Signature v2 is not accepted: expected v3 (v2 only with --identity-accept-v2, while gateways are upgraded)"
+    );
+    assert_eq!(
+        readme_python_verifier(SECRET, "users", &[(&old, "/users/7?any")])?,
+        [false]
     );
 
-    // Aggregate parts are signed v2 too, over the part's target with the query.
+    // Aggregate parts are signed v3 too, over the part's target with the query.
     upsert_route_synced(
         &stack,
         Route {
@@ -617,7 +679,7 @@ async fn signed_identity_v2_covers_host_and_query_is_unambiguous_and_refuses_rep
     let part = Echoed::of(&body["user"])?;
     assert_eq!(part.target, "/users/7?x=1");
     assert!(
-        part.header("x-gateway-signature").contains(",v2="),
+        part.header("x-gateway-signature").contains(",v3="),
         "{body}"
     );
     let (status, body) = part.replay(&mock, "/users/7?x=1", &[]).await?;
@@ -749,5 +811,213 @@ async fn the_config_hash_does_not_confirm_a_guessed_secret() -> Result<()> {
         dp["version"] == rotated && dp["hash"] != shown.hash.as_str(),
         "the data plane did not see the rotation: {dp}"
     );
+    Ok(())
+}
+
+/// The shadow upstream's own secret (each upstream has its own: validation refuses a shared one).
+const SHADOW_SECRET: &str = "it-shadow-0123456789abcdef0123456789abcdef";
+
+/// A users mock in this process that verifies signatures as the shadow
+/// upstream `users-shadow` (and takes mirror copies); stops when dropped.
+struct ShadowMock {
+    port: u16,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl ShadowMock {
+    async fn start() -> Result<Self> {
+        use mock_service::config::{IdentityOptions, MockConfig, Service};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let options = IdentityOptions {
+            audience: Some("users-shadow".into()),
+            shadow: true,
+            accept_v2: false,
+        };
+        let config = MockConfig::new(Service::Users, "shadow-1", 0.0)?
+            .with_identity_secret(SHADOW_SECRET, &options)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(mock_service::server::serve(
+            listener,
+            config,
+            gateway_telemetry::Tracer::disabled(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self { port, _stop: stop })
+    }
+
+    /// The requests it accepted (its `/stats` keeps only those past the signature check).
+    async fn accepted(&self) -> Result<Vec<Value>> {
+        let stats: Value = client()
+            .get(format!("http://127.0.0.1:{}/stats", self.port))
+            .send()
+            .await?
+            .json()
+            .await?;
+        Ok(stats["recent"].as_array().cloned().unwrap_or_default())
+    }
+}
+
+/// The headers of a request the shadow accepted, as it received them, minus `Content-Length`.
+fn received_headers(kept: &Value) -> Vec<(String, String)> {
+    kept["headers"]
+        .as_object()
+        .map(|h| {
+            h.iter()
+                .filter(|(n, _)| *n != "content-length")
+                .filter_map(|(n, v)| Some((n.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 41, item 5: a mirror copy is signed v3 for the shadow (its name, the
+/// mirror flag, the copied body), so what the shadow received does not pass
+/// at the primary, and its body cannot be swapped; one secret on two
+/// upstreams is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shadows_signed_copy_is_refused_by_the_primary_and_its_body_is_covered() -> Result<()> {
+    let stack = Stack::new()
+        .data_planes(1)
+        .auth(false)
+        .env("users-1", "MOCK_IDENTITY_SECRET", SECRET)
+        .start()
+        .await?;
+    let gw = &stack.gateways()[0];
+    let primary = format!("http://127.0.0.1:{}", stack.ports().users_1);
+    let shadow = ShadowMock::start().await?;
+    let mut admin = stack.admin_client().await;
+    let mut users = admin
+        .get_upstream(GetUpstreamRequest {
+            name: "users".into(),
+        })
+        .await?
+        .into_inner();
+    users.identity_signing_secret = SECRET.into();
+    upsert_upstream_synced(&stack, users).await?;
+    let mut shadow_upstream = gateway_proto::v1::Upstream {
+        name: "users-shadow".into(),
+        instances: vec![gateway_proto::v1::Instance {
+            id: "shadow-1".into(),
+            url: format!("http://127.0.0.1:{}", shadow.port),
+            ..Default::default()
+        }],
+        identity_signing_secret: SECRET.into(),
+        ..Default::default()
+    };
+    // The primary's secret on the shadow: refused, naming both upstreams.
+    let refused = admin
+        .upsert_upstream(gateway_proto::v1::UpsertUpstreamRequest {
+            upstream: Some(shadow_upstream.clone()),
+            ..Default::default()
+        })
+        .await
+        .expect_err("one secret on two upstreams");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains(
+            "upstream \"users-shadow\": identity_signing_secret is the same as upstream \"users\"'s"
+        ),
+        "{refused:?}"
+    );
+    assert!(!refused.message().contains(SECRET), "{refused:?}");
+    shadow_upstream.identity_signing_secret = SHADOW_SECRET.into();
+    upsert_upstream_synced(&stack, shadow_upstream).await?;
+    upsert_route_synced(
+        &stack,
+        Route {
+            mirror: Some(gateway_proto::v1::Mirror {
+                upstream: "users-shadow".into(),
+                percent: 100,
+                include_body: true,
+                ..Default::default()
+            }),
+            ..open_route("mirrored", "/mirrored/users", "users", "/users")
+        },
+    )
+    .await?;
+
+    // Both the primary and the shadow verify what the gateway sends them.
+    let (status, body) = get(&format!("{gw}/mirrored/users/7"), &[]).await?;
+    assert_eq!(status, 200, "{body}");
+    let posted = client()
+        .post(format!("{gw}/mirrored/users/7/notes"))
+        .body("hello")
+        .send()
+        .await?;
+    assert_eq!(posted.status(), 200);
+    let copies = gateway_tests::poll(
+        std::time::Duration::from_secs(10),
+        "the shadow to accept both copies",
+        || async {
+            let got = shadow.accepted().await.map_err(|e| e.to_string())?;
+            if got.len() == 2 {
+                Ok(got)
+            } else {
+                Err(format!("{got:?}"))
+            }
+        },
+    )
+    .await?;
+    let get_copy = copies
+        .iter()
+        .find(|c| c["method"] == "GET")
+        .context("the GET copy")?;
+    let post_copy = copies
+        .iter()
+        .find(|c| c["method"] == "POST")
+        .context("the POST copy")?;
+    assert_eq!(post_copy["body_bytes"], 5, "{post_copy}");
+    assert_eq!(get_copy["headers"]["x-gateway-mirror"], "1", "{get_copy}");
+
+    // The GET copy replayed to the primary, as the shadow got it: a mirror copy, refused.
+    let headers = received_headers(get_copy);
+    let send = |url: String, h: Vec<(String, String)>, body: &'static str, method: &str| {
+        let mut req = client().request(method.parse().unwrap(), url).body(body);
+        for (n, v) in &h {
+            req = req.header(n.as_str(), v.as_str());
+        }
+        async move {
+            let resp = req.send().await?;
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await?;
+            anyhow::Ok((status, body))
+        }
+    };
+    let (status, body) = send(format!("{primary}/users/7"), headers.clone(), "", "GET").await?;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature is a mirror copy's: this backend is not a shadow"
+    );
+    // Without the marker: signed for another upstream and as a copy, it does not match.
+    let unmarked: Vec<(String, String)> = headers
+        .iter()
+        .filter(|(n, _)| n != "x-gateway-mirror")
+        .cloned()
+        .collect();
+    let (status, body) = send(format!("{primary}/users/7"), unmarked, "", "GET").await?;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+
+    // The POST copy's body is covered: another body under its signature is refused by the shadow.
+    let (status, body) = send(
+        format!("http://127.0.0.1:{}/users/7/notes", shadow.port),
+        received_headers(post_copy),
+        "HELLO",
+        "POST",
+    )
+    .await?;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        body["error"],
+        "X-Gateway-Signature does not match the request"
+    );
+    stack.shutdown().await;
     Ok(())
 }

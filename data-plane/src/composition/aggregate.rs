@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use crate::error::{PartFailure, ProxyError};
 use crate::metrics::{PartMetrics, PartOutcome};
 use crate::policy::matching;
+use crate::policy::signature::SignedBody;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer;
@@ -277,10 +278,17 @@ pub async fn respond(
         ))?;
         let mut req = Box::new(Request::new(RequestBody::empty()));
         *req.headers_mut() = headers.clone();
-        // Signed identity: each part's upstream signs its own (GET) request, over its target with the query.
+        // Signed identity: each part's upstream signs its own (GET) request, over its target with
+        // the query and its empty body.
         if let Some(signer) = &part.upstream.signer {
             let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
-            signer.sign(req.headers_mut(), "GET", target, now);
+            signer.sign(
+                req.headers_mut(),
+                "GET",
+                target,
+                SignedBody::Whole(b""),
+                now,
+            );
         }
         *req.uri_mut() = uri;
         requests.push(req);

@@ -6,7 +6,9 @@
 //! authentication and the route's request headers, so with the identity
 //! headers), without any credential ([`NEVER_COPIED`]) or header of the
 //! route's `deny_headers`, plus `X-Gateway-Mirror: 1`, signed with the shadow
-//! upstream's own secret. The body is copied only with `include_body`;
+//! upstream's own secret (a v3 signature whose audience is the shadow and
+//! whose mirror field is 1; a copy with a body is signed once that body has
+//! been read, over its digest). The body is copied only with `include_body`;
 //! otherwise the copy has none. It runs in a task of its own on the request's worker: its answer is
 //! read and dropped, its latency never reaches the caller, and its outcome
 //! only touches the shadow upstream's breakers and counters, never the
@@ -34,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Metrics, MirrorOutcome, RouteMetrics};
 use crate::policy::api_key::X_API_KEY;
+use crate::policy::signature::SignedBody;
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::Trace;
 use crate::upstream::balancer::{self, Affinity};
@@ -128,7 +131,8 @@ pub fn start(copy: MirrorRequest<'_>, bodiless: bool, body_size: Option<u64>) ->
     head.headers
         .insert(X_GATEWAY_MIRROR.clone(), HeaderValue::from_static("1"));
     let view = RouteView {
-        signer: copy.mirror.upstream.signer.as_ref(),
+        // A copy with a body is signed once the body is read, over its digest ([`Task::run`]).
+        signer: copy.mirror.upstream.signer.as_ref().filter(|_| !with_body),
         retry: None,
         ..copy.route
     };
@@ -191,6 +195,9 @@ impl Task {
             None => self.send(req, deadline).await,
             Some(rx) => match tokio::time::timeout_at(deadline, rx).await {
                 Ok(Ok(Ok(bytes))) => {
+                    if let Some(signer) = &self.upstream.signer {
+                        signer.sign_request(&mut req, SignedBody::Whole(&bytes));
+                    }
                     *req.body_mut() = RequestBody::buffered(bytes);
                     self.send(req, deadline).await
                 }

@@ -494,7 +494,7 @@ fn compile_upstream(
     let health = spec.health_check.as_ref().map(HealthSettings::from_spec);
     let entry = UpstreamEntry::new(name, instances, spec.breaker, health)
         .with_policy(Policy::from_spec(&spec.balancing))
-        .with_signer(Signer::new(&u.identity_signing_secret))
+        .with_signer(Signer::new(&u.identity_signing_secret, &u.name))
         .with_outlier(
             u.outlier_detection
                 .as_ref()

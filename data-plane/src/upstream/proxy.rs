@@ -59,7 +59,7 @@ use crate::error::ProxyError;
 use crate::metrics::RouteMetrics;
 use crate::policy::router::rewrite_path;
 use crate::policy::sanitize::remove_hop_by_hop_fields;
-use crate::policy::signature::{Signer, unix_now};
+use crate::policy::signature::{SignedBody, Signer, X_GATEWAY_SIGNATURE, unix_now};
 use crate::upstream::UpstreamEntry;
 use crate::upstream::attempt::{Attempt, Trace};
 use crate::upstream::balancer::{self, Pick};
@@ -141,12 +141,20 @@ pub fn upstream_request(
     // hyper already sent the client its "100 Continue" when the body was first
     // read; the upstream gets the body without a second round of expectations.
     parts.headers.remove(header::EXPECT);
-    // Signed identity: last, over the target (path and query), Host and identity headers exactly as sent.
+    // Signed identity: last, over the target (path and query), Host, identity and mirror headers
+    // exactly as sent. A request without a body has its (empty) body covered; any other body
+    // streams and is not ([`Replay::buffered`] signs again over one it reads to retry).
     if let Some(signer) = route.signer {
+        let covered = if body.is_end_stream() {
+            SignedBody::Whole(b"")
+        } else {
+            SignedBody::Streamed
+        };
         signer.sign(
             &mut parts.headers,
             parts.method.as_str(),
             parts.uri.path_and_query().map_or("/", PathAndQuery::as_str),
+            covered,
             unix_now(),
         );
     }
@@ -166,29 +174,36 @@ fn client_body_error(e: RequestBodyError) -> ProxyError {
 }
 
 /// What is needed to send a request again: its head, and its body when it
-/// had one (buffered by a retrying route).
-struct Replay {
+/// had one (buffered by a retrying route), and the signer that signed it.
+struct Replay<'s> {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Option<Bytes>,
+    signer: Option<&'s Signer>,
 }
 
-impl Replay {
-    fn new(req: &Request<RequestBody>, body: Option<Bytes>) -> Self {
+impl<'s> Replay<'s> {
+    fn new(req: &Request<RequestBody>, body: Option<Bytes>, signer: Option<&'s Signer>) -> Self {
         Self {
             method: req.method().clone(),
             uri: req.uri().clone(),
             headers: req.headers().clone(),
             body,
+            // Only a signed request is signed again (with the upstream's signer, which signed it).
+            signer: signer.filter(|_| req.headers().contains_key(&X_GATEWAY_SIGNATURE)),
         }
     }
 
     /// A retrying route's rule: an idempotent request whose body is empty or
     /// declared at most [`MAX_REPLAY_BODY_BYTES`]; that body is read now so it
     /// can be sent again. Other requests are sent as they are, with no replay.
+    ///
+    /// A signed request whose body is read here is signed again over that
+    /// body's digest (it no longer streams).
     async fn buffered(
         mut req: Box<Request<RequestBody>>,
+        signer: Option<&'s Signer>,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<(Box<Request<RequestBody>>, Option<Self>), ProxyError> {
@@ -196,7 +211,7 @@ impl Replay {
             return Ok((req, None));
         }
         if req.body().is_end_stream() {
-            let replay = Self::new(&req, None);
+            let replay = Self::new(&req, None, signer);
             return Ok((req, Some(replay)));
         }
         let small = req
@@ -216,10 +231,19 @@ impl Replay {
             Err(_) => return Err(ProxyError::BodyTimeout(timeout)),
         };
         *req.body_mut() = RequestBody::buffered(bytes.clone());
-        let replay = Self::new(&req, Some(bytes));
+        let replay = Self::new(&req, Some(bytes), signer);
+        if let Some(signer) = replay.signer {
+            signer.sign_request(
+                &mut req,
+                SignedBody::Whole(replay.body.as_deref().unwrap_or_default()),
+            );
+        }
         Ok((req, Some(replay)))
     }
 
+    /// The request again, signed afresh when it was signed: a new id (the
+    /// instance that saw the last one may share its replay check with the
+    /// next) over the same body.
     fn request(&self) -> Box<Request<RequestBody>> {
         let body = self
             .body
@@ -229,6 +253,12 @@ impl Replay {
         *r.method_mut() = self.method.clone();
         *r.uri_mut() = self.uri.clone();
         *r.headers_mut() = self.headers.clone();
+        if let Some(signer) = self.signer {
+            signer.sign_request(
+                &mut r,
+                SignedBody::Whole(self.body.as_deref().unwrap_or_default()),
+            );
+        }
         r
     }
 }
@@ -280,7 +310,7 @@ pub async fn forward<'a>(
     // back when its exchange fails ([`SendError::request`]): no copy up front.
     let (mut req, replay) = match retry {
         None => (req, None),
-        Some(_) => Replay::buffered(req, deadline, timeout).await?,
+        Some(_) => Replay::buffered(req, upstream.signer.as_ref(), deadline, timeout).await?,
     };
     let mut pick = first;
     // Instances tried so far (a retrying route never goes back to one).
@@ -483,9 +513,9 @@ mod tests {
 
     #[test]
     fn upstreams_with_a_secret_get_the_rewritten_path_and_identity_signed() {
-        use crate::policy::signature::{Signer, X_GATEWAY_SIGNATURE};
+        use crate::policy::signature::{EMPTY_BODY_SHA256, Signer, X_GATEWAY_SIGNATURE};
         let secret = "s".repeat(32);
-        let signer = Signer::new(&secret).unwrap();
+        let signer = Signer::new(&secret, "users").unwrap();
         let r = RouteView {
             signer: Some(&signer),
             ..route("/api/users", Some("/users"))
@@ -506,22 +536,26 @@ mod tests {
         let (t, id) = value
             .strip_prefix("t=")
             .and_then(|v| v.split_once(",id="))
-            .and_then(|(t, rest)| Some((t.parse::<u64>().ok()?, rest.split_once(",v2=")?.0)))
+            .and_then(|(t, rest)| Some((t.parse::<u64>().ok()?, rest.split_once(",v3=")?.0)))
             .unwrap();
         assert!(t >= before && t <= crate::policy::signature::unix_now());
-        // Signed over the target as forwarded (rewritten, with the query), Host and the identity.
-        let want = Signer::new(&secret)
-            .unwrap()
-            .value(&crate::policy::signature::Signed {
-                t,
-                id,
-                method: "POST",
-                host: b"api.example",
-                target: "/users/7?x=1",
-                user_id: b"alice",
-                user_role: b"admin",
-                api_key_name: b"",
-            });
+        // Signed over the target as forwarded (rewritten, with the query), Host, the identity,
+        // the upstream's name and the (empty) body.
+        let want =
+            Signer::new(&secret, "users")
+                .unwrap()
+                .value(&crate::policy::signature::Signed {
+                    t,
+                    id,
+                    mirror: false,
+                    method: "POST",
+                    host: b"api.example",
+                    target: "/users/7?x=1",
+                    user_id: b"alice",
+                    user_role: b"admin",
+                    api_key_name: b"",
+                    body_sha256: EMPTY_BODY_SHA256.as_bytes(),
+                });
         assert_eq!(req.headers()[&X_GATEWAY_SIGNATURE], want);
         // Without a secret nothing is added.
         let plain = build(
@@ -531,6 +565,79 @@ mod tests {
             "/api/users/7",
         );
         assert!(!plain.headers().contains_key(&X_GATEWAY_SIGNATURE));
+    }
+
+    /// The `t`, id and MAC of a v3 signature.
+    fn signature_of(req: &Request<RequestBody>) -> (u64, String, String) {
+        use crate::policy::signature::X_GATEWAY_SIGNATURE;
+        let value = req.headers()[&X_GATEWAY_SIGNATURE].to_str().unwrap();
+        let (t, rest) = value
+            .strip_prefix("t=")
+            .unwrap()
+            .split_once(",id=")
+            .unwrap();
+        let (id, mac) = rest.split_once(",v3=").unwrap();
+        (t.parse().unwrap(), id.to_owned(), mac.to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_body_read_to_retry_is_signed_over_its_digest_and_each_retry_afresh() {
+        use crate::policy::signature::{Signed, Signer, body_sha256};
+        use gateway_transport::body::ClientBody;
+        let signer = Signer::new(&"s".repeat(32), "users").unwrap();
+        let r = RouteView {
+            signer: Some(&signer),
+            ..route("/users", None)
+        };
+        let (parts, ()) = Request::put("/users/7")
+            .header("host", "api.example")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let body = RequestBody::new(
+            ClientBody::full(Bytes::from_static(b"{\"name\":\"alice\"}")),
+            1 << 20,
+            Duration::from_secs(5),
+        );
+        let req = upstream_request(parts, &r, "/users/7", body).unwrap();
+        let want = |t, id: &str, body_sha256: &[u8]| {
+            let signed = Signed {
+                t,
+                id,
+                mirror: false,
+                method: "PUT",
+                host: b"api.example",
+                target: "/users/7",
+                user_id: b"",
+                user_role: b"",
+                api_key_name: b"",
+                body_sha256,
+            };
+            let value = signer.value(&signed);
+            value
+                .to_str()
+                .unwrap()
+                .rsplit_once(",v3=")
+                .unwrap()
+                .1
+                .to_owned()
+        };
+        // As it streams, the body is not covered.
+        let (t, id, mac) = signature_of(&req);
+        assert_eq!(mac, want(t, &id, b""));
+        // Read to be sent again: signed over its digest.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (req, replay) = Replay::buffered(req, Some(&signer), deadline, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let digest = body_sha256(b"{\"name\":\"alice\"}");
+        let (t, first, mac) = signature_of(&req);
+        assert_eq!(mac, want(t, &first, &digest));
+        // A retry is a new request to the upstream: a fresh id, the same body.
+        let again = replay.unwrap().request();
+        let (t, second, mac) = signature_of(&again);
+        assert_ne!(second, first);
+        assert_eq!(mac, want(t, &second, &digest));
     }
 
     #[test]
