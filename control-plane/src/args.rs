@@ -110,8 +110,41 @@ pub struct Args {
     pub allow_cleartext_secrets: bool,
 
     /// PEM certificate chain: serve gRPC over TLS (needs --tls-key).
-    #[arg(long, env = "CONTROL_PLANE_TLS_CERT", requires = "tls_key")]
+    #[arg(
+        long,
+        env = "CONTROL_PLANE_TLS_CERT",
+        requires = "tls_key",
+        conflicts_with = "tls_generate_dir"
+    )]
     pub tls_cert: Option<PathBuf>,
+
+    /// Serve gRPC over TLS with a certificate made on the first start and kept in this
+    /// directory (server.pem, server-key.pem mode 0600): a private CA signs it for
+    /// --tls-generate-name and its key is dropped at once. Data planes trust the CA certificate
+    /// (--tls-generate-ca) as their --control-plane-ca. For a deployment without a PKI of its own.
+    #[arg(long, env = "CONTROL_PLANE_TLS_GENERATE_DIR")]
+    pub tls_generate_dir: Option<PathBuf>,
+
+    /// Where --tls-generate-dir writes the CA certificate (default DIR/ca.pem), e.g. a volume the
+    /// data planes mount read-only.
+    #[arg(
+        long,
+        env = "CONTROL_PLANE_TLS_GENERATE_CA",
+        requires = "tls_generate_dir"
+    )]
+    pub tls_generate_ca: Option<PathBuf>,
+
+    /// The host names and IP addresses the generated certificate is for (comma-separated or
+    /// repeated): the host data planes dial in --control-plane. A kept certificate lacking one
+    /// is made again.
+    #[arg(
+        long = "tls-generate-name",
+        env = "CONTROL_PLANE_TLS_GENERATE_NAMES",
+        value_delimiter = ',',
+        default_value = "localhost,127.0.0.1",
+        requires = "tls_generate_dir"
+    )]
+    pub tls_generate_names: Vec<String>,
 
     /// PEM private key of --tls-cert.
     #[arg(long, env = "CONTROL_PLANE_TLS_KEY", requires = "tls_cert")]

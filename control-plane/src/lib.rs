@@ -17,7 +17,8 @@
 //!   [`upstream_health`] the upstream health the data planes report, [`ack_times`] when each last ACKed;
 //! * [`console`] the web console (`--console-listen`), over the same AdminService;
 //! * [`metrics`] counters and the Prometheus endpoint; [`seed`] the `--seed` file;
-//! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes.
+//! * [`server`] assembles and runs everything; [`error`] maps errors to gRPC codes;
+//!   [`tls_generate`] the gRPC listener's own certificate (`--tls-generate-dir`).
 
 pub mod ack_times;
 pub mod admin;
@@ -45,6 +46,7 @@ pub mod seed;
 pub mod server;
 mod shutdown;
 pub mod store;
+pub mod tls_generate;
 pub mod upstream_health;
 
 pub use args::{Args, LogFormat};

@@ -70,6 +70,9 @@ pub struct Settings {
     pub allow_cleartext_secrets: bool,
     /// Serve TLS with this certificate and key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// Serve TLS with a certificate made on the first start and kept (replaces `tls`'s
+    /// certificate and key; its `client_ca` stays).
+    pub tls_generate: Option<crate::tls_generate::TlsGenerate>,
     /// The key that encrypts certificates' private keys in the database;
     /// `None`: certificates cannot be stored.
     pub secrets_key_file: Option<PathBuf>,
@@ -103,6 +106,7 @@ impl Default for Settings {
             insecure_open: false,
             allow_cleartext_secrets: false,
             tls: None,
+            tls_generate: None,
             secrets_key_file: None,
         }
     }
@@ -130,6 +134,14 @@ impl From<&Args> for Settings {
                 }),
                 _ => None,
             },
+            tls_generate: a
+                .tls_generate_dir
+                .as_ref()
+                .map(|dir| crate::tls_generate::TlsGenerate {
+                    dir: dir.clone(),
+                    ca: a.tls_generate_ca.clone(),
+                    names: a.tls_generate_names.clone(),
+                }),
             secrets_key_file: a.secrets_key_file.clone(),
         }
     }
@@ -185,6 +197,9 @@ pub enum StartError {
          anyway"
     )]
     Unauthenticated(SocketAddr),
+    /// `--tls-generate-dir`: the certificate could not be made or kept.
+    #[error("--tls-generate-dir: {0}")]
+    TlsGenerate(#[from] crate::tls_generate::GenerateError),
     /// A TLS file could not be read.
     #[error("cannot read TLS file {path}")]
     TlsFile {
@@ -249,11 +264,29 @@ impl ControlPlane {
     }
 
     /// Like [`ControlPlane::start`], on an already bound listener (tests bind `127.0.0.1:0`).
-    pub async fn start_on(listener: TcpListener, settings: Settings) -> Result<Self, StartError> {
+    pub async fn start_on(
+        listener: TcpListener,
+        mut settings: Settings,
+    ) -> Result<Self, StartError> {
         let addr = listener.local_addr().map_err(|source| StartError::Bind {
             addr: settings.listen,
             source,
         })?;
+        if let Some(generate) = &settings.tls_generate {
+            let made = crate::tls_generate::ensure(generate)?;
+            tracing::info!(
+                cert = %made.cert.display(),
+                ca = %made.ca.display(),
+                names = ?generate.names,
+                made = made.made,
+                "gRPC over TLS with the generated certificate (data planes: --control-plane-ca CA)"
+            );
+            settings.tls = Some(TlsFiles {
+                cert: made.cert,
+                key: made.key,
+                client_ca: settings.tls.take().and_then(|t| t.client_ca),
+            });
+        }
         let policy = auth_policy(&settings, addr)?;
         let console_tokens = match (&settings.console_listen, &policy) {
             (None, _) => None,

@@ -334,3 +334,70 @@ async fn bad_tls_files_are_clear_startup_errors() {
         assert!(e.to_string().contains(expected), "{cert:?}: {e}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_generated_certificate_is_kept_and_trusted_through_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("shared").join("control-plane-ca.pem");
+    let start = || async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        ControlPlane::start_on(
+            listener,
+            Settings {
+                database: dir.path().join("cp.db").into(),
+                tls_generate: Some(control_plane::tls_generate::TlsGenerate {
+                    dir: dir.path().join("tls"),
+                    ca: Some(ca.clone()),
+                    names: vec!["control-plane".into(), "localhost".into()],
+                }),
+                insecure_open: true,
+                ..Settings::default()
+            },
+        )
+        .await
+        .unwrap()
+    };
+    let list = |cp: &ControlPlane| {
+        let url = format!("https://{}", cp.local_addr());
+        let ca_pem = std::fs::read(&ca).unwrap();
+        async move {
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca_pem))
+                .domain_name("localhost");
+            let channel = Channel::from_shared(url)
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await?;
+            AdminServiceClient::new(channel)
+                .list_routes(ListRoutesRequest {})
+                .await
+                .map(drop)
+                .map_err(|e| -> Box<dyn std::error::Error> { Box::new(e) })?;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        }
+    };
+    let cp = start().await;
+    list(&cp).await.unwrap();
+    // Cleartext is not served.
+    let plain = Channel::from_shared(format!("http://{}", cp.local_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    assert!(
+        AdminServiceClient::new(plain)
+            .list_routes(ListRoutesRequest {})
+            .await
+            .is_err()
+    );
+    let first_ca = std::fs::read_to_string(&ca).unwrap();
+    cp.stop().await.unwrap();
+
+    // A restart keeps the certificate, so data planes keep trusting the same CA file.
+    let cp = start().await;
+    assert_eq!(std::fs::read_to_string(&ca).unwrap(), first_ca);
+    list(&cp).await.unwrap();
+    cp.stop().await.unwrap();
+}

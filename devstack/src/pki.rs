@@ -7,10 +7,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
-};
+use rcgen::{CertifiedIssuer, ExtendedKeyUsagePurpose, KeyPair};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::error::StackError;
@@ -47,13 +44,7 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), StackError> {
 
 /// A CA certificate and key, self-signed, named `common_name`.
 fn new_ca(common_name: &str) -> Result<CertifiedIssuer<'static, KeyPair>, StackError> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error)?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, common_name);
-    CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(rcgen_error)?)
-        .map_err(rcgen_error)
+    control_plane::tls_generate::new_ca(common_name).map_err(rcgen_error)
 }
 
 /// A certificate for `names` (the first is its common name) signed by `ca`,
@@ -63,14 +54,7 @@ fn leaf(
     names: Vec<String>,
     usage: ExtendedKeyUsagePurpose,
 ) -> Result<(String, String), StackError> {
-    let mut params = CertificateParams::new(names.clone()).map_err(rcgen_error)?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, names[0].clone());
-    params.extended_key_usages = vec![usage];
-    let key = KeyPair::generate().map_err(rcgen_error)?;
-    let cert = params.signed_by(&key, ca).map_err(rcgen_error)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    control_plane::tls_generate::leaf(ca, &names, usage).map_err(rcgen_error)
 }
 
 /// The edge's TLS (issue 27): a throwaway CA and the certificate it signed
