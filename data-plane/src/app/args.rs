@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use gateway_redis::{RedisTarget, RedisTargetError, RedisUrl, RedisUrlParser};
 use gateway_transport::pool::PoolSettings;
+use gateway_transport::proxy_protocol::ProxyProtocol;
 use gateway_transport::server::HttpSettings;
 
 use crate::app::pipeline::Limits;
@@ -146,6 +147,16 @@ pub struct Args {
     /// finding the client address.
     #[arg(long, env = "DP_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<Cidr>,
+
+    /// Connections from --trusted-proxies peers to the proxy and HTTPS
+    /// listeners start with a PROXY protocol v2 header (HAProxy's
+    /// `send-proxy-v2`), read within --header-read-timeout-ms: the client it
+    /// names is the connection's peer from then on (its own forwarding
+    /// headers are not believed), and a trusted peer's connection without one
+    /// is closed. Other peers' connections are read as they are (a header
+    /// from them is a 400 or a failed handshake). Needs --trusted-proxies.
+    #[arg(long, env = "DP_PROXY_PROTOCOL", value_parser = clap::builder::BoolishValueParser::new())]
+    pub proxy_protocol: bool,
 
     /// Largest request head (request line + headers) in bytes; larger gets 431.
     #[arg(long, env = "DP_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
@@ -361,6 +372,12 @@ impl Args {
         if self.ratelimit_timeout_ms == 0 {
             return invalid("ratelimit-timeout-ms", "must be greater than 0");
         }
+        if self.proxy_protocol && self.trusted_proxies.is_empty() {
+            return invalid(
+                "proxy-protocol",
+                "needs --trusted-proxies: only those peers may send a PROXY header",
+            );
+        }
         let https = https_count != 0;
         if https && self.control_plane_ca.is_none() {
             return invalid(
@@ -432,6 +449,17 @@ impl Args {
             0 => gateway_transport::conn_limit::auto_max(gateway_transport::conn_limit::fd_limit()),
             n => n,
         }
+    }
+
+    /// Which peers' connections start with a PROXY v2 header (`--proxy-protocol`).
+    pub fn proxy_protocol(&self) -> Option<ProxyProtocol> {
+        if !self.proxy_protocol {
+            return None;
+        }
+        let trusted = self.trusted_proxies.clone();
+        Some(ProxyProtocol::new(move |ip| {
+            trusted.iter().any(|c| c.contains(ip))
+        }))
     }
 
     /// Listener settings.
@@ -621,6 +649,29 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn proxy_protocol_needs_trusted_proxies() {
+        let a = Args::try_parse_from(["data-plane", "--proxy-protocol"]).unwrap();
+        let err = a.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--proxy-protocol") && err.contains("--trusted-proxies"),
+            "{err}"
+        );
+        assert!(a.proxy_protocol().is_some());
+        let a = Args::try_parse_from([
+            "data-plane",
+            "--proxy-protocol",
+            "--trusted-proxies=10.213.80.8/29",
+        ])
+        .unwrap();
+        a.validate().unwrap();
+        let pp = a.proxy_protocol().unwrap();
+        assert!(pp.trusts("10.213.80.10".parse().unwrap()));
+        assert!(!pp.trusts("10.213.80.1".parse().unwrap()));
+        let off = Args::try_parse_from(["data-plane", "--trusted-proxies=10.0.0.0/8"]).unwrap();
+        assert!(off.proxy_protocol().is_none());
     }
 
     #[test]

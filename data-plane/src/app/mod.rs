@@ -248,6 +248,7 @@ impl DataPlane {
             tls,
             http,
             connections.clone(),
+            args.proxy_protocol(),
             |worker, scheme| {
                 let pipeline = Arc::new(pipeline.for_listener(worker, scheme));
                 move |req, peer| {
@@ -295,6 +296,8 @@ impl DataPlane {
             ops_listener,
             http,
             ops_connections,
+            // Never behind the edge's PROXY header: its health checks connect directly.
+            None,
             move |req, _peer| std::future::ready(ops::handle(&ops_runtime, &extra_metrics, &req)),
             stopped,
         ));

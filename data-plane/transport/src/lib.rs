@@ -8,7 +8,8 @@
 //!   it leaves), [`h1_server`] (the HTTP/1.1 server: heads, request bodies,
 //!   answers), [`workers`] (the per-core proxy workers), [`conn_limit`] (the
 //!   cap on open connections), [`tls`] (the HTTPS listener's handshake), [`tunnels`] (connections that outlive their
-//!   exchange, for shutdown);
+//!   exchange, for shutdown), [`proxy_protocol`] (the client address a
+//!   TCP proxy in front names in a PROXY v2 header);
 //! * upstream side: [`h1`] (the HTTP/1.1 client), [`pool`] (per-instance
 //!   keep-alive pools), [`upstream_io`] (TCP or TLS to an instance), [`in_flight`] (requests in flight per instance);
 //! * both: [`framing`] (body framing), [`body`] (request and response body
@@ -30,6 +31,7 @@ pub mod h2_client;
 pub mod in_flight;
 pub mod io_timeout;
 pub mod pool;
+pub mod proxy_protocol;
 pub mod response;
 pub mod response_head;
 pub mod rewind;

@@ -50,6 +50,7 @@ use crate::conn_limit::{Connections, Slot};
 use crate::conn_timer::ConnTimer;
 use crate::h1_server::{self, Ended};
 use crate::io_timeout::WriteTimeout;
+use crate::proxy_protocol::{self, ProxyProtocol};
 use crate::response::Response;
 use crate::rewind::Rewind;
 use crate::send_progress::{LastTouch, SendProgress};
@@ -280,11 +281,14 @@ pub enum Scheme {
 
 /// Serves `listener` (cleartext) with `handler` until `shutdown` turns true,
 /// then drains. Each connection holds a slot of `connections`; past its cap
-/// a new connection is closed at once.
+/// a new connection is closed at once. With `proxy_protocol`, connections
+/// from the peers it trusts start with a PROXY v2 header
+/// ([`crate::proxy_protocol`]).
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     settings: HttpSettings,
     connections: Arc<Connections>,
+    proxy_protocol: Option<ProxyProtocol>,
     handler: F,
     shutdown: watch::Receiver<bool>,
 ) where
@@ -297,6 +301,7 @@ pub async fn serve<F, Fut>(
         listener,
         settings,
         connections,
+        proxy_protocol,
         shutdown,
         move |stream, peer, stop, slot| {
             connection(
@@ -316,12 +321,14 @@ pub async fn serve<F, Fut>(
 /// [`serve`] for an HTTPS listener: each connection's TLS handshake
 /// ([`TlsAcceptor`], within its timeout) comes first, then HTTP/2 or
 /// HTTP/1.1 as ALPN said. TLS connections hold slots of `connections`
-/// like cleartext ones, from before the handshake.
+/// like cleartext ones, from before the handshake. A PROXY v2 header
+/// (`proxy_protocol`) comes before the handshake.
 pub async fn serve_tls<F, Fut>(
     listener: TcpListener,
     settings: HttpSettings,
     tls: Arc<TlsAcceptor>,
     connections: Arc<Connections>,
+    proxy_protocol: Option<ProxyProtocol>,
     handler: F,
     shutdown: watch::Receiver<bool>,
 ) where
@@ -334,6 +341,7 @@ pub async fn serve_tls<F, Fut>(
         listener,
         settings,
         connections,
+        proxy_protocol,
         shutdown,
         move |stream, peer, stop, slot| {
             tls_connection(
@@ -354,17 +362,21 @@ pub async fn serve_tls<F, Fut>(
 /// Accepts connections on `listener` and runs `connection` for each in a
 /// task of its own until `shutdown` turns true; then stops accepting, asks
 /// every connection to finish and waits for them (and for the WebSocket
-/// tunnels started on this thread) up to the grace period.
+/// tunnels started on this thread) up to the grace period. A connection from
+/// a peer `proxy_protocol` trusts first has its PROXY v2 header read, and
+/// `connection` gets the client the header names as its peer.
 async fn accept_loop<C, CFut>(
     listener: TcpListener,
     settings: HttpSettings,
     connections: Arc<Connections>,
+    proxy_protocol: Option<ProxyProtocol>,
     mut shutdown: watch::Receiver<bool>,
     connection: C,
 ) where
-    C: Fn(TcpStream, SocketAddr, watch::Receiver<()>, Slot) -> CFut,
+    C: Fn(TcpStream, SocketAddr, watch::Receiver<()>, Slot) -> CFut + Send + Sync + 'static,
     CFut: Future<Output = ()> + Send + 'static,
 {
+    let connection = Arc::new(connection);
     // WebSocket tunnels started on this thread (a worker's runtime) outlive
     // their HTTP connection; shutdown waits for them too.
     let tunnels = crate::tunnels::tunnels();
@@ -389,7 +401,17 @@ async fn accept_loop<C, CFut>(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(connection(stream, peer, stop_rx.clone(), slot));
+                match &proxy_protocol {
+                    // A trusted proxy's connection: its PROXY header first.
+                    Some(pp) if pp.trusts(peer.ip()) => {
+                        let within = settings.header_read_timeout;
+                        let stop = stop_rx.clone();
+                        tokio::spawn(proxied(stream, peer, within, stop, slot, connection.clone()));
+                    }
+                    _ => {
+                        tokio::spawn(connection(stream, peer, stop_rx.clone(), slot));
+                    }
+                }
             }
             () = stop_requested(&mut shutdown) => break,
         }
@@ -406,6 +428,31 @@ async fn accept_loop<C, CFut>(
         () = tokio::time::sleep(settings.shutdown_grace) => {
             tracing::warn!(grace = ?settings.shutdown_grace, tunnels = tunnels.open(), "connections still open after the grace period; closing them");
         }
+    }
+}
+
+/// A trusted peer's connection: its PROXY v2 header (within the header read
+/// `timeout`), then `connection` with the client it names as the peer. A
+/// connection without a valid header is closed.
+async fn proxied<C, CFut>(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    timeout: Duration,
+    mut stop: watch::Receiver<()>,
+    slot: Slot,
+    connection: Arc<C>,
+) where
+    C: Fn(TcpStream, SocketAddr, watch::Receiver<()>, Slot) -> CFut,
+    CFut: Future<Output = ()>,
+{
+    let header = tokio::select! {
+        header = proxy_protocol::read(&mut stream, timeout) => header,
+        // Shutdown: no request has started on this connection.
+        _ = stop.changed() => return,
+    };
+    match header {
+        Ok(header) => connection(stream, header.client(peer), stop, slot).await,
+        Err(e) => tracing::debug!(error = %e, %peer, "refused a trusted peer's connection"),
     }
 }
 
@@ -722,6 +769,7 @@ mod tests {
             listener,
             settings(timeout),
             Connections::new("proxy", max),
+            None,
             |_req, _peer| async { Response::new(ResponseBody::full("ok")) },
             stopped,
         ));

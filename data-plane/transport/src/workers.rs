@@ -42,6 +42,7 @@ use tokio::task::JoinHandle;
 
 use crate::body::{ClientBody, ResponseBody};
 use crate::conn_limit::Connections;
+use crate::proxy_protocol::ProxyProtocol;
 use crate::response::Response;
 use crate::server::{self, HttpSettings, Scheme};
 use crate::tls::TlsAcceptor;
@@ -136,13 +137,15 @@ pub struct TlsListeners {
 /// Starts one worker thread per listener, each serving its listener (and,
 /// with `tls`, its HTTPS socket) with the handlers `handler_for` makes for
 /// its [`Worker`] index and each [`Scheme`] until `shutdown` turns true and
-/// then draining ([`server::serve`], [`server::serve_tls`]). The returned
-/// task ends when every worker has stopped.
+/// then draining ([`server::serve`], [`server::serve_tls`]). With
+/// `proxy_protocol`, both listeners read a PROXY v2 header from the peers it
+/// trusts. The returned task ends when every worker has stopped.
 pub fn spawn<M, F, Fut>(
     listeners: Vec<std::net::TcpListener>,
     tls: Option<TlsListeners>,
     settings: HttpSettings,
     connections: Arc<Connections>,
+    proxy_protocol: Option<ProxyProtocol>,
     handler_for: M,
     shutdown: &watch::Receiver<bool>,
 ) -> io::Result<JoinHandle<()>>
@@ -165,6 +168,7 @@ where
             .map(|(socket, acceptor)| (socket, acceptor, handler_for(index, Scheme::Https)));
         let shutdown = shutdown.clone();
         let connections = connections.clone();
+        let proxy_protocol = proxy_protocol.clone();
         let (finished, stopped) = oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -181,13 +185,13 @@ where
                             return;
                         };
                         match TcpListener::from_std(socket) {
-                            Ok(listener) => server::serve_tls(listener, settings, acceptor, connections.clone(), handler, shutdown.clone()).await,
+                            Ok(listener) => server::serve_tls(listener, settings, acceptor, connections.clone(), proxy_protocol.clone(), handler, shutdown.clone()).await,
                             Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its HTTPS socket"),
                         }
                     };
                     let http = async {
                         match TcpListener::from_std(listener) {
-                            Ok(listener) => server::serve(listener, settings, connections.clone(), handler, shutdown.clone()).await,
+                            Ok(listener) => server::serve(listener, settings, connections.clone(), proxy_protocol.clone(), handler, shutdown.clone()).await,
                             Err(e) => tracing::error!(error = %e, worker = index, "worker cannot use its socket"),
                         }
                     };
@@ -272,6 +276,7 @@ mod tests {
             None,
             settings,
             Connections::new("proxy", 100),
+            None,
             |worker, _scheme| {
                 move |_req, _peer| async move {
                     Response::new(ResponseBody::full(format!("worker {worker}")))
