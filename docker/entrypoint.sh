@@ -15,6 +15,10 @@
 #                      key that encrypts certificates' private keys in the database.
 #   data-plane ...     adds `--node-id $(hostname)` unless a node id is given: the container
 #                      hostname is unique per replica and stable across `docker restart`.
+#                      With GATEWAY_OPS_NET (the first three octets of a /24) and no
+#                      --admin-listen, binds the ops listener to the container's address in that
+#                      network only (`--admin-listen=ADDR:9901`, written to /tmp/ops-address for the
+#                      healthcheck); no address there stops the container with the reason.
 #   auth-service ...   when the database file (--database, else $AUTH_DATABASE) does not exist yet,
 #                      first creates the users listed in GATEWAY_SEED_USERS ("name:password:role
 #                      name:password:role ..."; none by default), then removes the variable from
@@ -104,6 +108,18 @@ case "${1:-}" in
   data-plane)
     if ! option_value --node-id "$@" >/dev/null; then
       set -- "$@" --node-id "$(hostname)"
+    fi
+    if [ -n "${GATEWAY_OPS_NET:-}" ] && ! option_value --admin-listen "$@" >/dev/null; then
+      ops_addr=
+      for a in $(hostname -I); do
+        case "$a" in "$GATEWAY_OPS_NET".*) ops_addr=$a; break ;; esac
+      done
+      if [ -z "$ops_addr" ]; then
+        echo "gateway-entrypoint: no address of this container is in GATEWAY_OPS_NET=$GATEWAY_OPS_NET.0/24 (its addresses: $(hostname -I)); is it attached to that network?" >&2
+        exit 64
+      fi
+      printf '%s\n' "$ops_addr" >/tmp/ops-address
+      set -- "$@" --admin-listen "$ops_addr:9901"
     fi
     ;;
   mock-service)

@@ -119,6 +119,10 @@ async fn run_scenarios(stack: &Stack) -> Result<Vec<(&'static str, Duration)>> {
     );
     scenario!("client address survives the edge", forwarded_for(stack));
     scenario!(
+        "forwarding headers from clients are not believed behind the edge (HTTP and HTTPS)",
+        forwarding_headers_not_believed(stack)
+    );
+    scenario!(
         "scale 3 -> 5 -> 2 under traffic",
         scale_under_traffic(stack)
     );
@@ -423,8 +427,8 @@ impl Drop for Container {
 
 /// The `observability` profile's Prometheus, as far as it can run here: its image cannot be
 /// pulled, so Debian's `prometheus` binary runs in a container of the gateway image on the
-/// stack's `control` network (where the profile puts it), with `deploy/observability/prometheus`
-/// mounted as it ships (`prometheus.yml`, `alerts.yml`). Every data-plane replica, found through
+/// stack's `control` and `edge` networks (where the profile puts it), with
+/// `deploy/observability/prometheus` mounted as it ships (`prometheus.yml`, `alerts.yml`). Every data-plane replica, found through
 /// Docker's DNS, the control plane and Prometheus itself must be up, and every alert rule must
 /// evaluate.
 async fn prometheus_scrapes_the_stack(stack: &Stack) -> Result<()> {
@@ -439,10 +443,11 @@ async fn prometheus_scrapes_the_stack(stack: &Stack) -> Result<()> {
     let name = format!("gateway-compose-prometheus-check-{port}");
     let config = stack.root().join("deploy/observability/prometheus");
     let _ = stack.docker(&["rm", "-f", &name]).await;
+    // Created on the control network (the control plane's metrics), joined to the edge network
+    // (the only one where the data planes' ops listener is bound), then started.
     stack
         .docker(&[
-            "run",
-            "-d",
+            "create",
             "--name",
             &name,
             "--network",
@@ -461,7 +466,11 @@ async fn prometheus_scrapes_the_stack(stack: &Stack) -> Result<()> {
             "--web.listen-address=0.0.0.0:9090",
         ])
         .await?;
-    let _container = Container(name);
+    let _container = Container(name.clone());
+    stack
+        .docker(&["network", "connect", &stack.network("edge"), &name])
+        .await?;
+    stack.docker(&["start", &name]).await?;
     let replicas = stack.service_ids("data-plane").await?.len();
     let api = format!("http://127.0.0.1:{port}/api/v1");
     let seen = std::cell::RefCell::new(String::new());
@@ -669,6 +678,155 @@ async fn forwarded_for(stack: &Stack) -> Result<()> {
     );
     eprintln!("login statuses from the host with spoofed XFF: {codes:?}; other client: {other}");
     Ok(())
+}
+
+/// Issue 41, item 1: the edge carries each client's address to the data planes in a PROXY v2
+/// header (HTTPS passed through and HTTP alike), so through the edge over both, a spoofed
+/// `X-Forwarded-For` (with `X-Real-IP` and `Forwarded`) neither passes an `ip_allow` nor
+/// resets a per-IP limit, and a spoofed `X-Forwarded-Proto: https` does not pass `https_only`
+/// over cleartext. The backend hears the address the edge saw (the host's bridge gateway),
+/// never the edge's own and never the spoofed one as the client.
+async fn forwarding_headers_not_believed(stack: &Stack) -> Result<()> {
+    // A certificate of its own (any earlier scenario's may be gone or replaced).
+    let dir = tempfile::tempdir()?;
+    let pki = devstack::pki::Pki::generate(dir.path())?;
+    let body = serde_json::json!({"certificate": {
+        "name": "compose-forwarding", "sniHosts": [FORWARDING_HOST],
+        "certChainPem": std::fs::read_to_string(&pki.server_cert)?,
+        "privateKeyPem": std::fs::read_to_string(&pki.server_key)?,
+    }});
+    stack.grpc("UpsertCertificate", &body.to_string()).await?;
+    let limit = |name: &str| {
+        serde_json::json!({"policy": name, "algorithm": "FIXED_WINDOW", "key": "KEY_IP",
+            "limit": 3, "windowSeconds": 60})
+    };
+    let routes = [
+        serde_json::json!({"name": "compose-fwd-allow", "pathPrefix": "/compose/fwd/allow",
+            "rewritePrefix": "/orders", "upstream": "orders", "ipAllow": ["203.0.113.0/24"]}),
+        serde_json::json!({"name": "compose-fwd-limit-http", "pathPrefix": "/compose/fwd/limit-http",
+            "rewritePrefix": "/orders", "upstream": "orders", "rateLimit": limit("fwd-http")}),
+        serde_json::json!({"name": "compose-fwd-limit-https", "pathPrefix": "/compose/fwd/limit-https",
+            "rewritePrefix": "/orders", "upstream": "orders", "rateLimit": limit("fwd-https")}),
+        serde_json::json!({"name": "compose-fwd-secure", "pathPrefix": "/compose/fwd/secure",
+            "rewritePrefix": "/orders", "upstream": "orders", "httpsOnly": true}),
+    ];
+    let mut version = 0;
+    for route in routes {
+        let change = stack
+            .grpc(
+                "UpsertRoute",
+                &serde_json::json!({ "route": route }).to_string(),
+            )
+            .await?;
+        version = json_u64(&change["version"]).context("UpsertRoute answer has no version")?;
+    }
+    stack
+        .wait_all_synced(version, Duration::from_secs(30))
+        .await?;
+    let real = format!("{}.1", stack.edge_net());
+    let edge = format!("{}.10", stack.edge_net());
+
+    for tls in [false, true] {
+        let over = if tls { "HTTPS" } else { "HTTP" };
+        // The backend hears the client as the edge saw it.
+        let (status, body) = edge_curl(stack, tls, "/compose/orders/1").await?;
+        ensure!(
+            status == 200,
+            "{over}: probe route answered {status}: {body}"
+        );
+        let doc: serde_json::Value = serde_json::from_str(&body)?;
+        let xff = doc["headers"]["x-forwarded-for"]
+            .as_str()
+            .unwrap_or_default();
+        let last = xff.rsplit(',').next().unwrap_or_default().trim();
+        ensure!(
+            last == real && !xff.contains(&edge),
+            "{over}: the backend heard X-Forwarded-For {xff:?}, not the client {real}"
+        );
+        ensure!(
+            doc["headers"]["x-forwarded-proto"] == if tls { "https" } else { "http" },
+            "{over}: the backend heard {doc}"
+        );
+        for spoofed in ["x-real-ip", "forwarded"] {
+            ensure!(
+                doc["headers"][spoofed].is_null(),
+                "{over}: a client's {spoofed} reached the backend: {doc}"
+            );
+        }
+
+        // ip_allow decides on the real client, whatever it claims.
+        let (status, body) = edge_curl(stack, tls, "/compose/fwd/allow/1").await?;
+        ensure!(
+            status == 403,
+            "{over}: a spoofed X-Forwarded-For passed ip_allow: {status} {body}"
+        );
+
+        // A new spoofed address per request does not reset the per-IP limit (3 a minute).
+        let path = if tls {
+            "/compose/fwd/limit-https/1"
+        } else {
+            "/compose/fwd/limit-http/1"
+        };
+        let mut codes = Vec::new();
+        for i in 0..6 {
+            let spoof = format!("198.51.100.{i}");
+            codes.push(edge_curl_as(stack, tls, path, &spoof).await?.0);
+        }
+        ensure!(
+            codes.iter().filter(|c| **c == 200).count() <= 3 && codes.contains(&429),
+            "{over}: spoofed X-Forwarded-For escaped the per-IP limit: {codes:?}"
+        );
+
+        // https_only: a cleartext client's X-Forwarded-Proto: https is not believed.
+        let (status, _) = edge_curl(stack, tls, "/compose/fwd/secure/1").await?;
+        let want = if tls { 200 } else { 301 };
+        ensure!(
+            status == want,
+            "{over}: https_only route answered {status}, want {want}"
+        );
+        eprintln!("{over} through the edge: X-Forwarded-For {xff:?}, limited {codes:?}");
+    }
+    Ok(())
+}
+
+/// The SNI name of [`forwarding_headers_not_believed`]'s certificate.
+const FORWARDING_HOST: &str = "forwarding.test";
+
+/// [`edge_curl_as`] claiming to come from 203.0.113.9 (inside the scenario's allow list).
+async fn edge_curl(stack: &Stack, tls: bool, path: &str) -> Result<(u16, String)> {
+    edge_curl_as(stack, tls, path, "203.0.113.9").await
+}
+
+/// GET `path` through the edge with curl (over TLS to [`FORWARDING_HOST`], certificate not
+/// checked: this is about forwarding, not trust), with every forwarding field a client could
+/// spoof claiming `spoof` and HTTPS; (status, body). Redirects are not followed.
+async fn edge_curl_as(stack: &Stack, tls: bool, path: &str, spoof: &str) -> Result<(u16, String)> {
+    let url = if tls {
+        format!("https://{FORWARDING_HOST}:{}{path}", stack.edge_tls_port())
+    } else {
+        stack.edge_url(path)
+    };
+    let resolve = format!("{FORWARDING_HOST}:{}:127.0.0.1", stack.edge_tls_port());
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "-k", "--max-time", "10", "--resolve", &resolve])
+        .args(["-H", &format!("X-Forwarded-For: {spoof}")])
+        .args(["-H", &format!("X-Real-IP: {spoof}")])
+        .args(["-H", &format!("Forwarded: for={spoof};proto=https")])
+        .args(["-H", "X-Forwarded-Proto: https"])
+        .args(["-H", "X-Forwarded-Host: spoofed.example"])
+        .args(["-w", "\n%{http_code}", &url])
+        .output()
+        .await
+        .context("curl runs (scripts/test installs it)")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text
+        .rsplit_once('\n')
+        .with_context(|| format!("curl printed no status for {url}: {text:?}"))?;
+    let status = code
+        .trim()
+        .parse()
+        .with_context(|| format!("curl status {code:?} for {url}"))?;
+    Ok((status, body.to_owned()))
 }
 
 /// Scaling out and back in under traffic loses no request; new replicas sync and take traffic.

@@ -971,8 +971,10 @@ async fn run_with_stdin(
 /// `GET path` on 127.0.0.1:port inside a container (bash /dev/tcp: the images have no curl);
 /// returns the body of a 2xx answer.
 async fn http_get_in(container: &str, port: u16, path: &str) -> Result<String> {
+    // A data plane's ops listener is bound to its edge-network address only, which its
+    // entrypoint wrote to /tmp/ops-address; other containers listen on loopback too.
     let script = format!(
-        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET {path} HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && cat <&3"
+        "host=$(cat /tmp/ops-address 2>/dev/null || echo 127.0.0.1) && exec 3<>/dev/tcp/$host/{port} && printf 'GET {path} HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && cat <&3"
     );
     let raw = docker(&["exec", container, "bash", "-c", &script]).await?;
     let (head, body) = raw.split_once("\r\n\r\n").with_context(|| {
