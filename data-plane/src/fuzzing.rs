@@ -4,7 +4,8 @@
 //! the data plane on them and asserts what must hold of its answer; a panic is
 //! a finding. Not part of the data plane's API.
 //!
-//! * [`h1_request`] and [`h1_response`]: the transport's HTTP/1.1 parsers
+//! * [`h1_request`] and [`h1_response`]: the transport's HTTP/1.1 parsers,
+//!   and [`proxy_header`]: its PROXY v2 header parser
 //!   (`gateway_transport::fuzzing`, re-exported here);
 //! * [`normalize_path`]: [`crate::policy::normalize`];
 //! * [`config`]: a prost-decoded snapshot through the validation the control
@@ -16,7 +17,7 @@ use std::borrow::Cow;
 
 use prost::Message as _;
 
-pub use gateway_transport::fuzzing::{h1_request, h1_response};
+pub use gateway_transport::fuzzing::{h1_request, h1_response, proxy_header};
 
 /// Runs the path normaliser on `data` (as UTF-8).
 ///

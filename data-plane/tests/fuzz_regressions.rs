@@ -45,6 +45,7 @@ macro_rules! targets {
 targets! {
     h1_request => data_plane::fuzzing::h1_request,
     h1_response => data_plane::fuzzing::h1_response,
+    proxy_header => data_plane::fuzzing::proxy_header,
     normalize_path => data_plane::fuzzing::normalize_path,
     config => data_plane::fuzzing::config,
     trace_context => gateway_telemetry::fuzzing::trace_context,

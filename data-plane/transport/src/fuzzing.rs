@@ -7,7 +7,9 @@
 //! * [`h1_request`]: the HTTP/1.1 server's head parser and the request body
 //!   framing after it ([`crate::h1_server`], [`crate::framing`]);
 //! * [`h1_response`]: an upstream's response head and body framing, the
-//!   chunked decoder included ([`crate::h1`], [`crate::response_head`]).
+//!   chunked decoder included ([`crate::h1`], [`crate::response_head`]);
+//! * [`proxy_header`]: the PROXY v2 header a trusted proxy sends first
+//!   ([`crate::proxy_protocol`]).
 
 use std::cell::RefCell;
 use std::pin::Pin;
@@ -436,5 +438,70 @@ impl IdleSocket {
             _peer: peer,
             _runtime: runtime,
         }
+    }
+}
+
+/// Parses `data` as the first bytes of a trusted proxy's connection
+/// ([`proxy_protocol::parse`]).
+///
+/// Holds: a header is taken only when `data` starts with the version 2
+/// signature and version, and it is exactly the fixed part and the length it
+/// announces (nothing after it is consumed, so the client's first byte is
+/// the next one); `PROXY` names a client only over TCP/IPv4 or TCP/IPv6, with
+/// the addresses and ports at their offsets; what is refused as missing does
+/// not start with the signature, and what is cut short is shorter than the
+/// header it announces. A longer input gives the same answer on its prefix.
+pub fn proxy_header(data: &[u8]) {
+    use crate::proxy_protocol::{self, Error, FIXED_LEN, Header, SIGNATURE};
+    let announced = data
+        .get(14..16)
+        .map(|l| FIXED_LEN + usize::from(u16::from_be_bytes([l[0], l[1]])));
+    match proxy_protocol::parse(data) {
+        Ok((header, len)) => {
+            assert!(data.starts_with(&SIGNATURE), "a header needs the signature");
+            assert_eq!(data[12] >> 4, 2, "only version 2");
+            assert_eq!(
+                Some(len),
+                announced,
+                "the fixed part and its announced length"
+            );
+            assert!(len <= data.len());
+            match header {
+                Header::Local => assert_eq!(data[12] & 0x0f, 0, "LOCAL is command 0"),
+                Header::Proxy {
+                    source,
+                    destination,
+                } => {
+                    assert_eq!(data[12] & 0x0f, 1, "PROXY is command 1");
+                    let a = &data[FIXED_LEN..];
+                    let (ip_len, ports) = match data[13] {
+                        0x11 => (4, 8),
+                        0x21 => (16, 32),
+                        f => panic!("family {f:#04x} named a client"),
+                    };
+                    let octets = |ip: std::net::IpAddr| match ip {
+                        std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+                        std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+                    };
+                    assert_eq!(octets(source.ip()), &a[..ip_len]);
+                    assert_eq!(octets(destination.ip()), &a[ip_len..2 * ip_len]);
+                    assert_eq!(source.port().to_be_bytes(), a[ports..ports + 2]);
+                    assert_eq!(destination.port().to_be_bytes(), a[ports + 2..ports + 4]);
+                }
+            }
+            // The header alone, or with anything after it: the same answer.
+            let alone = proxy_protocol::parse(&data[..len]).expect("the header alone");
+            assert_eq!(alone, (header, len));
+        }
+        Err(Error::Missing) => assert!(!data.starts_with(&SIGNATURE)),
+        Err(Error::Io(_)) => assert!(
+            data.len() < FIXED_LEN || announced.is_some_and(|l| data.len() < l),
+            "cut short only when shorter than the header"
+        ),
+        Err(Error::Version(v)) => assert!(v != 2),
+        Err(Error::Command(c)) => assert!(c > 1),
+        Err(Error::Family(f)) => assert!(f != 0x11 && f != 0x21 && data[12] & 0x0f == 1),
+        Err(Error::Short { len, needed }) => assert!(len < needed),
+        Err(Error::Timeout(_)) => panic!("parsing bytes has no deadline"),
     }
 }
