@@ -246,6 +246,59 @@ impl PgServer {
     }
 }
 
+impl PgServer {
+    /// Turns TLS on with `cert_pem` and `key_pem` (`ssl = on`, a reload, no
+    /// restart; called again, it swaps the certificate) and waits until a new
+    /// session sees them. Clients may still choose cleartext.
+    pub(crate) async fn enable_tls(&self, cert_pem: &str, key_pem: &str) -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let serial = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos();
+        // New names each time: the reload is seen when SHOW names the new file.
+        let cert = self.dir.path().join(format!("server-{serial}.crt"));
+        let key = self.dir.path().join(format!("server-{serial}.key"));
+        std::fs::write(&cert, cert_pem)?;
+        std::fs::write(&key, key_pem)?;
+        // Postgres refuses a key that group or others may read.
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        if devstack::is_root() {
+            let out = Command::new("chown")
+                .arg(format!("{RUN_AS}:"))
+                .arg(&cert)
+                .arg(&key)
+                .output()
+                .await?;
+            ensure!(
+                out.status.success(),
+                "chown: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let cert = cert.display().to_string();
+        for sql in [
+            format!("ALTER SYSTEM SET ssl_cert_file = '{cert}'"),
+            format!("ALTER SYSTEM SET ssl_key_file = '{}'", key.display()),
+            "ALTER SYSTEM SET ssl = on".to_owned(),
+            "SELECT pg_reload_conf()".to_owned(),
+        ] {
+            self.psql(&sql).await?;
+        }
+        poll(SOON, "Postgres serving the new certificate", || async {
+            match self
+                .psql("SELECT current_setting('ssl') || ' ' || current_setting('ssl_cert_file')")
+                .await
+            {
+                Ok(out) if out.trim() == format!("on {cert}") => Ok(()),
+                Ok(out) => Err(out),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+        .with_context(|| devstack::log_tail(&self.log_path(), 20))
+    }
+}
+
 impl Drop for PgServer {
     fn drop(&mut self) {
         if !self.running {
