@@ -42,8 +42,11 @@ pub struct Cli {
     pub listen: SocketAddr,
 
     /// Where the users live: `sqlite://PATH` or a plain file path (created if missing), or
-    /// `postgres://USER:PASSWORD@HOST:PORT/DB`, which several auth services share; with Postgres
-    /// the signing keys and their rotation schedule live there too (see --keys-secret-file).
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full&sslrootcert=CA.pem`, which
+    /// several auth services share; with Postgres the signing keys and their rotation schedule
+    /// live there too (see --keys-secret-file). verify-full checks the server's certificate
+    /// against CA.pem and the host name; a host other than loopback needs an explicit sslmode
+    /// (weaker modes warn).
     #[arg(long, env = "AUTH_DATABASE", default_value = "auth.db")]
     pub database: Database,
 

@@ -29,9 +29,12 @@ pub struct Args {
     pub listen: SocketAddr,
 
     /// Where versions are stored: `sqlite://PATH` or a plain file path (one control plane;
-    /// created with its schema if missing), or `postgres://USER:PASSWORD@HOST:PORT/DB`, which
+    /// created with its schema if missing), or
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full&sslrootcert=CA.pem`, which
     /// several control planes share (each streams every commit to its own data planes; the
     /// data-plane registry lives there too). The schema is created or migrated on start.
+    /// verify-full checks the server's certificate against CA.pem and the host name; a host
+    /// other than loopback needs an explicit sslmode (weaker modes warn).
     #[arg(
         long,
         env = "CONTROL_PLANE_DATABASE",
