@@ -214,6 +214,11 @@ pub const OTHER_ENVIRONMENT: &[EnvGroup] = &[
                 meaning: "`name:password:role ...`: users the auth service's entrypoint creates when its database is new; default none.",
             },
             EnvVar {
+                name: "GATEWAY_OPS_NET",
+                read_by: "compose, entrypoint",
+                meaning: "First three octets of a /24 (compose: the edge network's, `GATEWAY_EDGE_NET`): without `--admin-listen`, the data plane's entrypoint binds the ops listener to the container's address in that network only and writes it to /tmp/ops-address (the healthcheck's); no address there stops the container. Unset: the data plane's own default.",
+            },
+            EnvVar {
                 name: "GATEWAY_TOKENS_FILE",
                 read_by: "entrypoint",
                 meaning: "Where the control plane's entrypoint writes the tokens file (SHA-256 digests of the tokens above); default `/var/lib/gateway/auth-tokens`.",
