@@ -3,7 +3,8 @@
 //! sessions are TLS (the server's `pg_stat_ssl` says so), and a control plane
 //! whose CA did not sign the server's certificate, whose certificate names
 //! another host, or whose `sslrootcert` is missing refuses to start with an
-//! error that says why, the password never printed.
+//! error that says why, the password never printed (nor for a URL that does
+//! not parse).
 //!
 //! Needs the workspace binaries built (`cargo build --workspace --bins`),
 //! Postgres (`initdb`, `pg_ctl`) and `redis-server`; `scripts/test` installs them.
@@ -122,6 +123,15 @@ async fn verify_full_connects_over_tls_and_a_wrong_ca_or_host_refuses_to_start()
     std::fs::write(&ca_file, ours.pem())?;
     let other_file = dir.path().join("other-ca.pem");
     std::fs::write(&other_file, other.pem())?;
+
+    // A URL sqlx cannot read: refused at start, the password masked (clap, which
+    // prints a refused flag value whole, never sees it refused).
+    let bad = format!("postgres://gateway:{PG_PASSWORD}@127.0.0.1:notaport/gateway");
+    let log = refused("cp-bad-url", &bad, dir.path()).await?;
+    ensure!(
+        log.contains("invalid port number") && log.contains("gateway:***@127.0.0.1:notaport"),
+        "no error naming the bad URL, masked: {log}"
+    );
 
     // A certificate from our CA, but for another host name: verify-full refuses it.
     let (cert, key) = server_cert(&ours, &["db.example.test"]);
