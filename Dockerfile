@@ -23,7 +23,8 @@ RUN apt-get update \
  && groupadd --gid 10001 gateway \
  && useradd --uid 10001 --gid gateway --no-create-home --home-dir /var/lib/gateway --shell /usr/sbin/nologin gateway \
  && install -d -o gateway -g gateway -m 0750 /var/lib/gateway /var/cache/gateway \
- && install -d -o gateway -g gateway -m 0700 /run/gateway
+ && install -d -o gateway -g gateway -m 0700 /run/gateway \
+ && install -d -o gateway -g gateway -m 0755 /var/lib/gateway-ca
 COPY docker/entrypoint.sh /usr/local/bin/gateway-entrypoint
 COPY docker/http-probe /usr/local/bin/http-probe
 COPY --from=builder /out/ /usr/local/bin/

@@ -11,7 +11,7 @@
 #                      are removed from the environment before the control plane starts.
 #                      Unless --secrets-key-file is given, a non-empty GATEWAY_SECRETS_KEY (64 hex
 #                      digits) is written to $GATEWAY_SECRETS_KEY_FILE (default
-#                      /var/lib/gateway/secrets-key, mode 0600) and --secrets-key-file added: the
+#                      /run/gateway/secrets-key, in memory, mode 0600) and --secrets-key-file added: the
 #                      key that encrypts certificates' private keys in the database.
 #   data-plane ...     adds `--node-id $(hostname)` unless a node id is given: the container
 #                      hostname is unique per replica and stable across `docker restart`.
@@ -98,8 +98,14 @@ case "${1:-}" in
         echo "gateway-entrypoint: GATEWAY_SECRETS_KEY must be 64 hex digits: generate one with 'openssl rand -hex 32'" >&2
         exit 64
       fi
-      key_file=${GATEWAY_SECRETS_KEY_FILE:-/var/lib/gateway/secrets-key}
+      # Never beside the database: /run/gateway is a tmpfs in compose and an in-memory
+      # emptyDir in Kubernetes, so a copy of the database's volume holds no key.
+      key_file=${GATEWAY_SECRETS_KEY_FILE:-/run/gateway/secrets-key}
       (umask 077 && printf '%s\n' "$GATEWAY_SECRETS_KEY" >"$key_file")
+      # Earlier images wrote it into the database's volume: remove that copy.
+      if [ "$key_file" != /var/lib/gateway/secrets-key ]; then
+        rm -f /var/lib/gateway/secrets-key
+      fi
       set -- "$@" --secrets-key-file "$key_file"
     fi
     # The control plane needs only the files.

@@ -507,11 +507,21 @@ class Checker:
         elif binary == "mock-service":
             port = listen_port(option(c, "--listen", "MOCK_LISTEN")[0] or "127.0.0.1:7001")
             want = {"readinessProbe": ("/health", port), "livenessProbe": ("/health", port)}
-        else:  # control-plane: gRPC health on --listen
+        else:  # control-plane: gRPC health on --listen; over TLS, a TCP connection to it
             port = listen_port(option(c, "--listen", "CONTROL_PLANE_LISTEN")[0] or "127.0.0.1:50051")
+            tls = any(option(c, flag, env)[0] for flag, env in (
+                ("--tls-cert", "CONTROL_PLANE_TLS_CERT"),
+                ("--tls-generate-dir", "CONTROL_PLANE_TLS_GENERATE_DIR")))
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 p = c.get(probe)
                 if p is None:
+                    continue
+                if tls:
+                    t = p.get("tcpSocket")
+                    if not t or t.get("port") != port:
+                        self.err("probe-paths", where, f"{probe} must be a tcpSocket probe on port "
+                                 f"{port}: the kubelet's gRPC probe cannot speak TLS, and the "
+                                 "control plane serves no HTTP health endpoint")
                     continue
                 g = p.get("grpc")
                 if not g or g.get("port") != port or g.get("service", "") not in ("", None):

@@ -349,6 +349,18 @@ class CheckRulesTest(unittest.TestCase):
     def test_control_plane_http_probe(self):
         m = self.manifests()
         m.container("StatefulSet", "control-plane")["livenessProbe"] = {"httpGet": {"path": "/healthz", "port": 9090}}
+        self.assertCaught(m, "probe-paths", "tcpSocket probe on port 50051")
+
+    def test_control_plane_grpc_probe_over_tls(self):
+        # The manifests serve TLS: the kubelet's cleartext gRPC probe would fail every time.
+        m = self.manifests()
+        m.container("StatefulSet", "control-plane")["readinessProbe"] = {"grpc": {"port": 50051}}
+        self.assertCaught(m, "probe-paths", "cannot speak TLS")
+
+    def test_control_plane_cleartext_needs_the_grpc_probe(self):
+        m = self.manifests()
+        c = m.container("StatefulSet", "control-plane")
+        c["args"] = [a for a in c["args"] if not a.startswith("--tls-")]
         self.assertCaught(m, "probe-paths", "gRPC health probe on port 50051")
 
     def test_loopback_listener(self):
@@ -551,7 +563,7 @@ class CheckRulesTest(unittest.TestCase):
     def test_control_plane_url_to_nothing(self):
         m = self.manifests()
         args = m.container("Deployment", "data-plane")["args"]
-        args[args.index("--control-plane=http://control-plane:50051")] = "--control-plane=http://controlplane:50051"
+        args[args.index("--control-plane=https://control-plane:50051")] = "--control-plane=https://controlplane:50051"
         self.assertCaught(m, "references", "no Service 'controlplane'")
 
     def test_jwks_url_wrong_port(self):

@@ -158,6 +158,9 @@ async fn admin_api_needs_a_token(stack: &Stack) -> Result<()> {
         ok && out.contains("gateway.v1.AdminService"),
         "reflection must stay open: {out}"
     );
+    // gRPC is served over TLS only (the config stream carries keys): cleartext gets nowhere.
+    let (ok, out) = stack.grpcurl_as(None, &["-plaintext"], "list").await?;
+    ensure!(!ok, "the control plane answered cleartext gRPC: {out}");
     let list_routes = "gateway.v1.AdminService/ListRoutes";
     let (ok, out) = stack.grpcurl_as(None, &[], list_routes).await?;
     ensure!(
@@ -363,6 +366,20 @@ async fn https_through_the_edge(stack: &Stack) -> Result<()> {
     let change = stack.grpc("UpsertCertificate", &body.to_string()).await?;
     let version =
         json_u64(&change["version"]).context("UpsertCertificate answer has no version")?;
+    // The key that sealed it is in memory (a tmpfs), not in the database's volume.
+    let mounts = stack
+        .compose(&[
+            "exec",
+            "-T",
+            "control-plane",
+            "sh",
+            "-c",
+            "test -s /run/gateway/secrets-key && ! test -e /var/lib/gateway/secrets-key \
+             && grep ' /run/gateway tmpfs ' /proc/mounts",
+        ])
+        .await
+        .context("the sealing key is not (only) on the control plane's tmpfs")?;
+    ensure!(mounts.contains("tmpfs"), "{mounts}");
     let hosts = stack
         .wait_all_synced(version, Duration::from_secs(30))
         .await?;

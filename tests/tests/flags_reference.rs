@@ -240,8 +240,8 @@ fn every_variable_the_code_reads_is_documented() {
     );
 }
 
-/// A switch that can be set from the environment (`--insecure`,
-/// `CONTROL_PLANE_INSECURE`) takes what people write there: `1`, `true`,
+/// A switch that can be set from the environment (`--insecure-open`,
+/// `CONTROL_PLANE_INSECURE_OPEN`) takes what people write there: `1`, `true`,
 /// `yes`, `on` and their opposites. clap's default for a switch takes only
 /// `true` and `false`, so `DEVSTACK_KEEP_TEMP=1` was refused. (What
 /// `BoolishValueParser` accepts is clap's own, tested there.)
@@ -288,7 +288,7 @@ fn every_switch_set_from_the_environment_takes_1_yes_and_true() {
     }
     assert!(
         found.iter().any(|e| e == "DEVSTACK_KEEP_TEMP")
-            && found.iter().any(|e| e == "CONTROL_PLANE_INSECURE"),
+            && found.iter().any(|e| e == "CONTROL_PLANE_INSECURE_OPEN"),
         "the switches set from the environment: {found:?}"
     );
 }

@@ -38,9 +38,13 @@ fn test_secrets() -> SecretsKey {
 }
 
 async fn open(dir: &tempfile::TempDir) -> Store {
-    Store::open_with(&dir.path().join("cp.db"), fixed_clock(), Some(test_secrets()))
-        .await
-        .unwrap()
+    Store::open_with(
+        &dir.path().join("cp.db"),
+        fixed_clock(),
+        Some(test_secrets()),
+    )
+    .await
+    .unwrap()
 }
 
 fn none() -> MutateOptions {
@@ -772,9 +776,13 @@ async fn a_corrupt_row_stops_the_hash_key_migration() {
         .await
         .unwrap();
     store.close().await;
-    let e = Store::open_with(&dir.path().join("cp.db"), fixed_clock(), Some(test_secrets()))
-        .await
-        .unwrap_err();
+    let e = Store::open_with(
+        &dir.path().join("cp.db"),
+        fixed_clock(),
+        Some(test_secrets()),
+    )
+    .await
+    .unwrap_err();
     assert!(
         matches!(e, StoreError::Corrupt(ref m) if m.contains("version 1")),
         "{e}"

@@ -398,12 +398,39 @@ impl Stack {
     /// Calls an AdminService RPC with grpcurl and the admin token, as an operator would.
     pub(crate) async fn grpc(&self, method: &str, json: &str) -> Result<Value> {
         let header = format!("authorization: Bearer {}", self.tokens.admin);
+        let ca = self.control_plane_ca().await?;
         let mut cmd = Command::new("grpcurl");
-        cmd.args(["-plaintext", "-max-time", "10", "-H", &header, "-d", json])
+        cmd.args(["-cacert", &ca, "-max-time", "10", "-H", &header, "-d", json])
             .arg(format!("127.0.0.1:{}", self.control_plane_port))
             .arg(format!("gateway.v1.AdminService/{method}"));
         let out = run(cmd, &format!("grpcurl {method}"), Duration::from_secs(20)).await?;
         serde_json::from_str(&out).with_context(|| format!("grpcurl {method} printed {out}"))
+    }
+
+    /// The CA certificate of the control plane's generated TLS certificate
+    /// (`--tls-generate-ca` in docker-compose.yml), copied out of its container as
+    /// README's Containers section does, into the env directory: the path grpcurl's
+    /// `-cacert` takes. Fetched once.
+    pub(crate) async fn control_plane_ca(&self) -> Result<String> {
+        let path = self.env_dir.join("control-plane-ca.pem");
+        if !path.exists() {
+            let pem = self
+                .compose(&[
+                    "exec",
+                    "-T",
+                    "control-plane",
+                    "cat",
+                    "/var/lib/gateway-ca/ca.pem",
+                ])
+                .await
+                .context("copying the control plane's CA certificate out of its container")?;
+            ensure!(
+                pem.contains("BEGIN CERTIFICATE"),
+                "the control plane's CA file holds no certificate: {pem}"
+            );
+            std::fs::write(&path, pem)?;
+        }
+        Ok(path.to_str().context("a UTF-8 path")?.to_owned())
     }
 
     /// Runs `grpcurl [flags] CONTROL-PLANE what` (`what`: a method, or `list`) with `token` (or
@@ -415,7 +442,10 @@ impl Stack {
         what: &str,
     ) -> Result<(bool, String)> {
         let mut cmd = Command::new("grpcurl");
-        cmd.args(["-plaintext", "-max-time", "10"]).args(flags);
+        if !flags.contains(&"-plaintext") {
+            cmd.arg("-cacert").arg(self.control_plane_ca().await?);
+        }
+        cmd.args(["-max-time", "10"]).args(flags);
         if let Some(token) = token {
             cmd.arg("-H").arg(format!("authorization: Bearer {token}"));
         }
