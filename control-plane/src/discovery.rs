@@ -71,7 +71,8 @@ impl SecretsGate {
         if caller.is_none_or(Caller::is_anonymous) {
             return Some(Refusal::Anonymous);
         }
-        let loopback = peer.is_some_and(|p| p.ip().is_loopback());
+        // `to_canonical`: a dual-stack listener sees 127.0.0.1 as ::ffff:127.0.0.1.
+        let loopback = peer.is_some_and(|p| p.ip().to_canonical().is_loopback());
         if !self.tls && !loopback && !self.allow_cleartext {
             return Some(Refusal::Cleartext);
         }
@@ -474,6 +475,8 @@ mod tests {
         let remote: SocketAddr = "10.0.0.7:40000".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         let v6_local: SocketAddr = "[::1]:40000".parse().unwrap();
+        let mapped_local: SocketAddr = "[::ffff:127.0.0.1]:40000".parse().unwrap();
+        let mapped_remote: SocketAddr = "[::ffff:10.0.0.7]:40000".parse().unwrap();
         let cleartext = SecretsGate::default();
         let tls = SecretsGate {
             tls: true,
@@ -493,7 +496,12 @@ mod tests {
             }
             assert_eq!(gate.refusal(Some(&dp), Some(local)), None);
             assert_eq!(gate.refusal(Some(&dp), Some(v6_local)), None);
+            assert_eq!(gate.refusal(Some(&dp), Some(mapped_local)), None);
         }
+        assert_eq!(
+            cleartext.refusal(Some(&dp), Some(mapped_remote)),
+            Some(Refusal::Cleartext)
+        );
         assert_eq!(
             cleartext.refusal(Some(&dp), Some(remote)),
             Some(Refusal::Cleartext)

@@ -161,6 +161,22 @@ async fn admin_api_needs_a_token(stack: &Stack) -> Result<()> {
     // gRPC is served over TLS only (the config stream carries keys): cleartext gets nowhere.
     let (ok, out) = stack.grpcurl_as(None, &["-plaintext"], "list").await?;
     ensure!(!ok, "the control plane answered cleartext gRPC: {out}");
+    // And Jaeger is not on the network the config stream crosses.
+    let jaeger = stack.container_of("jaeger").await?;
+    let networks = stack
+        .docker(&[
+            "inspect",
+            "-f",
+            "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}",
+            &jaeger,
+        ])
+        .await?;
+    ensure!(
+        !networks
+            .split_whitespace()
+            .any(|n| n == stack.network("control")),
+        "jaeger is on the control network: {networks}"
+    );
     let list_routes = "gateway.v1.AdminService/ListRoutes";
     let (ok, out) = stack.grpcurl_as(None, &[], list_routes).await?;
     ensure!(

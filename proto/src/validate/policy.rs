@@ -20,6 +20,8 @@ pub const PROTECTED_HEADERS: &[&str] = &[
     "x-user-role",
     "x-api-key-name",
     "x-gateway-signature",
+    // Marks a mirror copy, which signed identity v3 covers: set by the gateway only.
+    "x-gateway-mirror",
 ];
 
 /// Whether a transform may not touch `lower` (a lower-case header name).
@@ -244,7 +246,7 @@ impl Validator {
                     " (set allow_identity_and_host to change Host, X-User-Id or X-User-Role on purpose)"
                 };
                 self.push(format!(
-                    "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role, X-Api-Key-Name, X-Gateway-Signature and hop-by-hop headers are the gateway's){hint}"
+                    "{at}: \"{name}\" is a protected header (Host, Content-Length, X-User-Id, X-User-Role, X-Api-Key-Name, X-Gateway-Signature, X-Gateway-Mirror and hop-by-hop headers are the gateway's){hint}"
                 ));
             } else if !seen.insert(lower) {
                 self.push(format!(

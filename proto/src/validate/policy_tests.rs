@@ -165,6 +165,7 @@ fn protected_headers_are_refused_in_every_operation_and_direction() {
         "upgrade",
         "keep-alive",
         "proxy-authorization",
+        "X-Gateway-Mirror",
     ] {
         fails_with(
             Route {
