@@ -88,7 +88,8 @@ async fn refused(name: &str, database: &str, dir: &Path) -> anyhow::Result<Strin
     })
     .await
     .with_context(|| proc.log_tail(30))?;
-    let log = proc.log_tail(30);
+    // The whole log: with RUST_BACKTRACE set (CI) the error is followed by a long backtrace.
+    let log = std::fs::read_to_string(dir.join(format!("{name}.log")))?;
     ensure!(
         !log.contains(PG_PASSWORD),
         "the log shows the password: {log}"
