@@ -148,7 +148,21 @@ pub fn config(data: &[u8]) {
     let keys = gateway_proto::validate::validate_api_keys(&snapshot.api_keys);
     let certificates =
         gateway_proto::validate::validate_certificates(&snapshot.certificates).map(drop);
-    for refused in [&routes, &keys, &certificates] {
+    // Every check the data plane's compile makes, client certificates and JWT
+    // issuers included (an empty `JwtIssuer` once passed the three above).
+    let client_certificates = gateway_proto::validate::validate_client_certificates(
+        &snapshot.upstreams,
+        &snapshot.certificates,
+    );
+    let jwt_issuers =
+        gateway_proto::validate::validate_jwt_issuers(&snapshot.jwt_issuers, &snapshot.routes);
+    for refused in [
+        &routes,
+        &keys,
+        &certificates,
+        &client_certificates,
+        &jwt_issuers,
+    ] {
         if let Err(e) = refused {
             assert!(!e.problems.is_empty(), "a refusal says why");
         }
@@ -167,10 +181,12 @@ pub fn config(data: &[u8]) {
         &crate::config::Compiled::default(),
         gateway_transport::pool::PoolSettings::default(),
     );
-    match (
-        routes.is_ok() && keys.is_ok() && certificates.is_ok(),
-        compiled,
-    ) {
+    let valid = routes.is_ok()
+        && keys.is_ok()
+        && certificates.is_ok()
+        && client_certificates.is_ok()
+        && jwt_issuers.is_ok();
+    match (valid, compiled) {
         (true, Err(e)) => panic!("a validated configuration does not compile: {e}"),
         (false, Ok(_)) => panic!("an invalid configuration compiles"),
         _ => {}

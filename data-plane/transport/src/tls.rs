@@ -225,7 +225,12 @@ impl TlsAcceptor {
 
     /// Runs the server side of a handshake on `stream`, within the handshake timeout.
     pub async fn accept(&self, stream: TcpStream) -> Result<TlsStream<TcpStream>, HandshakeError> {
-        let outcome = tokio::time::timeout(self.handshake_timeout, self.handshake(stream)).await;
+        // Pinned here, not moved into the timeout: on a timeout the handshake
+        // (and the connection it holds) is dropped only after it is counted, so
+        // a client that sees the close sees the count too.
+        let handshake = self.handshake(stream);
+        tokio::pin!(handshake);
+        let outcome = tokio::time::timeout(self.handshake_timeout, &mut handshake).await;
         let counter = match &outcome {
             Ok(Ok(tls)) => match tls.get_ref().1.handshake_kind() {
                 Some(rustls::HandshakeKind::Resumed) => &self.stats.resumed,
