@@ -52,7 +52,7 @@ fn local_config(data_planes: &[String], control_plane: &str, prometheus: &str) -
         .join(", ");
     let text = replace_once(
         &original,
-        "    dns_sd_configs:\n      - names: [data-plane]\n        type: A\n        port: 9901\n        refresh_interval: 15s\n",
+        "    dns_sd_configs:\n      - names: [data-plane-ops]\n        type: A\n        port: 9901\n        refresh_interval: 15s\n",
         &format!("    static_configs:\n      - targets: [{targets}]\n"),
     );
     let text = replace_once(
