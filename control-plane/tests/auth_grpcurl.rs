@@ -331,6 +331,16 @@ async fn insecure_open_accepts_anyone_and_authors_are_anonymous() {
     assert_eq!(pushed.upstreams.len(), 1);
 }
 
+const SIGNING_SECRET: &str = "signing-secret-0123456789abcdef0123456789";
+
+/// UpsertUpstream of `users` with the signing secret `secret`.
+fn signed_users(secret: &str) -> String {
+    format!(
+        r#"{{"upstream": {{"name": "users", "identitySigningSecret": "{secret}",
+            "instances": [{{"id": "users-1", "url": "http://127.0.0.1:9001"}}]}}}}"#
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_anonymous_stream_never_receives_secrets() {
     let dir = tempfile::tempdir().unwrap();
@@ -341,11 +351,8 @@ async fn an_anonymous_stream_never_receives_secrets() {
         &["--secrets-key-file", key.to_str().unwrap()],
     )
     .await;
-    let secret = "signing-secret-0123456789abcdef0123456789";
-    let users = format!(
-        r#"{{"upstream": {{"name": "users", "identitySigningSecret": "{secret}",
-            "instances": [{{"id": "users-1", "url": "http://127.0.0.1:9001"}}]}}}}"#
-    );
+    let secret = SIGNING_SECRET;
+    let users = signed_users(secret);
     ok(&cp, "UpsertUpstream", &users).await;
     let mut stream = open_stream(&cp, None).await.unwrap();
     let e = stream.message().await.unwrap_err();
@@ -386,11 +393,8 @@ async fn a_data_plane_token_receives_the_secrets() {
         ],
     )
     .await;
-    let secret = "signing-secret-0123456789abcdef0123456789";
-    let users = format!(
-        r#"{{"upstream": {{"name": "users", "identitySigningSecret": "{secret}",
-            "instances": [{{"id": "users-1", "url": "http://127.0.0.1:9001"}}]}}}}"#
-    );
+    let secret = SIGNING_SECRET;
+    let users = signed_users(secret);
     ok_as(&cp, ADMIN, "UpsertUpstream", &users).await;
     let mut stream = open_stream(&cp, Some(DATA_PLANE)).await.unwrap();
     let pushed = stream.message().await.unwrap().expect("a configuration");
@@ -424,13 +428,12 @@ fn spawn(db: &Path, args: &[&str]) -> (tokio::process::Child, tokio::sync::mpsc:
     (child, rx)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn refuses_to_start_open_without_tokens() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut child, mut rx) = spawn(&dir.path().join("cp.db"), &["--listen", "0.0.0.0:0"]);
+/// Runs the binary with `args`, which it must refuse: everything it wrote to stderr.
+async fn refused(db: &Path, args: &[&str]) -> String {
+    let (mut child, mut rx) = spawn(db, args);
     let status = tokio::time::timeout(DEADLINE, child.wait())
         .await
-        .expect("control-plane kept running on 0.0.0.0 without tokens")
+        .unwrap_or_else(|_| panic!("control-plane kept running with {args:?}"))
         .unwrap();
     assert!(!status.success());
     let mut stderr = String::new();
@@ -438,6 +441,13 @@ async fn refuses_to_start_open_without_tokens() {
         stderr.push_str(&l);
         stderr.push('\n');
     }
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refuses_to_start_open_without_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = refused(&dir.path().join("cp.db"), &["--listen", "0.0.0.0:0"]).await;
     assert!(
         stderr.contains("refusing to listen on 0.0.0.0")
             && stderr.contains("--auth-tokens-file")
@@ -446,17 +456,7 @@ async fn refuses_to_start_open_without_tokens() {
     );
 
     // On loopback too: any local process could otherwise rewrite every route.
-    let (mut child, mut rx) = spawn(&dir.path().join("cp1.db"), &["--listen", "127.0.0.1:0"]);
-    let status = tokio::time::timeout(DEADLINE, child.wait())
-        .await
-        .expect("control-plane kept running on loopback without tokens")
-        .unwrap();
-    assert!(!status.success());
-    let mut stderr = String::new();
-    while let Some(l) = rx.recv().await {
-        stderr.push_str(&l);
-        stderr.push('\n');
-    }
+    let stderr = refused(&dir.path().join("cp1.db"), &["--listen", "127.0.0.1:0"]).await;
     assert!(
         stderr.contains("refusing to listen on 127.0.0.1") && stderr.contains("--insecure-open"),
         "{stderr}"
@@ -465,7 +465,7 @@ async fn refuses_to_start_open_without_tokens() {
     // A malformed tokens file is a startup error naming the line.
     let bad = dir.path().join("bad-tokens");
     std::fs::write(&bad, "alice admin t0k3n-xyz\nbob superuser t0k3n-abc\n").unwrap();
-    let (mut child, mut rx) = spawn(
+    let stderr = refused(
         &dir.path().join("cp2.db"),
         &[
             "--listen",
@@ -473,16 +473,8 @@ async fn refuses_to_start_open_without_tokens() {
             "--auth-tokens-file",
             bad.to_str().unwrap(),
         ],
-    );
-    let status = tokio::time::timeout(DEADLINE, child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(!status.success());
-    let mut stderr = String::new();
-    while let Some(l) = rx.recv().await {
-        stderr.push_str(&l);
-    }
+    )
+    .await;
     assert!(stderr.contains("line 2"), "{stderr}");
     assert!(stderr.contains("superuser"), "{stderr}");
     assert!(!stderr.contains("t0k3n"), "{stderr}");
