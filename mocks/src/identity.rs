@@ -244,8 +244,7 @@ impl IdentityVerifier {
     }
 
     fn v3_mac(&self, r: &SignedRequest<'_>) -> HmacSha256 {
-        let mut mac = self.mac.clone();
-        for field in [
+        self.fields([
             V3_CONTEXT,
             r.t.as_bytes(),
             r.id.as_bytes(),
@@ -258,12 +257,7 @@ impl IdentityVerifier {
             r.user_role,
             r.api_key_name,
             r.body_sha256,
-        ] {
-            let len = u32::try_from(field.len()).unwrap_or(u32::MAX);
-            mac.update(&len.to_be_bytes());
-            mac.update(field);
-        }
-        mac
+        ])
     }
 
     /// The lowercase hex v2 MAC of one request (what `v2=` must hold; no
@@ -273,8 +267,7 @@ impl IdentityVerifier {
     }
 
     fn v2_mac(&self, r: &SignedRequest<'_>) -> HmacSha256 {
-        let mut mac = self.mac.clone();
-        for field in [
+        self.fields([
             V2_CONTEXT,
             r.t.as_bytes(),
             r.id.as_bytes(),
@@ -284,7 +277,13 @@ impl IdentityVerifier {
             r.user_id,
             r.user_role,
             r.api_key_name,
-        ] {
+        ])
+    }
+
+    /// The secret's MAC over `fields`, each as its length (4 bytes big-endian) then its bytes.
+    fn fields<const N: usize>(&self, fields: [&[u8]; N]) -> HmacSha256 {
+        let mut mac = self.mac.clone();
+        for field in fields {
             let len = u32::try_from(field.len()).unwrap_or(u32::MAX);
             mac.update(&len.to_be_bytes());
             mac.update(field);

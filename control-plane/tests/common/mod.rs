@@ -55,6 +55,14 @@ pub(crate) type Discovery = ConfigDiscoveryServiceClient<InterceptedService<Chan
 /// Not a flag: marks the arguments of [`CpProcess::start_with_tokens`] (removed before the spawn).
 const TEST_TOKENS_MARK: &str = "\u{0}test-tokens";
 
+/// Whether `args` name no `--auth-tokens-file` and no `--client-ca`: then the
+/// binary is started with `--insecure-open`, as it otherwise refuses to start.
+fn runs_open(args: &[&str]) -> bool {
+    !args
+        .iter()
+        .any(|a| *a == "--auth-tokens-file" || *a == "--client-ca")
+}
+
 /// Generous upper bound for anything a test waits for.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -90,9 +98,7 @@ impl CpProcess {
     /// Without `--auth-tokens-file` (or `--client-ca`) in `extra_args` it runs
     /// with `--insecure-open`, as it otherwise refuses to start.
     pub(crate) async fn start(db: &Path, extra_args: &[&str]) -> CpProcess {
-        let open = !extra_args
-            .iter()
-            .any(|a| *a == "--auth-tokens-file" || *a == "--client-ca");
+        let open = runs_open(extra_args);
         let mut child = Command::new(env!("CARGO_BIN_EXE_control-plane"))
             .arg("--listen")
             .arg("127.0.0.1:0")
@@ -175,9 +181,7 @@ impl CpProcess {
     /// Runs the binary on `db` expecting it to refuse to start: its exit
     /// status and everything it wrote to stderr (failing after [`DEADLINE`]).
     pub(crate) async fn start_fails(db: &Path, extra_args: &[&str]) -> (ExitStatus, String) {
-        let open = !extra_args
-            .iter()
-            .any(|a| *a == "--auth-tokens-file" || *a == "--client-ca");
+        let open = runs_open(extra_args);
         let run = Command::new(env!("CARGO_BIN_EXE_control-plane"))
             .arg("--listen")
             .arg("127.0.0.1:0")
